@@ -1,0 +1,8 @@
+"""synthq: private synthetic-query retrieval.
+
+Fine-tune a query generator with differential privacy, sample synthetic queries for public
+documents, train a dual encoder on them (DP post-processing keeps the guarantee), evaluate it,
+and audit what the generator leaks. See DESIGN.md and README.md.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,373 @@
+"""The artifact contract: every stage writes exactly one directory holding ``manifest.json``.
+
+An artifact is created atomically (:func:`create_artifact` writes into a hidden sibling
+``.<name>.partial`` and renames it into place only when the stage succeeded), opened with
+verification (:func:`open_artifact` checks schema, stage and every payload hash), and linked to
+its inputs by the sha256 of their manifests. :func:`find_up_to_date` tells a stage that the same
+config on the same inputs was already computed, so it can skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from synthq import __version__
+from synthq.errors import ArtifactError
+from synthq.privacy import Guarantee
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+PARTIAL_SUFFIX = ".partial"
+STAGES = (
+    "finetune-lm",
+    "generate",
+    "similarity",
+    "train-retriever",
+    "eval",
+    "report",
+    "canary-audit",
+)
+# Fields that never change what a stage computes, so they are left out of its fingerprint.
+VOLATILE_CONFIG_KEYS = frozenset({"out", "force", "resume"})
+
+
+def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+LARGE_FILE_BYTES = 16 << 20
+
+
+def _sample_digest(path: Path, sample: int = 1 << 20) -> str:
+    """Size plus first and last MiB: a cheap identity for large, immutable downloads."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as handle:
+        digest.update(handle.read(sample))
+        handle.seek(max(size - sample, 0))
+        digest.update(handle.read(sample))
+    return digest.hexdigest()
+
+
+def sha256_tree(root: Path, exclude: Iterable[str] = ()) -> str:
+    """One digest for a directory: relative paths and contents of all files, in sorted order.
+
+    Files over 16 MiB (downloaded corpora) are identified by size and their first and last MiB,
+    so that checking whether a stage is up to date never re-reads gigabytes."""
+    excluded = set(exclude)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel in excluded or rel.startswith(".") or "/." in rel:
+            continue
+        digest.update(rel.encode())
+        large = path.stat().st_size > LARGE_FILE_BYTES
+        digest.update((_sample_digest(path) if large else sha256_file(path)).encode())
+    return digest.hexdigest()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    raise TypeError(f"cannot serialise {type(value).__name__} into a manifest")
+
+
+def config_to_dict(config: Any) -> dict:
+    if config is None:
+        return {}
+    if hasattr(config, "model_dump"):
+        return config.model_dump(mode="json")
+    return json.loads(json.dumps(dict(config), default=_json_default))
+
+
+def config_fingerprint(config: Any, inputs: list[dict]) -> str:
+    """What decides whether an existing artifact is up to date: the config (minus volatile keys)
+    and the manifest hashes of the inputs."""
+    relevant = {k: v for k, v in config_to_dict(config).items() if k not in VOLATILE_CONFIG_KEYS}
+    payload = {"config": relevant, "inputs": sorted(i["sha256"] for i in inputs)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=_json_default).encode()).hexdigest()
+
+
+def environment() -> dict:
+    """Library versions and the device, recorded in every manifest."""
+    env = {"python": platform.python_version(), "platform": platform.platform()}
+    for name in ("torch", "transformers", "opacus", "sentence_transformers", "peft"):
+        try:
+            module = __import__(name)
+            env[name] = getattr(module, "__version__", "unknown")
+        except Exception:  # an optional library that is not importable is simply not recorded
+            continue
+    try:
+        import torch
+
+        env["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+        env["cpu_threads"] = torch.get_num_threads()
+    except Exception:
+        env["device"] = "unknown"
+    return env
+
+
+@dataclass
+class Artifact:
+    """A verified, finished artifact directory."""
+
+    path: Path
+    manifest: dict
+
+    @property
+    def stage(self) -> str:
+        return self.manifest["stage"]
+
+    @property
+    def config(self) -> dict:
+        return self.manifest.get("config", {})
+
+    @property
+    def privacy(self) -> Guarantee:
+        return Guarantee.from_manifest(self.manifest["privacy"])
+
+    @property
+    def metrics(self) -> dict:
+        return self.manifest.get("metrics", {})
+
+    @property
+    def timings(self) -> dict:
+        return self.manifest.get("timings", {})
+
+    @property
+    def inputs(self) -> list[dict]:
+        return self.manifest.get("inputs", [])
+
+    @property
+    def manifest_hash(self) -> str:
+        return sha256_file(self.path / MANIFEST)
+
+    def file(self, relative: str) -> Path:
+        """The path of a payload file, which must be listed in the manifest."""
+        if relative not in self.manifest.get("files", {}) and not (self.path / relative).is_dir():
+            raise ArtifactError(f"{self.path}: artifact has no payload file {relative!r}")
+        return self.path / relative
+
+    def input_record(self) -> dict:
+        return {"path": str(self.path), "kind": "artifact", "stage": self.stage, "sha256": self.manifest_hash}
+
+
+def data_input_record(path: Path, name: str | None = None) -> dict:
+    """Lineage entry for a plain data directory (a BEIR dir that is not an artifact)."""
+    path = Path(path)
+    return {"path": str(path), "kind": "data", "name": name or path.name, "sha256": sha256_tree(path)}
+
+
+def _read_manifest(path: Path) -> dict:
+    manifest_path = path / MANIFEST
+    if not path.exists():
+        raise ArtifactError(f"{path}: no such artifact directory")
+    if not manifest_path.is_file():
+        raise ArtifactError(f"{path}: not an artifact (no {MANIFEST}); an interrupted run leaves none")
+    try:
+        return json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ArtifactError(f"{manifest_path}: corrupt manifest ({error})") from error
+
+
+def open_artifact(path: str | Path, stage: str | Iterable[str] | None = None, verify: bool = True) -> Artifact:
+    """Open an artifact and check it is what the caller expects.
+
+    Raises :class:`ArtifactError` naming the path when the directory is missing, has no or a
+    corrupt manifest, an unknown schema, the wrong stage, or a payload file that is missing or
+    whose sha256 differs from the manifest's.
+    """
+    path = Path(path)
+    manifest = _read_manifest(path)
+    if manifest.get("schema") != SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{path}: unknown artifact schema {manifest.get('schema')!r} (this synthq reads {SCHEMA_VERSION})"
+        )
+    if stage is not None:
+        wanted = (stage,) if isinstance(stage, str) else tuple(stage)
+        if manifest.get("stage") not in wanted:
+            raise ArtifactError(
+                f"{path}: is a {manifest.get('stage')!r} artifact, expected {' or '.join(map(repr, wanted))}"
+            )
+    if verify:
+        for relative, expected in manifest.get("files", {}).items():
+            file_path = path / relative
+            if not file_path.is_file():
+                raise ArtifactError(f"{file_path}: payload file listed in the manifest is missing")
+            if sha256_file(file_path) != expected:
+                raise ArtifactError(f"{file_path}: payload file was altered or truncated (sha256 mismatch)")
+    return Artifact(path=path, manifest=manifest)
+
+
+def is_artifact(path: str | Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def partial_dir(out: Path) -> Path:
+    out = Path(out)
+    return out.parent / f".{out.name}{PARTIAL_SUFFIX}"
+
+
+@dataclass
+class ArtifactWriter:
+    """Handed to a stage inside :func:`create_artifact`; the stage writes payload under ``dir``
+    and fills ``privacy``, ``metrics`` and ``timings``."""
+
+    path: Path
+    dir: Path
+    stage: str
+    config: dict
+    inputs: list[dict]
+    fingerprint: str
+    privacy: Guarantee | None = None
+    metrics: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+    # Sub-directories of ``dir`` that hold resumable state and are removed before finishing.
+    scratch: list[str] = field(default_factory=lambda: ["checkpoints"])
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        path = self.dir / "checkpoints"
+        path.mkdir(exist_ok=True)
+        return path
+
+
+def find_up_to_date(out: str | Path, stage: str, config: Any, inputs: list[dict]) -> Artifact | None:
+    """The existing artifact at ``out`` if it was made by ``stage`` with the same config and
+    inputs (and still verifies); otherwise ``None``."""
+    out = Path(out)
+    if not is_artifact(out):
+        return None
+    try:
+        artifact = open_artifact(out, stage=stage)
+    except ArtifactError:
+        return None
+    if artifact.manifest.get("fingerprint") == config_fingerprint(config, inputs):
+        return artifact
+    return None
+
+
+def check_output_free(out: str | Path, force: bool) -> None:
+    """Refuse to replace an existing, different artifact unless ``--force`` was given."""
+    out = Path(out)
+    if out.exists() and not force:
+        what = "an artifact made with a different config or inputs" if is_artifact(out) else "a directory"
+        raise ArtifactError(f"{out}: already holds {what}; pass --force to replace it")
+
+
+def existing_result(stage: str, config: Any, inputs: list[dict]) -> Artifact | None:
+    """What every stage calls first: the up-to-date artifact to reuse (unless ``config.force``),
+    or ``None`` after checking that ``config.out`` may be written."""
+    out = Path(config.out)
+    if not getattr(config, "force", False):
+        artifact = find_up_to_date(out, stage, config, inputs)
+        if artifact is not None:
+            from synthq.console import info
+
+            info(f"[green]up to date[/]: {out} ({stage}); pass --force to redo it")
+            return artifact
+        check_output_free(out, force=False)
+    return None
+
+
+@contextlib.contextmanager
+def create_artifact(
+    out: str | Path,
+    stage: str,
+    config: Any,
+    inputs: Iterable[dict] = (),
+    resume: bool = False,
+    keep_partial_on_error: bool = False,
+) -> Iterator[ArtifactWriter]:
+    """Create an artifact atomically.
+
+    The stage writes into ``writer.dir`` (a hidden sibling ``.<name>.partial``). On success the
+    manifest is written and the directory renamed to ``out``, replacing any old artifact. On
+    any exception, Ctrl-C included, the partial directory is deleted, unless
+    ``keep_partial_on_error`` (stages that checkpoint) keeps it for ``--resume``. With
+    ``resume`` an existing partial directory is reused instead of wiped.
+    """
+    if stage not in STAGES:
+        raise ArtifactError(f"unknown stage {stage!r}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = partial_dir(out)
+    if tmp.exists() and not resume:
+        shutil.rmtree(tmp)
+    tmp.mkdir(exist_ok=True)
+    inputs = list(inputs)
+    config_dict = config_to_dict(config)
+    writer = ArtifactWriter(
+        path=out,
+        dir=tmp,
+        stage=stage,
+        config=config_dict,
+        inputs=inputs,
+        fingerprint=config_fingerprint(config, inputs),
+    )
+    started = time.perf_counter()
+    try:
+        yield writer
+        if writer.privacy is None:
+            raise ArtifactError(f"stage {stage} finished without recording a privacy guarantee")
+        writer.timings.setdefault("wall_seconds", round(time.perf_counter() - started, 3))
+        _finish(writer)
+    except BaseException:
+        if tmp.exists() and not keep_partial_on_error:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _finish(writer: ArtifactWriter) -> None:
+    for name in writer.scratch:
+        shutil.rmtree(writer.dir / name, ignore_errors=True)
+    files = {
+        p.relative_to(writer.dir).as_posix(): sha256_file(p)
+        for p in sorted(writer.dir.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    manifest = {
+        "schema": SCHEMA_VERSION,
+        "stage": writer.stage,
+        "synthq": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "fingerprint": writer.fingerprint,
+        "config": writer.config,
+        "inputs": writer.inputs,
+        "files": files,
+        "privacy": writer.privacy.model_dump(mode="json"),
+        "metrics": writer.metrics,
+        "timings": writer.timings,
+        "environment": environment(),
+        **writer.extra,
+    }
+    manifest_tmp = writer.dir / (MANIFEST + ".tmp")
+    manifest_tmp.write_text(json.dumps(manifest, indent=2, default=_json_default) + "\n", encoding="utf-8")
+    os.replace(manifest_tmp, writer.dir / MANIFEST)
+    old = None
+    if writer.path.exists():
+        old = writer.path.parent / f".{writer.path.name}.old"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(writer.path, old)
+    os.replace(writer.dir, writer.path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,149 @@
+"""The ``synthq`` command line: one thin command per stage (options -> config -> stage.run).
+
+Stage commands live here only as option parsing; the work is in :mod:`synthq.stages`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from synthq import __version__
+from synthq.artifacts import open_artifact
+from synthq.console import console, set_verbosity
+from synthq.errors import SynthqError
+from synthq.privacy import format_epsilon
+
+app = typer.Typer(
+    name="synthq",
+    help=(
+        "Private synthetic-query retrieval: fine-tune a query generator with differential "
+        "privacy, generate synthetic queries, train and evaluate dual encoders, audit leakage."
+    ),
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+data_app = typer.Typer(help="Inspect datasets (BEIR directories and named sources).", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"synthq {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print more detail."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only results and errors."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+) -> None:
+    set_verbosity(0 if quiet else 2 if verbose else 1)
+
+
+def _lineage(inputs: list[dict], depth: int = 0, max_depth: int = 6) -> list[str]:
+    lines = []
+    for record in inputs:
+        label = record.get("stage") or record.get("kind", "?")
+        lines.append(f"{'  ' * depth}- {label}: {record['path']} (sha256 {record['sha256'][:12]})")
+        path = Path(record["path"])
+        if record.get("kind") == "artifact" and depth < max_depth and (path / "manifest.json").is_file():
+            try:
+                parent = open_artifact(path, verify=False)
+            except SynthqError:
+                continue
+            lines[-1] += f"  {parent.privacy.describe()}"
+            lines.extend(_lineage(parent.inputs, depth + 1, max_depth))
+    return lines
+
+
+@app.command("info")
+def info_command(
+    path: Path = typer.Argument(..., help="An artifact directory written by a synthq stage."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+) -> None:
+    """Show an artifact: stage, privacy guarantee, input lineage, metrics and timings."""
+    artifact = open_artifact(path)
+    if as_json:
+        typer.echo(json.dumps(artifact.manifest, indent=2))
+        return
+    guarantee = artifact.privacy
+    console.print(f"[bold]{artifact.stage}[/] artifact at {artifact.path}")
+    console.print(f"created {artifact.manifest.get('created')} by synthq {artifact.manifest.get('synthq')}")
+    console.print(
+        f"[bold]privacy[/]: ε = {format_epsilon(guarantee.epsilon)}, δ = {guarantee.delta:.3g}, "
+        f"unit = {guarantee.unit}, mechanism = {guarantee.mechanism}, accountant = {guarantee.accountant}"
+    )
+    if guarantee.note:
+        console.print(f"  {guarantee.note}")
+    for key, value in guarantee.details.items():
+        console.print(f"  {key}: {value}")
+    if artifact.inputs:
+        console.print("[bold]inputs[/]:")
+        for line in _lineage(artifact.inputs):
+            console.print(f"  {line}")
+    for title, values in (("metrics", artifact.metrics), ("timings", artifact.timings)):
+        if values:
+            console.print(f"[bold]{title}[/]:")
+            for key, value in values.items():
+                shown = json.dumps(value) if isinstance(value, dict | list) else value
+                console.print(f"  {key}: {shown}")
+
+
+@data_app.command("info")
+def data_info_command(
+    source: str = typer.Argument(..., help="A BEIR directory, or embedded, msmarco, beir:NAME."),
+    as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
+) -> None:
+    """Count documents, queries and judgements per split, and report validation problems."""
+    from synthq.data.sources import load_source
+    from synthq.data.summary import summarize
+
+    summary = summarize(load_source(source))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"{source}: {summary['documents']} documents, {summary['queries']} queries")
+    for column in ("split", "queries", "judgements", "documents judged", "avg rel/query"):
+        table.add_column(column, justify="right" if column != "split" else "left")
+    for split, row in summary["splits"].items():
+        table.add_row(
+            split,
+            str(row["queries"]),
+            str(row["judgements"]),
+            str(row["documents"]),
+            f"{row['judgements'] / max(row['queries'], 1):.2f}",
+        )
+    console.print(table)
+    for warning in summary["warnings"]:
+        console.print(f"[yellow]warning:[/] {warning}")
+    if not summary["warnings"]:
+        console.print("[green]valid[/]: schema, ids and qrels are consistent")
+
+
+def main() -> None:
+    """Console entry point: user errors print one clear line and exit with status 2."""
+    try:
+        app(standalone_mode=False)
+    except SynthqError as error:
+        console.print(f"[bold red]error:[/] {error}")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        console.print("[bold red]interrupted[/]: no partial artifact was left in place")
+        sys.exit(130)
+    except typer.Exit as exit_:
+        sys.exit(exit_.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    except Exception as error:
+        # Typer's (vendored) click usage errors: show them the way click's standalone mode does.
+        if hasattr(error, "show") and hasattr(error, "exit_code"):
+            error.show()
+            sys.exit(error.exit_code)
+        raise

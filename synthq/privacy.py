@@ -1,0 +1,225 @@
+"""The privacy ledger: what each artifact guarantees, and the accountants behind the numbers.
+
+Every ε synthq prints comes from here. The rules of the ledger:
+
+* A DP training stage reports the ε its accountant computes for the *actual* sampling rate,
+  noise multiplier and number of steps (:func:`epsilon_for`), at δ = 1/(2n) unless told otherwise.
+* A stage that only post-processes a private artifact (``generate`` reading a generator and
+  public documents; ``train-retriever`` on synthetic data) inherits its guarantee unchanged
+  (:meth:`Guarantee.inherit`). If it also reads private data it is not post-processing any more.
+* Training on private data without DP gives ε = ∞ (:meth:`Guarantee.non_private`).
+
+Two privacy units exist: ``query`` (a user's query text is protected) and ``example`` (the whole
+query-document pair is protected, which implies query-level privacy).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from synthq.errors import PrivacyError
+
+PrivacyUnit = Literal["query", "example"]
+ACCOUNTANTS = ("rdp", "prv")
+
+
+class Guarantee(BaseModel):
+    """An (ε, δ) claim about one artifact.
+
+    Args:
+        epsilon: ε; ``math.inf`` for no privacy.
+        delta: δ; 0 when ε is infinite.
+        unit: what one "neighbouring dataset" step changes: ``query`` or ``example``.
+        mechanism: how it was obtained, e.g. ``dp-adam`` or ``post-processing`` or ``none``.
+        accountant: the accountant that computed ε (``rdp``/``prv``), ``None`` when not computed.
+        derived_from: manifest hashes of the artifacts whose guarantee this one inherits.
+        details: the accounting inputs (noise multiplier, sample rate, steps, clip norm,
+            sensitivity, ...) so an independent accountant can reproduce ε.
+        note: a human sentence, e.g. why ε is infinite.
+    """
+
+    model_config = ConfigDict(ser_json_inf_nan="strings", frozen=True)
+
+    epsilon: float
+    delta: float = 0.0
+    unit: PrivacyUnit = "example"
+    mechanism: str = "none"
+    accountant: str | None = None
+    derived_from: list[str] = Field(default_factory=list)
+    details: dict = Field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def is_private(self) -> bool:
+        return math.isfinite(self.epsilon)
+
+    @classmethod
+    def non_private(cls, reason: str, unit: PrivacyUnit = "example") -> Guarantee:
+        """ε = ∞: the artifact was computed from private data without a DP mechanism."""
+        return cls(epsilon=math.inf, delta=0.0, unit=unit, mechanism="none", note=reason)
+
+    @classmethod
+    def public(cls, reason: str = "computed from public data only") -> Guarantee:
+        """An artifact that touched no private data (e.g. an untrained public model).
+
+        Its ε is 0 in the sense that it reveals nothing about the private set."""
+        return cls(epsilon=0.0, delta=0.0, unit="example", mechanism="public", note=reason)
+
+    def inherit(self, source_hash: str, via: str = "post-processing") -> Guarantee:
+        """The guarantee of an artifact computed only from this one and public data."""
+        return self.model_copy(
+            update={
+                "mechanism": via if self.mechanism in ("none", "public") else f"{self.mechanism}+{via}",
+                "derived_from": [*self.derived_from, source_hash],
+            }
+        )
+
+    def describe(self) -> str:
+        """Short text for tables: ``ε=8.00 δ=2.1e-04 (example)`` or ``ε=∞``."""
+        return f"ε={format_epsilon(self.epsilon)}" + (
+            f" δ={self.delta:.1e} ({self.unit})" if self.is_private and self.epsilon > 0 else ""
+        )
+
+    @classmethod
+    def from_manifest(cls, data: dict) -> Guarantee:
+        data = dict(data)
+        data["epsilon"] = float(data["epsilon"])  # "inf" strings come back as floats
+        return cls.model_validate(data)
+
+
+def format_epsilon(epsilon: float) -> str:
+    if math.isinf(epsilon):
+        return "∞"
+    return f"{epsilon:.2f}" if epsilon < 100 else f"{epsilon:.0f}"
+
+
+def default_delta(num_examples: int) -> float:
+    """δ = 1/(2n): comfortably below the 1/n at which (ε, δ)-DP stops meaning anything."""
+    if num_examples <= 0:
+        raise PrivacyError("cannot choose δ for an empty dataset")
+    return 1.0 / (2 * num_examples)
+
+
+def validate_budget(epsilon: float, delta: float, num_examples: int | None = None) -> None:
+    """Reject impossible budgets with a clear error; warn about meaningless ones."""
+    if not (epsilon > 0):
+        raise PrivacyError(f"ε must be > 0 (use 'inf' for non-private training), got {epsilon}")
+    if math.isinf(epsilon):
+        return
+    if not (0 < delta < 1):
+        raise PrivacyError(f"δ must be in (0, 1), got {delta}")
+    if num_examples and delta > 1.0 / num_examples:
+        warnings.warn(
+            f"δ={delta:g} is larger than 1/n = {1 / num_examples:g}: such a guarantee allows "
+            "publishing an example outright; prefer δ ≤ 1/(2n)",
+            stacklevel=2,
+        )
+
+
+def _validate_accounting(sample_rate: float, steps: int, accountant: str) -> None:
+    if not (0 < sample_rate <= 1):
+        raise PrivacyError(f"the sampling rate must be in (0, 1], got {sample_rate}")
+    if steps < 1:
+        raise PrivacyError(f"the number of steps must be ≥ 1, got {steps}")
+    if accountant not in ACCOUNTANTS:
+        raise PrivacyError(f"unknown accountant {accountant!r}; choose one of {', '.join(ACCOUNTANTS)}")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The outcome of an accountant call: the noise, the ε it gives, and who computed it."""
+
+    noise_multiplier: float
+    epsilon: float
+    accountant: str
+    fallback_reason: str = ""
+
+
+def _epsilon(noise_multiplier: float, delta: float, sample_rate: float, steps: int, accountant: str) -> float:
+    from opacus.accountants import create_accountant
+
+    acc = create_accountant(mechanism=accountant)
+    acc.history = [(noise_multiplier, sample_rate, steps)]
+    return float(acc.get_epsilon(delta=delta))
+
+
+def epsilon_for(
+    noise_multiplier: float, delta: float, sample_rate: float, steps: int, accountant: str = "rdp"
+) -> Calibration:
+    """ε after ``steps`` Poisson-sampled Gaussian steps with this noise multiplier.
+
+    ``noise_multiplier`` is the noise standard deviation divided by the sensitivity. PRV is
+    known to fail for large ε (its discretisation domain overflows); then RDP is used and the
+    fallback is recorded in the returned :class:`Calibration`.
+    """
+    _validate_accounting(sample_rate, steps, accountant)
+    if noise_multiplier <= 0:
+        return Calibration(noise_multiplier, math.inf, accountant)
+    if accountant == "prv":
+        try:
+            eps = _epsilon(noise_multiplier, delta, sample_rate, steps, "prv")
+            if math.isfinite(eps):
+                return Calibration(noise_multiplier, eps, "prv")
+            reason = "PRV returned a non-finite ε"
+        except Exception as error:  # PRV's domain errors at large ε
+            reason = f"PRV failed ({type(error).__name__}: {error})"
+        eps = _epsilon(noise_multiplier, delta, sample_rate, steps, "rdp")
+        return Calibration(noise_multiplier, eps, "rdp", fallback_reason=reason)
+    return Calibration(noise_multiplier, _epsilon(noise_multiplier, delta, sample_rate, steps, "rdp"), "rdp")
+
+
+def noise_multiplier_for(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    epsilon_tolerance: float = 0.01,
+) -> Calibration:
+    """The smallest noise multiplier (to within the tolerance) whose ε is ≤ ``target_epsilon``.
+
+    Uses Opacus' ``get_noise_multiplier`` binary search; the returned ε is recomputed for the
+    returned σ so that it is exactly what an independent accountant call gives.
+    """
+    from opacus.accountants.utils import get_noise_multiplier
+
+    validate_budget(target_epsilon, delta)
+    _validate_accounting(sample_rate, steps, accountant)
+    if math.isinf(target_epsilon):
+        return Calibration(0.0, math.inf, accountant)
+
+    def search(name: str) -> float:
+        return float(
+            get_noise_multiplier(
+                target_epsilon=target_epsilon,
+                target_delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant=name,
+                epsilon_tolerance=epsilon_tolerance,
+            )
+        )
+
+    try:
+        sigma = search(accountant)
+        used, reason = accountant, ""
+    except ValueError as error:
+        if "too low" in str(error):
+            raise PrivacyError(
+                f"ε={target_epsilon} at δ={delta:g} cannot be reached with sampling rate "
+                f"{sample_rate:g} over {steps} steps (noise would exceed Opacus' limit)"
+            ) from error
+        if accountant != "prv":
+            raise
+        sigma, used, reason = search("rdp"), "rdp", f"PRV failed ({error})"
+    except Exception as error:
+        if accountant != "prv":
+            raise
+        sigma, used, reason = search("rdp"), "rdp", f"PRV failed ({type(error).__name__}: {error})"
+    calibration = epsilon_for(sigma, delta, sample_rate, steps, used)
+    return Calibration(sigma, calibration.epsilon, calibration.accountant, reason or calibration.fallback_reason)

@@ -1,0 +1,39 @@
+"""Shared fixtures: a tiny BEIR dataset and tiny models built from configs (session-scoped)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests import helpers
+
+# Tests never touch the network or the user's cache.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Each test session gets its own cache, except for converted packaged models (slow to redo)."""
+    monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path_factory.getbasetemp() / "synthq-cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny_beir(tmp_path_factory):
+    return helpers.write_tiny_beir(tmp_path_factory.mktemp("tiny-beir"))
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_dir(tmp_path_factory):
+    return helpers.tiny_t5(tmp_path_factory.mktemp("tiny-t5"))
+
+
+@pytest.fixture(scope="session")
+def tiny_causal_dir(tmp_path_factory):
+    return helpers.tiny_causal(tmp_path_factory.mktemp("tiny-causal"))
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory):
+    return helpers.tiny_sentence_encoder(tmp_path_factory.mktemp("tiny-encoder") / "encoder")
