@@ -13,6 +13,7 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -89,12 +90,24 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot serialise {type(value).__name__} into a manifest")
 
 
+def json_safe(value: Any) -> Any:
+    """Replace non-finite floats by the strings "inf", "-inf", "nan" so manifests are standard
+    JSON (ε = ∞ is common); synthq's readers turn them back into floats."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def config_to_dict(config: Any) -> dict:
     if config is None:
         return {}
     if hasattr(config, "model_dump"):
-        return config.model_dump(mode="json")
-    return json.loads(json.dumps(dict(config), default=_json_default))
+        return json_safe(config.model_dump(mode="json"))
+    return json_safe(json.loads(json.dumps(dict(config), default=_json_default)))
 
 
 def config_fingerprint(config: Any, inputs: list[dict]) -> str:
@@ -187,7 +200,9 @@ def _read_manifest(path: Path) -> dict:
         raise ArtifactError(f"{manifest_path}: corrupt manifest ({error})") from error
 
 
-def open_artifact(path: str | Path, stage: str | Iterable[str] | None = None, verify: bool = True) -> Artifact:
+def open_artifact(
+    path: str | Path, stage: str | Iterable[str] | None = None, verify: bool = True
+) -> Artifact:
     """Open an artifact and check it is what the caller expects.
 
     Raises :class:`ArtifactError` naming the path when the directory is missing, has no or a
@@ -360,7 +375,8 @@ def _finish(writer: ArtifactWriter) -> None:
         **writer.extra,
     }
     manifest_tmp = writer.dir / (MANIFEST + ".tmp")
-    manifest_tmp.write_text(json.dumps(manifest, indent=2, default=_json_default) + "\n", encoding="utf-8")
+    text = json.dumps(json_safe(manifest), indent=2, default=_json_default, allow_nan=False)
+    manifest_tmp.write_text(text + "\n", encoding="utf-8")
     os.replace(manifest_tmp, writer.dir / MANIFEST)
     old = None
     if writer.path.exists():

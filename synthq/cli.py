@@ -42,7 +42,9 @@ def _version(value: bool) -> None:
 def _main(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print more detail."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only results and errors."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Show the version."
+    ),
 ) -> None:
     set_verbosity(0 if quiet else 2 if verbose else 1)
 

@@ -39,7 +39,9 @@ def _parse_epsilon(value: Any) -> float:
 class FinetuneConfig(StageConfig):
     """``synthq finetune-lm``: (document → query) fine-tuning with DP-SGD/DP-Adam."""
 
-    data: str = Field(description="Private pairs: a BEIR directory or source name (embedded, msmarco, beir:NAME).")
+    data: str = Field(
+        description="Private pairs: a BEIR directory or source name (embedded, msmarco, beir:NAME)."
+    )
     split: str = "train"
     model: str = Field(description="Hub id, local directory, or packaged alias (smollm2-135m).")
     epsilon: float = Field(8.0, description="Target ε; inf trains without noise or clipping.")
@@ -51,7 +53,9 @@ class FinetuneConfig(StageConfig):
     weight_decay: float = 0.0
     epochs: float = 3.0
     max_steps: int | None = Field(None, description="Cap on logical steps (overrides epochs when smaller).")
-    batch_size: int = Field(1024, description="Logical (expected) batch size; Poisson sampling rate = batch/n.")
+    batch_size: int = Field(
+        1024, description="Logical (expected) batch size; Poisson sampling rate = batch/n."
+    )
     physical_batch_size: int = Field(8, description="Micro-batch that fits in memory.")
     max_source_length: int = 384
     max_target_length: int = 128

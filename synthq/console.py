@@ -12,7 +12,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 _state = {"verbosity": 1}
 
 

@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from synthq.errors import PrivacyError
 
@@ -53,6 +53,11 @@ class Guarantee(BaseModel):
     derived_from: list[str] = Field(default_factory=list)
     details: dict = Field(default_factory=dict)
     note: str = ""
+
+    @field_serializer("epsilon", "delta")
+    def _finite_or_string(self, value: float) -> float | str:
+        # Standard JSON has no Infinity: ε = ∞ is written as the string "inf".
+        return value if math.isfinite(value) else ("inf" if value > 0 else "nan")
 
     @property
     def is_private(self) -> bool:
@@ -140,6 +145,11 @@ class Calibration:
     fallback_reason: str = ""
 
 
+# PRV's discretisation domain grows with ε: beyond this (RDP) ε it needs many GB of memory, so
+# synthq falls back to RDP there instead of letting the process be killed.
+PRV_EPSILON_LIMIT = 200.0
+
+
 def _epsilon(noise_multiplier: float, delta: float, sample_rate: float, steps: int, accountant: str) -> float:
     from opacus.accountants import create_accountant
 
@@ -154,23 +164,26 @@ def epsilon_for(
     """ε after ``steps`` Poisson-sampled Gaussian steps with this noise multiplier.
 
     ``noise_multiplier`` is the noise standard deviation divided by the sensitivity. PRV is
-    known to fail for large ε (its discretisation domain overflows); then RDP is used and the
-    fallback is recorded in the returned :class:`Calibration`.
+    known to fail for large ε (its discretisation domain overflows or exhausts memory); then
+    RDP is used and the fallback is recorded in the returned :class:`Calibration`.
     """
     _validate_accounting(sample_rate, steps, accountant)
     if noise_multiplier <= 0:
         return Calibration(noise_multiplier, math.inf, accountant)
-    if accountant == "prv":
-        try:
-            eps = _epsilon(noise_multiplier, delta, sample_rate, steps, "prv")
-            if math.isfinite(eps):
-                return Calibration(noise_multiplier, eps, "prv")
-            reason = "PRV returned a non-finite ε"
-        except Exception as error:  # PRV's domain errors at large ε
-            reason = f"PRV failed ({type(error).__name__}: {error})"
-        eps = _epsilon(noise_multiplier, delta, sample_rate, steps, "rdp")
-        return Calibration(noise_multiplier, eps, "rdp", fallback_reason=reason)
-    return Calibration(noise_multiplier, _epsilon(noise_multiplier, delta, sample_rate, steps, "rdp"), "rdp")
+    rdp = _epsilon(noise_multiplier, delta, sample_rate, steps, "rdp")
+    if accountant == "rdp":
+        return Calibration(noise_multiplier, rdp, "rdp")
+    if rdp > PRV_EPSILON_LIMIT:
+        reason = f"ε ≈ {rdp:.0f} is beyond PRV's reliable range (> {PRV_EPSILON_LIMIT:.0f})"
+        return Calibration(noise_multiplier, rdp, "rdp", fallback_reason=reason)
+    try:
+        eps = _epsilon(noise_multiplier, delta, sample_rate, steps, "prv")
+        if math.isfinite(eps):
+            return Calibration(noise_multiplier, eps, "prv")
+        reason = "PRV returned a non-finite ε"
+    except (Exception, MemoryError) as error:  # PRV's domain errors at large ε
+        reason = f"PRV failed ({type(error).__name__}: {error})"
+    return Calibration(noise_multiplier, rdp, "rdp", fallback_reason=reason)
 
 
 def noise_multiplier_for(
@@ -183,8 +196,10 @@ def noise_multiplier_for(
 ) -> Calibration:
     """The smallest noise multiplier (to within the tolerance) whose ε is ≤ ``target_epsilon``.
 
-    Uses Opacus' ``get_noise_multiplier`` binary search; the returned ε is recomputed for the
-    returned σ so that it is exactly what an independent accountant call gives.
+    RDP uses Opacus' ``get_noise_multiplier`` binary search. PRV (tighter, so it needs less
+    noise) searches below the RDP answer with :func:`epsilon_for`, which guards PRV's memory
+    blow-up at large ε. The returned ε is recomputed for the returned σ, exactly what an
+    independent accountant call gives.
     """
     from opacus.accountants.utils import get_noise_multiplier
 
@@ -192,34 +207,38 @@ def noise_multiplier_for(
     _validate_accounting(sample_rate, steps, accountant)
     if math.isinf(target_epsilon):
         return Calibration(0.0, math.inf, accountant)
-
-    def search(name: str) -> float:
-        return float(
+    try:
+        sigma_rdp = float(
             get_noise_multiplier(
                 target_epsilon=target_epsilon,
                 target_delta=delta,
                 sample_rate=sample_rate,
                 steps=steps,
-                accountant=name,
+                accountant="rdp",
                 epsilon_tolerance=epsilon_tolerance,
             )
         )
-
-    try:
-        sigma = search(accountant)
-        used, reason = accountant, ""
     except ValueError as error:
-        if "too low" in str(error):
-            raise PrivacyError(
-                f"ε={target_epsilon} at δ={delta:g} cannot be reached with sampling rate "
-                f"{sample_rate:g} over {steps} steps (noise would exceed Opacus' limit)"
-            ) from error
-        if accountant != "prv":
-            raise
-        sigma, used, reason = search("rdp"), "rdp", f"PRV failed ({error})"
-    except Exception as error:
-        if accountant != "prv":
-            raise
-        sigma, used, reason = search("rdp"), "rdp", f"PRV failed ({type(error).__name__}: {error})"
-    calibration = epsilon_for(sigma, delta, sample_rate, steps, used)
-    return Calibration(sigma, calibration.epsilon, calibration.accountant, reason or calibration.fallback_reason)
+        raise PrivacyError(
+            f"ε={target_epsilon} at δ={delta:g} cannot be reached with sampling rate "
+            f"{sample_rate:g} over {steps} steps (noise would exceed Opacus' limit)"
+        ) from error
+    if accountant == "rdp":
+        return epsilon_for(sigma_rdp, delta, sample_rate, steps, "rdp")
+    high = epsilon_for(sigma_rdp, delta, sample_rate, steps, "prv")
+    if high.accountant != "prv":
+        return high
+    low_sigma = sigma_rdp / 2
+    for _ in range(6):  # find a σ whose PRV ε is above the target
+        low = epsilon_for(low_sigma, delta, sample_rate, steps, "prv")
+        if low.accountant != "prv" or low.epsilon > target_epsilon:
+            break
+        high, low_sigma = low, low_sigma / 2
+    high_sigma = high.noise_multiplier
+    while target_epsilon - high.epsilon > epsilon_tolerance and high_sigma - low_sigma > 1e-4:
+        middle = epsilon_for((low_sigma + high_sigma) / 2, delta, sample_rate, steps, "prv")
+        if middle.accountant != "prv" or middle.epsilon > target_epsilon:
+            low_sigma = middle.noise_multiplier
+        else:
+            high, high_sigma = middle, middle.noise_multiplier
+    return high

@@ -53,13 +53,17 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise DataError(f"not valid UTF-8 ({error.reason} at byte {error.start})", path, number) from None
+                raise DataError(
+                    f"not valid UTF-8 ({error.reason} at byte {error.start})", path, number
+                ) from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise DataError(f"malformed JSON ({error.msg} at column {error.colno})", path, number) from None
+                raise DataError(
+                    f"malformed JSON ({error.msg} at column {error.colno})", path, number
+                ) from None
             if not isinstance(record, dict):
                 raise DataError("expected a JSON object", path, number)
             yield number, record
@@ -171,7 +175,9 @@ def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
 
 
 def write_corpus(path: Path, corpus: Corpus) -> None:
-    _write_jsonl(path, ({"_id": i, "title": d.get("title", ""), "text": d["text"]} for i, d in corpus.items()))
+    _write_jsonl(
+        path, ({"_id": i, "title": d.get("title", ""), "text": d["text"]} for i, d in corpus.items())
+    )
 
 
 def write_queries(path: Path, queries: Queries) -> None:

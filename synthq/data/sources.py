@@ -81,8 +81,7 @@ def _download_beir(name: str) -> Path:
         ) from error
     if name == "cqadupstack" and not (extracted / "corpus.jsonl").is_file():
         raise DataError(
-            "cqadupstack is a set of sub-forum datasets; pass one sub-directory, e.g. "
-            f"{extracted}/android"
+            f"cqadupstack is a set of sub-forum datasets; pass one sub-directory, e.g. {extracted}/android"
         )
     return extracted
 
