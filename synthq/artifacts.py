@@ -280,6 +280,34 @@ def find_up_to_date(out: str | Path, stage: str, config: Any, inputs: list[dict]
     return None
 
 
+def current_input_hash(record: dict) -> str | None:
+    """The sha256 an input recorded in a manifest has *now* (None if it is gone)."""
+    path = Path(record["path"])
+    if record.get("kind") == "artifact":
+        return sha256_file(path / MANIFEST) if (path / MANIFEST).is_file() else None
+    return sha256_tree(path) if path.is_dir() else None
+
+
+def is_still_up_to_date(out: str | Path, stage: str, config: Any) -> bool:
+    """Whether ``out`` holds a ``stage`` artifact for ``config`` whose recorded inputs are
+    unchanged on disk. Needs no knowledge of how the stage finds its inputs, so pipelines can
+    plan (``--dry-run``) without running anything."""
+    out = Path(out)
+    if not is_artifact(out):
+        return False
+    try:
+        artifact = open_artifact(out, stage=stage)
+    except ArtifactError:
+        return False
+    inputs = []
+    for record in artifact.inputs:
+        now = current_input_hash(record)
+        if now is None:
+            return False
+        inputs.append({**record, "sha256": now})
+    return artifact.manifest.get("fingerprint") == config_fingerprint(config, inputs)
+
+
 def check_output_free(out: str | Path, force: bool) -> None:
     """Refuse to replace an existing, different artifact unless ``--force`` was given."""
     out = Path(out)

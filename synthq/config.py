@@ -7,6 +7,7 @@ artifact's fingerprint (see :mod:`synthq.artifacts`); ``out``, ``force`` and ``r
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -187,19 +188,33 @@ def load_yaml(path: str | Path) -> dict:
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars) to a nested mapping."""
-    result = dict(data)
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML scalars) to a nested mapping.
+
+    Numeric parts index into lists (``stages.2.config.epochs=1``); missing mappings are created.
+    The input is not modified."""
+    result = copy.deepcopy(data)
     for item in overrides:
         if "=" not in item:
             raise SynthqError(f"override {item!r} is not of the form key=value")
         key, raw = item.split("=", 1)
         value = yaml.safe_load(raw) if raw else None
-        node = result
+        node: Any = result
         parts = key.strip().split(".")
         for part in parts[:-1]:
-            child = node.get(part)
-            child = dict(child) if isinstance(child, dict) else {}
-            node[part] = child
-            node = child
-        node[parts[-1]] = value
+            if isinstance(node, list):
+                node = node[_list_index(node, part, item)]
+                continue
+            if not isinstance(node.get(part), dict | list):
+                node[part] = {}
+            node = node[part]
+        if isinstance(node, list):
+            node[_list_index(node, parts[-1], item)] = value
+        else:
+            node[parts[-1]] = value
     return result
+
+
+def _list_index(items: list, part: str, item: str) -> int:
+    if not part.isdigit() or int(part) >= len(items):
+        raise SynthqError(f"override {item!r}: {part!r} is not an index of a list of {len(items)}")
+    return int(part)

@@ -1,0 +1,256 @@
+"""``synthq run PIPELINE.yaml``: chain stages through their public ``run``, skipping what is done.
+
+A pipeline file::
+
+    # synthq run pipelines/demo.yaml
+    name: demo
+    out: runs/demo                  # every stage writes <out>/<stage name>
+    vars: {limit: 400}              # {limit} is substituted in every string below
+    defaults:                       # options shared by every stage of a type
+      finetune-lm: {model: smollm2-135m, lora_rank: 8}
+    stages:
+      - name: gen-eps{eps}          # one entry per value of the sweep
+        stage: finetune-lm
+        sweep: {eps: [inf, 8]}
+        expect_seconds: 300         # for the progress display's time estimate
+        config: {data: embedded, epsilon: "{eps}"}
+      - name: syn-eps{eps}
+        stage: generate
+        sweep: {eps: [inf, 8]}
+        config: {generator: "@gen-eps{eps}", corpus: embedded}
+      - name: results
+        stage: eval
+        config: {retrievers: ["@ret-*"]}   # a glob over earlier stage names
+
+``@name`` is replaced by that stage's output directory, and must name an *earlier* stage, so
+a bad reference fails at planning time, before anything trains. Every config is validated by
+its stage's pydantic model during planning too. A stage whose output is up to date is skipped
+(its own ``run`` would skip it as well; planning knows it in advance for ``--dry-run``). A
+failing stage stops the run with its name; the artifacts already written stay valid, so a
+rerun resumes at the failed stage.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from rich.markup import escape
+
+from synthq.artifacts import is_artifact, is_still_up_to_date, open_artifact
+from synthq.config import apply_overrides, load_yaml
+from synthq.console import console, info
+from synthq.errors import SynthqError
+from synthq.stages.registry import stage_entry
+
+_VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass
+class PlannedStage:
+    """One concrete stage of a pipeline, after sweeps, variables and references are resolved."""
+
+    name: str
+    stage: str
+    config: Any
+    depends_on: list[str] = field(default_factory=list)
+    expect_seconds: float | None = None
+    up_to_date: bool = False
+
+    @property
+    def out(self) -> Path:
+        return Path(self.config.out)
+
+
+@dataclass
+class Plan:
+    name: str
+    out: Path
+    stages: list[PlannedStage]
+
+    def stage(self, name: str) -> PlannedStage:
+        for planned in self.stages:
+            if planned.name == name:
+                return planned
+        raise SynthqError(f"pipeline {self.name!r} has no stage named {name!r}")
+
+
+def _substitute(value: Any, variables: dict[str, Any]) -> Any:
+    """Replace ``{var}`` in strings (recursively); a string that is exactly one variable keeps
+    the variable's type."""
+    if isinstance(value, str):
+        whole = _VARIABLE.fullmatch(value)
+        if whole and whole.group(1) in variables:
+            return variables[whole.group(1)]
+        return _VARIABLE.sub(lambda m: str(variables.get(m.group(1), m.group(0))), value)
+    if isinstance(value, dict):
+        return {k: _substitute(v, variables) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, variables) for v in value]
+    return value
+
+
+def _resolve_references(value: Any, known: dict[str, Path], where: str, used: list[str]) -> Any:
+    if isinstance(value, str) and value.startswith("@"):
+        pattern = value[1:]
+        matches = [name for name in known if fnmatch.fnmatchcase(name, pattern)]
+        if not matches:
+            raise SynthqError(
+                f"{where}: reference {value!r} names no earlier stage (known: {', '.join(known)})"
+            )
+        used.extend(matches)
+        if any(ch in pattern for ch in "*?["):
+            return [str(known[name]) for name in matches]
+        return str(known[matches[0]])
+    if isinstance(value, dict):
+        return {k: _resolve_references(v, known, where, used) for k, v in value.items()}
+    if isinstance(value, list):
+        resolved = []
+        for item in value:
+            result = _resolve_references(item, known, where, used)
+            is_glob = isinstance(item, str) and item.startswith("@") and any(ch in item for ch in "*?[")
+            resolved.extend(result if is_glob else [result])
+        return resolved
+    return value
+
+
+def _expand(entry: dict, variables: dict[str, Any]) -> list[tuple[dict, dict[str, Any]]]:
+    sweep = entry.get("sweep") or {}
+    if not isinstance(sweep, dict):
+        raise SynthqError(f"stage {entry.get('name')!r}: sweep must be a mapping of variable -> list")
+    keys = list(sweep)
+    values = [v if isinstance(v, list) else [v] for v in sweep.values()]
+    return [
+        (entry, {**variables, **dict(zip(keys, combo, strict=True))}) for combo in itertools.product(*values)
+    ]
+
+
+def plan_pipeline(
+    path: str | Path, overrides: list[str] | None = None, force: list[str] | None = None
+) -> Plan:
+    """Read, expand and validate a pipeline without running anything."""
+    data = apply_overrides(load_yaml(path), overrides or [])
+    name = str(data.get("name") or Path(path).stem)
+    root = Path(data.get("out") or Path("runs") / name)
+    variables = dict(data.get("vars") or {})
+    defaults = data.get("defaults") or {}
+    entries = data.get("stages")
+    if not isinstance(entries, list) or not entries:
+        raise SynthqError(f"{path}: a pipeline needs a non-empty 'stages' list")
+    force = set(force or [])
+    known: dict[str, Path] = {}
+    planned: list[PlannedStage] = []
+    for index, raw in enumerate(entries):
+        if not isinstance(raw, dict) or "stage" not in raw or "name" not in raw:
+            raise SynthqError(f"{path}: stages[{index}] needs 'name' and 'stage'")
+        entry_point = stage_entry(raw["stage"])
+        for entry, scope in _expand(raw, variables):
+            stage_name = str(_substitute(entry["name"], scope))
+            where = f"{path}: stage {stage_name!r}"
+            if stage_name in known:
+                raise SynthqError(f"{where}: duplicate stage name")
+            options = {**(defaults.get(entry["stage"]) or {}), **(entry.get("config") or {})}
+            options = _substitute(options, scope)
+            used: list[str] = []
+            options = _resolve_references(options, known, where, used)
+            options["out"] = str(root / stage_name)
+            options["force"] = stage_name in force or "all" in force
+            try:
+                config = entry_point.config_type()(**options)
+            except ValidationError as error:
+                problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+                raise SynthqError(f"{where}: invalid config ({problems})") from None
+            known[stage_name] = root / stage_name
+            planned.append(
+                PlannedStage(
+                    name=stage_name,
+                    stage=entry["stage"],
+                    config=config,
+                    depends_on=sorted(set(used)),
+                    expect_seconds=entry.get("expect_seconds"),
+                )
+            )
+    unknown_forced = force - set(known) - {"all"}
+    if unknown_forced:
+        raise SynthqError(f"--force names unknown stages: {', '.join(sorted(unknown_forced))}")
+    stale: set[str] = set()
+    for stage in planned:
+        upstream_stale = any(dep in stale for dep in stage.depends_on)
+        stage.up_to_date = (
+            not stage.config.force
+            and not upstream_stale
+            and is_still_up_to_date(stage.out, stage.stage, stage.config)
+        )
+        if not stage.up_to_date:
+            stale.add(stage.name)
+            # The pipeline owns its outputs: a stale one (changed config or inputs) is replaced.
+            stage.config = stage.config.model_copy(update={"force": True})
+    return Plan(name=name, out=root, stages=planned)
+
+
+def _estimate(stage: PlannedStage) -> float | None:
+    """Seconds a stage is expected to take: its previous run, else the pipeline's hint."""
+    if is_artifact(stage.out):
+        try:
+            return float(open_artifact(stage.out, verify=False).timings.get("wall_seconds"))
+        except (SynthqError, TypeError, ValueError):
+            pass
+    return stage.expect_seconds
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def describe_plan(plan: Plan) -> list[str]:
+    lines = [f"pipeline {plan.name!r} -> {plan.out} ({len(plan.stages)} stages)"]
+    for number, stage in enumerate(plan.stages, 1):
+        status = "up to date, skip" if stage.up_to_date else "run"
+        estimate = _estimate(stage)
+        hint = f", ~{_minutes(estimate)}" if estimate and not stage.up_to_date else ""
+        needs = f" <- {', '.join(stage.depends_on)}" if stage.depends_on else ""
+        lines.append(f"  {number:2d}. {stage.name} ({stage.stage}): {status}{hint}{needs}")
+    return lines
+
+
+def run_plan(plan: Plan) -> dict[str, Path]:
+    """Run every stage in order; returns stage name -> artifact path."""
+    from synthq.stages.registry import stage_entry as entry_for
+
+    remaining = [s for s in plan.stages if not s.up_to_date]
+    remaining_estimate = sum(_estimate(s) or 0.0 for s in remaining)
+    started = time.perf_counter()
+    results: dict[str, Path] = {}
+    for number, stage in enumerate(plan.stages, 1):
+        header = escape(f"[{number}/{len(plan.stages)}] {stage.stage} {stage.name}")
+        if stage.up_to_date:
+            info(f"[green]{header}: up to date, skipped[/]")
+            results[stage.name] = stage.out
+            continue
+        estimate = _estimate(stage) or 0.0
+        elapsed = time.perf_counter() - started
+        eta = f", pipeline ≈ {_minutes(remaining_estimate)} left" if remaining_estimate else ""
+        console.rule(f"{header} (elapsed {_minutes(elapsed)}{eta})")
+        stage_started = time.perf_counter()
+        try:
+            artifact = entry_for(stage.stage).run_function()(stage.config)
+        except KeyboardInterrupt:
+            raise
+        except Exception as error:
+            raise SynthqError(
+                f"pipeline {plan.name!r} stopped at stage {stage.name!r} ({stage.stage}): {error}. "
+                "Artifacts of earlier stages are intact; rerun the same command to resume."
+            ) from error
+        remaining_estimate = max(remaining_estimate - estimate, 0.0)
+        results[stage.name] = Path(artifact.path)
+        info(
+            f"{header} done in {_minutes(time.perf_counter() - stage_started)}: {artifact.privacy.describe()}"
+        )
+    info(f"[bold green]pipeline {plan.name!r} finished[/] in {_minutes(time.perf_counter() - started)}")
+    return results

@@ -1,0 +1,44 @@
+"""Stage name -> (module exposing ``run(config)``, config class): how pipelines find stages.
+
+Imports are lazy so that ``synthq --help`` and pipeline planning never load torch-heavy code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from synthq import config as config_module
+from synthq.errors import SynthqError
+
+
+@dataclass(frozen=True)
+class StageEntry:
+    module: str
+    config_class: str | type  # a name in synthq.config, or the class itself
+
+    def config_type(self) -> type:
+        if isinstance(self.config_class, type):
+            return self.config_class
+        return getattr(config_module, self.config_class)
+
+    def run_function(self) -> Callable:
+        return importlib.import_module(self.module).run
+
+
+STAGES: dict[str, StageEntry] = {
+    "finetune-lm": StageEntry("synthq.stages.finetune_lm", "FinetuneConfig"),
+    "generate": StageEntry("synthq.stages.generate", "GenerateConfig"),
+    "similarity": StageEntry("synthq.stages.similarity", "SimilarityConfig"),
+    "train-retriever": StageEntry("synthq.stages.train_retriever", "TrainRetrieverConfig"),
+    "eval": StageEntry("synthq.stages.evaluate", "EvalConfig"),
+    "report": StageEntry("synthq.stages.report", "ReportConfig"),
+    "canary-audit": StageEntry("synthq.stages.canary_audit", "CanaryAuditConfig"),
+}
+
+
+def stage_entry(name: str) -> StageEntry:
+    if name not in STAGES:
+        raise SynthqError(f"unknown stage {name!r}; known stages: {', '.join(STAGES)}")
+    return STAGES[name]

@@ -1,0 +1,153 @@
+"""Pipeline planning and running with a fake, instant stage (the end-to-end run with real
+stages lives in tests/test_end_to_end.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from synthq.artifacts import create_artifact, existing_result, open_artifact
+from synthq.config import StageConfig
+from synthq.errors import SynthqError
+from synthq.privacy import Guarantee
+from synthq.stages import registry
+from synthq.stages.pipeline import describe_plan, plan_pipeline, run_plan
+
+CALLS: list[str] = []
+
+
+class FakeConfig(StageConfig):
+    sources: list[str] = []
+    value: float = 1.0
+    fail: bool = False
+
+
+def run(config: FakeConfig):
+    inputs = [open_artifact(s).input_record() for s in config.sources]
+    if (done := existing_result("generate", config, inputs)) is not None:
+        return done
+    CALLS.append(config.out.name)
+    if config.fail:
+        raise RuntimeError("synthetic failure")
+    with create_artifact(config.out, "generate", config, inputs) as writer:
+        (writer.dir / "value.txt").write_text(str(config.value))
+        writer.privacy = Guarantee(epsilon=config.value, delta=1e-5, mechanism="fake")
+    return open_artifact(config.out)
+
+
+@pytest.fixture(autouse=True)
+def fake_stage(monkeypatch):
+    CALLS.clear()
+    monkeypatch.setitem(registry.STAGES, "generate", registry.StageEntry(__name__, FakeConfig))
+
+
+PIPELINE = """
+name: mini
+out: {out}
+vars: {{base: 2}}
+defaults:
+  generate: {{value: 5}}
+stages:
+  - name: first-{{eps}}
+    stage: generate
+    sweep: {{eps: [1, 3]}}
+    expect_seconds: 2
+    config: {{value: "{{eps}}"}}
+  - name: second
+    stage: generate
+    config: {{sources: ["@first-*"], value: "{{base}}"}}
+  - name: third
+    stage: generate
+    config: {{sources: ["@second"]}}
+"""
+
+
+def write(tmp_path, text=PIPELINE):
+    path = tmp_path / "p.yaml"
+    path.write_text(text.format(out=tmp_path / "runs"))
+    return path
+
+
+def test_plan_expands_sweeps_vars_defaults_and_references(tmp_path):
+    plan = plan_pipeline(write(tmp_path))
+    names = [s.name for s in plan.stages]
+    assert names == ["first-1", "first-3", "second", "third"]
+    assert plan.stage("first-3").config.value == 3
+    assert plan.stage("second").config.value == 2  # vars
+    assert plan.stage("third").config.value == 5  # defaults
+    assert plan.stage("second").config.sources == [
+        str(tmp_path / "runs" / "first-1"),
+        str(tmp_path / "runs" / "first-3"),
+    ]
+    assert plan.stage("second").depends_on == ["first-1", "first-3"]
+    assert not any(s.up_to_date for s in plan.stages)
+
+
+def test_run_skip_force_and_dry_run(tmp_path):
+    path = write(tmp_path)
+    run_plan(plan_pipeline(path))
+    assert CALLS == ["first-1", "first-3", "second", "third"]
+    assert open_artifact(tmp_path / "runs" / "second").inputs[0]["stage"] == "generate"
+    CALLS.clear()
+    plan = plan_pipeline(path)
+    assert all(s.up_to_date for s in plan.stages)
+    assert "up to date, skip" in "\n".join(describe_plan(plan))
+    run_plan(plan)
+    assert CALLS == []
+    # forcing one stage re-runs it and everything downstream of it (its inputs changed)
+    plan = plan_pipeline(path, force=["second"])
+    assert [s.name for s in plan.stages if not s.up_to_date] == ["second", "third"]
+    run_plan(plan)
+    assert CALLS == ["second", "third"]
+    # an override changes a config: that stage and its dependants are stale
+    plan = plan_pipeline(path, overrides=["stages.2.config.value=9"])
+    assert [s.name for s in plan.stages if not s.up_to_date] == ["third"]
+
+
+def test_dry_run_runs_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from synthq.cli import app
+
+    result = CliRunner().invoke(app, ["run", str(write(tmp_path)), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert CALLS == [] and not (tmp_path / "runs").exists()
+    assert "first-3 (generate): run, ~2 s" in result.output
+
+
+def test_failure_names_the_stage_and_keeps_earlier_artifacts(tmp_path):
+    path = write(tmp_path)
+    with pytest.raises(SynthqError, match="stopped at stage 'second'.*synthetic failure"):
+        run_plan(plan_pipeline(path, overrides=["stages.1.config.fail=true"]))
+    assert open_artifact(tmp_path / "runs" / "first-1").privacy.epsilon == 1
+    assert not (tmp_path / "runs" / "second").exists()
+    CALLS.clear()
+    run_plan(plan_pipeline(path))  # resumes: only the failed stage onwards
+    assert CALLS == ["second", "third"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("stages:\n  - {name: a, stage: generate, config: {sources: ['@nope']}}", "names no earlier stage"),
+        (
+            "stages:\n  - {name: a, stage: generate, config: {sources: ['@b']}}\n"
+            "  - {name: b, stage: generate}",
+            "names no earlier stage",
+        ),
+        ("stages:\n  - {name: a, stage: nonsense}", "unknown stage 'nonsense'"),
+        ("stages:\n  - {name: a, stage: generate}\n  - {name: a, stage: generate}", "duplicate stage name"),
+        ("stages:\n  - {name: a, stage: generate, config: {value: abc}}", "invalid config.*value"),
+        ("stages: []", "non-empty 'stages'"),
+    ],
+)
+def test_bad_pipelines_fail_before_running(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"out: {tmp_path / 'runs'}\n{text}\n")
+    with pytest.raises(SynthqError, match=message):
+        plan_pipeline(path)
+    assert CALLS == []
+
+
+def test_unknown_forced_stage(tmp_path):
+    with pytest.raises(SynthqError, match="unknown stages: zzz"):
+        plan_pipeline(write(tmp_path), force=["zzz"])
