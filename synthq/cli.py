@@ -129,6 +129,23 @@ def data_info_command(
         console.print("[green]valid[/]: schema, ids and qrels are consistent")
 
 
+@app.command("run")
+def run_command(
+    pipeline: Path = typer.Argument(..., help="A pipeline YAML, e.g. pipelines/demo.yaml."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. vars.limit=100."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (what runs, what is skipped); run nothing."),
+    force: list[str] = typer.Option(None, "--force", help="Redo this stage (repeatable; 'all' redoes every stage)."),
+) -> None:
+    """Run a whole pipeline: every stage through its public run, skipping up-to-date artifacts."""
+    from synthq.stages.pipeline import describe_plan, plan_pipeline, run_plan
+
+    plan = plan_pipeline(pipeline, overrides or [], force or [])
+    for line in describe_plan(plan):
+        console.print(line)
+    if not dry_run:
+        run_plan(plan)
+
+
 def main() -> None:
     """Console entry point: user errors print one clear line and exit with status 2."""
     try:
