@@ -1,0 +1,1 @@
+"""Empirical privacy audits: canary construction and exposure / rank / ε-lower-bound math."""
