@@ -3,6 +3,8 @@ stages lives in tests/test_end_to_end.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from synthq.artifacts import create_artifact, existing_result, open_artifact
@@ -151,3 +153,16 @@ def test_bad_pipelines_fail_before_running(tmp_path, text, message):
 def test_unknown_forced_stage(tmp_path):
     with pytest.raises(SynthqError, match="unknown stages: zzz"):
         plan_pipeline(write(tmp_path), force=["zzz"])
+
+
+REPO = Path(__file__).resolve().parents[2]
+PIPELINE_FILES = sorted((REPO / "pipelines").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PIPELINE_FILES, ids=lambda p: p.name)
+def test_shipped_pipelines_plan_and_start_with_their_command(path, monkeypatch):
+    monkeypatch.setitem(registry.STAGES, "generate", registry.StageEntry("synthq.stages.generate", "GenerateConfig"))
+    first_line = path.read_text(encoding="utf-8").splitlines()[0]
+    assert first_line == f"# synthq run {path.relative_to(REPO).as_posix()}"
+    plan = plan_pipeline(path)
+    assert plan.stages
