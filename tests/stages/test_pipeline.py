@@ -15,6 +15,7 @@ from synthq.stages import registry
 from synthq.stages.pipeline import describe_plan, plan_pipeline, run_plan
 
 CALLS: list[str] = []
+REAL_GENERATE = registry.STAGES["generate"]
 
 
 class FakeConfig(StageConfig):
@@ -161,7 +162,7 @@ PIPELINE_FILES = sorted((REPO / "pipelines").rglob("*.yaml"))
 
 @pytest.mark.parametrize("path", PIPELINE_FILES, ids=lambda p: p.name)
 def test_shipped_pipelines_plan_and_start_with_their_command(path, monkeypatch):
-    monkeypatch.setitem(registry.STAGES, "generate", registry.StageEntry("synthq.stages.generate", "GenerateConfig"))
+    monkeypatch.setitem(registry.STAGES, "generate", REAL_GENERATE)  # undo the fake stage
     first_line = path.read_text(encoding="utf-8").splitlines()[0]
     assert first_line == f"# synthq run {path.relative_to(REPO).as_posix()}"
     plan = plan_pipeline(path)
