@@ -129,12 +129,53 @@ def data_info_command(
         console.print("[green]valid[/]: schema, ids and qrels are consistent")
 
 
+@app.command("canary-audit")
+def canary_audit_command(
+    data: str = typer.Option(..., "--data", help="Private pairs: a BEIR dir, embedded, msmarco, beir:NAME."),
+    model: str = typer.Option(..., "--model", help="Generator to fine-tune: hub id, local dir or alias."),
+    out: Path = typer.Option(..., "--out", help="Audit artifact directory to write."),
+    epsilons: str = typer.Option("inf,8", help="Comma-separated ε values; inf = non-private."),
+    repetitions: str = typer.Option("10,100", help="Comma-separated insertion counts per canary."),
+    shapes: str = typer.Option("random-query,real-document,random-document", help="Canary shapes."),
+    canaries_per_shape: int = typer.Option(5, help="Canaries per shape and repetition count."),
+    references: int = typer.Option(99, help="Candidate secrets per canary for rank and exposure."),
+    leak_samples: int = typer.Option(10, help="Sampled queries per canary document for the leak test."),
+    seed: int = typer.Option(0),
+    finetune: list[str] = typer.Option(
+        None, "--finetune", help="finetune-lm option as key=value (repeatable), e.g. lora_rank=8."
+    ),
+    force: bool = typer.Option(False, "--force", help="Redo an up-to-date audit."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted audit."),
+) -> None:
+    """Insert canaries, fine-tune at each ε, and measure rank, exposure, leakage and an ε lower bound."""
+    from synthq.config import CanaryAuditConfig, apply_overrides
+    from synthq.stages import canary_audit
+
+    config = CanaryAuditConfig(
+        data=data,
+        model=model,
+        out=out,
+        epsilons=epsilons,
+        repetitions=[int(r) for r in repetitions.split(",")],
+        shapes=shapes.split(","),
+        canaries_per_shape=canaries_per_shape,
+        references=references,
+        leak_samples=leak_samples,
+        seed=seed,
+        finetune=apply_overrides({}, finetune or []),
+        force=force,
+        resume=resume,
+    )
+    artifact = canary_audit.run(config)
+    console.print(f"audit written to {artifact.path} ({artifact.privacy.describe()})")
+
+
 @app.command("run")
 def run_command(
     pipeline: Path = typer.Argument(..., help="A pipeline YAML, e.g. pipelines/demo.yaml."),
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. vars.limit=100."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (what runs, what is skipped); run nothing."),
-    force: list[str] = typer.Option(None, "--force", help="Redo this stage (repeatable; 'all' redoes every stage)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; run nothing."),
+    force: list[str] = typer.Option(None, "--force", help="Redo this stage (repeatable; all = every one)."),
 ) -> None:
     """Run a whole pipeline: every stage through its public run, skipping up-to-date artifacts."""
     from synthq.stages.pipeline import describe_plan, plan_pipeline, run_plan

@@ -158,10 +158,13 @@ class CanaryAuditConfig(StageConfig):
     epsilons: list[float] = Field(default_factory=lambda: [math.inf, 8.0])
     repetitions: list[int] = Field(default_factory=lambda: [10, 100])
     shapes: list[str] = Field(default_factory=lambda: ["random-query", "real-document", "random-document"])
+    split: str = "train"
     canaries_per_shape: int = 5
     references: int = 99
-    leak_samples: int = 10
-    confidence: float = 0.95
+    leak_samples: int = Field(10, description="Sampled queries per canary document for the leak test.")
+    top_p: float = 0.8
+    max_new_tokens: int = 24
+    batch_size: int = 32
     seed: int = 0
     finetune: dict[str, Any] = Field(default_factory=dict, description="Extra finetune-lm options.")
 
