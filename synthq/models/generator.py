@@ -1,0 +1,227 @@
+"""The query generator: one interface over seq2seq (T5 family) and causal (SmolLM2, GPT-2,
+Llama-style) language models that learn document -> query.
+
+* Seq2seq: the encoder reads ``generate_query: <document>``; the decoder produces the query.
+* Causal: a prompt template around the document, then the query; the loss covers only the
+  query tokens (and the end-of-sequence token that teaches the model to stop).
+
+The kind is detected from the model config (``is_encoder_decoder``). A saved generator is a
+Hugging Face ``save_pretrained`` directory plus ``synthq_generator.json`` (kind, prompt
+template, lengths), so ``AutoModelFor*.from_pretrained`` reads it as well as synthq does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    BatchEncoding,
+    PreTrainedTokenizerBase,
+)
+
+from synthq.errors import ModelResolutionError
+from synthq.models.resolve import resolve_model
+
+SEQ2SEQ_PREFIX = "generate_query: "
+CAUSAL_TEMPLATE = "Document: {document}\nSearch query:"
+GENERATOR_FILE = "synthq_generator.json"
+Kind = Literal["seq2seq", "causal"]
+
+
+def detect_kind(config) -> Kind:
+    return "seq2seq" if getattr(config, "is_encoder_decoder", False) else "causal"
+
+
+def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, kind: Kind) -> PreTrainedTokenizerBase:
+    if tokenizer.pad_token is None:
+        # Causal LMs often ship without a pad token; EOS is safe because padding is masked out.
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.eos_token is None:
+        raise ModelResolutionError("the tokenizer has no end-of-sequence token; cannot teach queries to stop")
+    # Left padding keeps every causal prompt flush against its generated continuation.
+    tokenizer.padding_side = "left" if kind == "causal" else "right"
+    return tokenizer
+
+
+class QueryGenerator:
+    """A document -> query language model with its tokenizer and prompt format.
+
+    Args:
+        model: a ``PreTrainedModel`` (seq2seq or causal).
+        tokenizer: its tokenizer.
+        max_source_length: documents are truncated to this many tokens (paper: 384).
+        template: the causal prompt template, with ``{document}``.
+    """
+
+    def __init__(self, model, tokenizer, max_source_length: int = 384, template: str = CAUSAL_TEMPLATE):
+        self.model = model
+        self.kind: Kind = detect_kind(model.config)
+        self.tokenizer = _prepare_tokenizer(tokenizer, self.kind)
+        self.max_source_length = max_source_length
+        self.template = template
+
+    # ------------------------------------------------------------------ loading and saving
+    @classmethod
+    def load(
+        cls, spec_or_path: str | Path, device: str = "cpu", max_source_length: int | None = None
+    ) -> QueryGenerator:
+        """Load from a model spec (hub id, local dir, alias) or a generator artifact directory."""
+        path = resolve_model(str(spec_or_path))
+        saved = {}
+        if (path / GENERATOR_FILE).is_file():
+            saved = json.loads((path / GENERATOR_FILE).read_text(encoding="utf-8"))
+        config = AutoConfig.from_pretrained(path)
+        kind = detect_kind(config)
+        model_class = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForCausalLM
+        model = model_class.from_pretrained(path, dtype=torch.float32)
+        if (path / "adapter_config.json").is_file() and not hasattr(model, "peft_config"):
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, path).merge_and_unload()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        length = max_source_length or saved.get("max_source_length", 384)
+        generator = cls(model.to(device), tokenizer, length, saved.get("template", CAUSAL_TEMPLATE))
+        return generator
+
+    def save(self, directory: Path, generation_defaults: dict | None = None) -> None:
+        """``save_pretrained`` model and tokenizer, generation defaults, and the prompt format."""
+        directory = Path(directory)
+        model = self.model
+        if hasattr(model, "merge_and_unload"):  # LoRA: ship a plain model others can load
+            model = model.merge_and_unload()
+        model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        if generation_defaults:
+            generation_config = model.generation_config
+            for key, value in generation_defaults.items():
+                setattr(generation_config, key, value)
+            generation_config.save_pretrained(directory)
+        (directory / GENERATOR_FILE).write_text(
+            json.dumps(
+                {"kind": self.kind, "template": self.template, "max_source_length": self.max_source_length},
+                indent=2,
+            ),
+            encoding="utf-8",
+        )
+
+    # ------------------------------------------------------------------ text formats
+    def source_text(self, document: str) -> str:
+        if self.kind == "seq2seq":
+            return SEQ2SEQ_PREFIX + document
+        return self.template.format(document=document)
+
+    def _truncated_documents(self, documents: list[str]) -> list[str]:
+        """Truncate documents (not the template around them) to ``max_source_length`` tokens."""
+        encoded = self.tokenizer(
+            documents, add_special_tokens=False, truncation=True, max_length=self.max_source_length
+        )
+        return [self.tokenizer.decode(ids) for ids in encoded["input_ids"]]
+
+    def _query_ids(self, queries: list[str], max_target_length: int) -> list[list[int]]:
+        prefix = "" if self.kind == "seq2seq" else " "
+        encoded = self.tokenizer([prefix + q for q in queries], add_special_tokens=False)["input_ids"]
+        eos = self.tokenizer.eos_token_id
+        return [ids[: max_target_length - 1] + [eos] for ids in encoded]
+
+    def _prompt_ids(self, documents: list[str]) -> list[list[int]]:
+        sources = [self.source_text(d) for d in self._truncated_documents(documents)]
+        if self.kind == "seq2seq":
+            ids = self.tokenizer(sources, add_special_tokens=True)["input_ids"]
+            eos = self.tokenizer.eos_token_id
+            return [x if x and x[-1] == eos else [*x, eos] for x in ids]
+        ids = self.tokenizer(sources, add_special_tokens=False)["input_ids"]
+        bos = self.tokenizer.bos_token_id
+        return [
+            [bos, *x] if bos is not None and getattr(self.tokenizer, "add_bos_token", False) else x
+            for x in ids
+        ]
+
+    # ------------------------------------------------------------------ batches
+    def training_batch(
+        self, documents: list[str], queries: list[str], max_target_length: int = 128
+    ) -> dict[str, torch.Tensor]:
+        """``input_ids``, ``attention_mask`` and ``labels`` (−100 on prompt and padding).
+
+        Seq2seq: labels are the query tokens + EOS (the model shifts them into decoder inputs).
+        Causal: one sequence prompt + query + EOS, left-padded, loss only on query + EOS."""
+        prompts = self._prompt_ids(documents)
+        targets = self._query_ids(queries, max_target_length)
+        pad = self.tokenizer.pad_token_id
+        if self.kind == "seq2seq":
+            width = max(len(p) for p in prompts)
+            label_width = max(len(t) for t in targets)
+            input_ids = [p + [pad] * (width - len(p)) for p in prompts]
+            mask = [[1] * len(p) + [0] * (width - len(p)) for p in prompts]
+            labels = [t + [-100] * (label_width - len(t)) for t in targets]
+        else:
+            sequences = [p + t for p, t in zip(prompts, targets, strict=True)]
+            width = max(len(s) for s in sequences)
+            input_ids = [[pad] * (width - len(s)) + s for s in sequences]
+            mask = [[0] * (width - len(s)) + [1] * len(s) for s in sequences]
+            labels = [
+                [-100] * (width - len(s)) + [-100] * len(p) + t
+                for s, p, t in zip(sequences, prompts, targets, strict=True)
+            ]
+        batch = {
+            "input_ids": torch.tensor(input_ids),
+            "attention_mask": torch.tensor(mask),
+            "labels": torch.tensor(labels),
+        }
+        if self.kind == "causal":
+            # Left padding must not shift positions: an example's loss (and its per-example
+            # gradient) is then the same in any batch, which DP's privacy unit relies on.
+            batch["position_ids"] = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        return batch
+
+    def generation_batch(self, documents: list[str]) -> BatchEncoding:
+        """Prompts for ``generate``: left-padded for causal models, right-padded for seq2seq."""
+        prompts = self._prompt_ids(documents)
+        pad = self.tokenizer.pad_token_id
+        width = max(len(p) for p in prompts)
+        if self.kind == "causal":
+            ids = [[pad] * (width - len(p)) + p for p in prompts]
+            mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
+        else:
+            ids = [p + [pad] * (width - len(p)) for p in prompts]
+            mask = [[1] * len(p) + [0] * (width - len(p)) for p in prompts]
+        return BatchEncoding({"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)})
+
+    def decode_new_tokens(self, output_ids: torch.Tensor, batch: BatchEncoding | dict) -> list[str]:
+        """The generated queries: prompt removed (causal), cut at EOS or a newline, stripped."""
+        if self.kind == "causal":
+            output_ids = output_ids[:, batch["input_ids"].shape[1] :]
+        texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
+        return [text.split("\n")[0].strip() for text in texts]
+
+    # ------------------------------------------------------------------ scoring
+    def sequence_log_likelihood(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Sum of log p(label tokens) per row of a :meth:`training_batch`."""
+        labels = batch["labels"]
+        logits = self.model(**{k: v for k, v in batch.items() if k != "labels"}, labels=labels).logits
+        if self.kind == "causal":
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        mask = labels != -100
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return (picked * mask).sum(dim=-1)
+
+    @torch.no_grad()
+    def query_log_likelihood(
+        self, documents: list[str], queries: list[str], batch_size: int = 16, max_target_length: int = 128
+    ) -> torch.Tensor:
+        """log p(query | document) summed over the query tokens and EOS, one value per pair."""
+        device = next(self.model.parameters()).device
+        values = []
+        for start in range(0, len(documents), batch_size):
+            batch = self.training_batch(
+                documents[start : start + batch_size], queries[start : start + batch_size], max_target_length
+            )
+            values.append(self.sequence_log_likelihood({k: v.to(device) for k, v in batch.items()}).cpu())
+        return torch.cat(values) if values else torch.empty(0)

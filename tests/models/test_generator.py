@@ -1,0 +1,77 @@
+"""QueryGenerator on tiny seq2seq and causal models: formats, masking, batching invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from synthq.models.generator import QueryGenerator
+
+DOCS = ["Boil eggs for nine minutes for a firm yolk.", "Git rebase replays your commits on another branch."]
+QUERIES = ["how long to boil an egg", "what does rebase do"]
+
+
+@pytest.fixture(params=["seq2seq", "causal"])
+def generator(request, tiny_t5_dir, tiny_causal_dir):
+    path = tiny_t5_dir if request.param == "seq2seq" else tiny_causal_dir
+    return QueryGenerator.load(path, max_source_length=64)
+
+
+def test_kind_and_padding_side(generator):
+    expected = "left" if generator.kind == "causal" else "right"
+    assert generator.tokenizer.padding_side == expected
+    batch = generator.generation_batch(DOCS)
+    first_column = batch["attention_mask"][:, 0] if expected == "left" else batch["attention_mask"][:, -1]
+    assert first_column.min() == 0 or batch["attention_mask"].all()  # padding on the stated side
+
+
+def test_labels_cover_only_query_and_eos(generator):
+    batch = generator.training_batch(DOCS, QUERIES, max_target_length=32)
+    eos = generator.tokenizer.eos_token_id
+    for row in range(len(DOCS)):
+        labels = batch["labels"][row]
+        label_ids = labels[labels != -100].tolist()
+        assert label_ids[-1] == eos
+        text = generator.tokenizer.decode(label_ids[:-1]).strip()
+        assert text == QUERIES[row]
+
+
+def test_log_likelihood_is_independent_of_batch_composition(generator):
+    together = generator.query_log_likelihood(DOCS, QUERIES, batch_size=2)
+    alone = torch.cat([generator.query_log_likelihood([d], [q]) for d, q in zip(DOCS, QUERIES, strict=True)])
+    assert torch.allclose(together, alone, atol=1e-4)
+    assert (together < 0).all()
+
+
+def test_log_likelihood_matches_the_model_loss(generator):
+    batch = generator.training_batch(DOCS[:1], QUERIES[:1])
+    with torch.no_grad():
+        loss = generator.model(**batch).loss  # mean over label tokens
+    tokens = (batch["labels"] != -100).sum()
+    assert generator.query_log_likelihood(DOCS[:1], QUERIES[:1]).item() == pytest.approx(
+        -(loss * tokens).item(), rel=1e-4
+    )
+
+
+def test_greedy_generation_batched_equals_one_at_a_time(generator):
+    batch = generator.generation_batch(DOCS)
+    together = generator.decode_new_tokens(
+        generator.model.generate(**batch, max_new_tokens=6, do_sample=False), batch
+    )
+    alone = []
+    for doc in DOCS:
+        single = generator.generation_batch([doc])
+        alone += generator.decode_new_tokens(
+            generator.model.generate(**single, max_new_tokens=6, do_sample=False), single
+        )
+    assert together == alone
+
+
+def test_save_and_reload_round_trip(generator, tmp_path):
+    generator.save(tmp_path / "g", generation_defaults={"do_sample": True, "top_p": 0.8})
+    again = QueryGenerator.load(tmp_path / "g")
+    assert again.kind == generator.kind and again.max_source_length == 64
+    assert torch.allclose(
+        again.query_log_likelihood(DOCS, QUERIES), generator.query_log_likelihood(DOCS, QUERIES), atol=1e-5
+    )
+    assert again.model.generation_config.top_p == 0.8
