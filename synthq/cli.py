@@ -129,6 +129,47 @@ def data_info_command(
         console.print("[green]valid[/]: schema, ids and qrels are consistent")
 
 
+@app.command("finetune-lm")
+def finetune_lm_command(
+    data: str = typer.Option(..., "--data", help="Private pairs: a BEIR dir, embedded, msmarco, beir:NAME."),
+    model: str = typer.Option(..., "--model", help="Hub id (google-t5/t5-base), local dir, or smollm2-135m."),
+    out: Path = typer.Option(..., "--out", help="Generator artifact directory to write."),
+    epsilon: str = typer.Option("8", help="Target ε; 'inf' trains without DP."),
+    delta: float = typer.Option(None, help="δ (default 1/(2n))."),
+    clip_norm: float = typer.Option(0.1, help="Per-example clipping norm C (paper: 0.1)."),
+    accountant: str = typer.Option("rdp", help="rdp or prv."),
+    optimizer: str = typer.Option("adam", help="adam (DP-Adam), adafactor or sgd."),
+    lr: float = typer.Option(1e-3, help="Learning rate (paper: 1e-3)."),
+    epochs: float = typer.Option(3.0, help="Epochs (paper: 30)."),
+    max_steps: int = typer.Option(None, help="Cap on logical steps."),
+    batch_size: int = typer.Option(1024, help="Logical batch; Poisson rate = batch/n (paper: 1024)."),
+    physical_batch_size: int = typer.Option(8, help="Micro-batch that fits in memory."),
+    max_source_length: int = typer.Option(384),
+    max_target_length: int = typer.Option(128),
+    lora_rank: int = typer.Option(0, help="Train LoRA adapters of this rank instead of all weights."),
+    split: str = typer.Option("train"),
+    limit: int = typer.Option(None, help="Use only the first N pairs."),
+    seed: int = typer.Option(0),
+    device: str = typer.Option("auto"),
+    checkpoint_every: int = typer.Option(50, help="Checkpoint every N steps (for --resume)."),
+    force: bool = typer.Option(False, "--force", help="Redo an up-to-date artifact."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run."),
+) -> None:
+    """Fine-tune a query generator (document -> query) with DP-Adam to a target ε."""
+    from synthq.config import FinetuneConfig
+    from synthq.stages import finetune_lm
+
+    config = FinetuneConfig(
+        data=data, model=model, out=out, epsilon=epsilon, delta=delta, clip_norm=clip_norm,
+        accountant=accountant, optimizer=optimizer, lr=lr, epochs=epochs, max_steps=max_steps,
+        batch_size=batch_size, physical_batch_size=physical_batch_size, max_source_length=max_source_length,
+        max_target_length=max_target_length, lora_rank=lora_rank, split=split, limit=limit, seed=seed,
+        device=device, checkpoint_every=checkpoint_every, force=force, resume=resume,
+    )  # fmt: skip
+    artifact = finetune_lm.run(config)
+    console.print(f"generator written to {artifact.path}: {artifact.privacy.describe()}")
+
+
 @app.command("canary-audit")
 def canary_audit_command(
     data: str = typer.Option(..., "--data", help="Private pairs: a BEIR dir, embedded, msmarco, beir:NAME."),

@@ -60,7 +60,9 @@ class FinetuneConfig(StageConfig):
     physical_batch_size: int = Field(8, description="Micro-batch that fits in memory.")
     max_source_length: int = 384
     max_target_length: int = 128
-    grad_sample_mode: Literal["auto", "hooks", "ghost", "functorch"] = "auto"
+    grad_sample_mode: Literal["vmap"] = Field(
+        "vmap", description="Per-example gradients: exact torch.func vmap over the whole model."
+    )
     lora_rank: int = Field(0, description="0 = full fine-tuning; >0 trains LoRA adapters of this rank.")
     lora_alpha: float | None = None
     checkpoint_every: int = Field(50, description="Save a resumable checkpoint every N logical steps.")
