@@ -160,6 +160,11 @@ def load_beir_dir(root: str | Path, splits: Iterable[str] | None = None) -> Beir
     qrels_dir = root / "qrels"
     if splits is None:
         splits = sorted(p.stem for p in qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
+    available = sorted(p.stem for p in qrels_dir.glob("*.tsv")) if qrels_dir.is_dir() else []
+    for split in splits:
+        if split not in available:
+            names = ", ".join(available) or "none"
+            raise DataError(f"no qrels for split {split!r} (available: {names})", qrels_dir)
     qrels = {split: read_qrels(qrels_dir / f"{split}.tsv") for split in splits}
     dataset = BeirDataset(root=root, corpus=corpus, queries=queries, qrels=qrels)
     validate(dataset)

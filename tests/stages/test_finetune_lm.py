@@ -1,0 +1,110 @@
+"""The finetune-lm stage end to end on tiny models: accounting, learning, resume, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from opacus.accountants import RDPAccountant
+
+from synthq.artifacts import open_artifact, partial_dir
+from synthq.config import FinetuneConfig
+from synthq.errors import DataError, ModelResolutionError, PrivacyError
+from synthq.models.generator import QueryGenerator
+from synthq.stages import finetune_lm
+
+
+def config(tmp_path, beir, model, name="gen", **options) -> FinetuneConfig:
+    defaults = dict(batch_size=8, epochs=4, physical_batch_size=4, lr=1e-2, max_source_length=48)
+    return FinetuneConfig(data=str(beir), model=str(model), out=tmp_path / name, **{**defaults, **options})
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_t5_dir", "tiny_causal_dir"])
+def test_dp_run_reports_an_epsilon_an_independent_accountant_reproduces(
+    tmp_path, tiny_beir, model_fixture, request
+):
+    model = request.getfixturevalue(model_fixture)
+    artifact = finetune_lm.run(config(tmp_path, tiny_beir, model, epsilon=8.0))
+    guarantee = artifact.privacy
+    details = guarantee.details
+    n = details["num_examples"]
+    assert n == 17 and guarantee.delta == pytest.approx(1 / (2 * n))
+    assert details["sample_rate"] == pytest.approx(8 / 17)
+    assert details["steps"] == math.ceil(4 * 17 / 8)
+    accountant = RDPAccountant()
+    accountant.history = [(details["noise_multiplier"], details["sample_rate"], details["steps"])]
+    assert guarantee.epsilon == pytest.approx(accountant.get_epsilon(delta=guarantee.delta))
+    assert guarantee.epsilon <= 8.0 and guarantee.unit == "example"
+    # a Hugging Face directory any tool loads, and the training curve
+    generator = QueryGenerator.load(artifact.path)
+    assert generator.kind == ("seq2seq" if model_fixture == "tiny_t5_dir" else "causal")
+    lines = (artifact.path / "training.jsonl").read_text().splitlines()
+    assert len(lines) == details["steps"]
+
+
+def test_non_private_run_learns_and_heavy_noise_does_not(tmp_path, tiny_beir, tiny_causal_dir):
+    clean = finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, "clean", epsilon="inf", epochs=20))
+    assert math.isinf(clean.privacy.epsilon) and clean.privacy.mechanism == "none"
+    assert clean.metrics["final_loss"] < 0.5 * clean.metrics["first_loss"]
+    noisy = finetune_lm.run(
+        config(tmp_path, tiny_beir, tiny_causal_dir, "noisy", epsilon=0.5, epochs=20, clip_norm=0.01)
+    )
+    assert noisy.privacy.epsilon <= 0.5
+    assert noisy.metrics["final_loss"] > 0.8 * noisy.metrics["first_loss"]
+
+
+def test_resume_after_interruption_gives_identical_accounting_and_weights(
+    tmp_path, tiny_beir, tiny_causal_dir, monkeypatch
+):
+    options = dict(epsilon=8.0, epochs=6, checkpoint_every=3)
+    reference = finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, "reference", **options))
+
+    original_step = finetune_lm.DPStep.step
+    calls = {"n": 0}
+
+    def interrupted(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return original_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(finetune_lm.DPStep, "step", interrupted)
+    resumable = config(tmp_path, tiny_beir, tiny_causal_dir, "resumed", **options)
+    with pytest.raises(KeyboardInterrupt):
+        finetune_lm.run(resumable)
+    assert not resumable.out.exists()  # nothing finished-looking
+    assert (partial_dir(resumable.out) / "checkpoints" / "state.pt").is_file()
+    monkeypatch.setattr(finetune_lm.DPStep, "step", original_step)
+    resumed = finetune_lm.run(resumable.model_copy(update={"resume": True}))
+    assert resumed.privacy.epsilon == reference.privacy.epsilon
+    assert resumed.privacy.details == reference.privacy.details
+    first = QueryGenerator.load(reference.path).model.state_dict()
+    second = QueryGenerator.load(resumed.path).model.state_dict()
+    for name, value in first.items():
+        torch.testing.assert_close(second[name], value)
+
+
+def test_up_to_date_run_is_skipped(tmp_path, tiny_beir, tiny_causal_dir):
+    first = finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, max_steps=1, epsilon="inf"))
+    again = finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, max_steps=1, epsilon="inf"))
+    assert again.manifest["created"] == first.manifest["created"]
+    assert open_artifact(first.path, stage="finetune-lm")
+
+
+def test_bad_input(tmp_path, tiny_beir, tiny_causal_dir):
+    with pytest.raises(ModelResolutionError):
+        finetune_lm.run(config(tmp_path, tiny_beir, tmp_path / "no-such-model"))
+    with pytest.raises(PrivacyError, match="ε must be > 0"):
+        finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, epsilon=0))
+    with pytest.raises(DataError, match="larger than the 17 training pairs"):
+        finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, batch_size=64))
+    with pytest.raises(DataError, match="no qrels for split 'validation'"):
+        finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, split="validation"))
+    empty = tmp_path / "empty"
+    (empty / "qrels").mkdir(parents=True)
+    (empty / "corpus.jsonl").write_text("")
+    (empty / "queries.jsonl").write_text("")
+    (empty / "qrels" / "train.tsv").write_text("")
+    with pytest.raises(DataError, match="empty"):
+        finetune_lm.run(config(tmp_path, empty, tiny_causal_dir))
