@@ -170,6 +170,50 @@ def finetune_lm_command(
     console.print(f"generator written to {artifact.path}: {artifact.privacy.describe()}")
 
 
+@app.command("generate")
+def generate_command(
+    out: Path = typer.Option(..., "--out", help="Synthetic dataset artifact (a BEIR dir) to write."),
+    generator: Path = typer.Option(None, "--generator", help="A finetune-lm artifact."),
+    corpus: str = typer.Option("embedded", "--corpus", help="Public documents: a BEIR dir or source name."),
+    split: str = typer.Option("train", help="Generate for the documents judged in this split."),
+    all_documents: bool = typer.Option(False, "--all", help="Generate for every corpus document instead."),
+    num_queries: int = typer.Option(1, help="Queries per document."),
+    top_p: float = typer.Option(0.8, help="Nucleus sampling mass (paper: 0.8)."),
+    temperature: float = typer.Option(1.0),
+    max_new_tokens: int = typer.Option(32),
+    batch_size: int = typer.Option(16, help="Documents per generation batch."),
+    max_resample: int = typer.Option(3, help="Retries for empty or degenerate queries."),
+    shard: str = typer.Option(None, help="i/n: generate only the i-th of n document shards."),
+    merge: list[Path] = typer.Option(None, "--merge", help="Merge these shard artifacts into --out."),
+    seed: int = typer.Option(0),
+    limit: int = typer.Option(None, help="Only the first N documents."),
+    device: str = typer.Option("auto"),
+    force: bool = typer.Option(False, "--force"),
+    resume: bool = typer.Option(False, "--resume", help="Skip documents an interrupted run finished."),
+) -> None:
+    """Nucleus-sample synthetic queries for public documents (inherits the generator's ε)."""
+    from synthq.config import GenerateConfig
+    from synthq.stages import generate
+
+    if merge:
+        artifact = generate.merge(list(merge), out, force=force)
+    else:
+        if generator is None:
+            raise typer.BadParameter("--generator is required (or --merge SHARDS)")
+        config = GenerateConfig(
+            generator=generator, corpus=corpus, out=out, split=None if all_documents else split,
+            num_queries=num_queries, top_p=top_p, temperature=temperature, max_new_tokens=max_new_tokens,
+            batch_size=batch_size, max_resample=max_resample, shard=shard, seed=seed, limit=limit,
+            device=device, force=force, resume=resume,
+        )  # fmt: skip
+        artifact = generate.run(config)
+    metrics = artifact.metrics
+    console.print(
+        f"{metrics['queries']} synthetic queries for {metrics['documents']} documents in {artifact.path} "
+        f"({artifact.privacy.describe()})"
+    )
+
+
 @app.command("canary-audit")
 def canary_audit_command(
     data: str = typer.Option(..., "--data", help="Private pairs: a BEIR dir, embedded, msmarco, beir:NAME."),

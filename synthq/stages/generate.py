@@ -1,0 +1,229 @@
+"""``synthq generate``: synthetic queries for public documents from a (DP) generator.
+
+Stage 2 of Carranza et al.: for every selected document, ``--num-queries`` queries by nucleus
+sampling (paper: top-p 0.8). The output is a BEIR directory — ``corpus.jsonl`` (the documents
+that received queries), ``queries.jsonl`` (ids ``syn-<docid>-<k>``) and ``qrels/train.tsv`` —
+so any BEIR tool, and ``synthq train-retriever``, reads it.
+
+Privacy: the stage reads the generator and the public documents only. Documents are selected
+by the ids in a qrels split (document ids are public), but the query text of the private set is
+never opened, so the artifact inherits the generator's guarantee by post-processing.
+
+Sampling is reproducible per document (see :mod:`synthq.generation`), so ``--shard i/n`` runs
+merged with ``--merge`` equal one unsharded run, and ``--resume`` continues from the documents
+already finished.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from synthq.artifacts import Artifact, create_artifact, data_input_record, existing_result, open_artifact
+from synthq.config import GenerateConfig
+from synthq.console import info, progress
+from synthq.data.beir_io import read_corpus, read_qrels, write_beir_dir
+from synthq.data.pairs import document_text
+from synthq.data.sources import resolve_source
+from synthq.errors import ArtifactError, DataError, SynthqError
+from synthq.generation import Request, is_degenerate, length_sorted_batches, sample_queries
+from synthq.models.generator import QueryGenerator
+
+STAGE = "generate"
+PROGRESS_FILE = "done.jsonl"
+
+
+def parse_shard(shard: str | None) -> tuple[int, int]:
+    if shard is None:
+        return 0, 1
+    try:
+        index, count = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise SynthqError(f"--shard must look like i/n (e.g. 0/4), got {shard!r}") from None
+    if not (count >= 1 and 0 <= index < count):
+        raise SynthqError(f"--shard {shard}: need 0 <= i < n")
+    return index, count
+
+
+def select_documents(config: GenerateConfig, root: Path) -> dict[str, dict[str, str]]:
+    """The public documents to generate for: a split's judged documents, or the whole corpus.
+
+    Only ``corpus.jsonl`` and the qrels file are read, never ``queries.jsonl``."""
+    corpus = read_corpus(root / "corpus.jsonl")
+    if config.split is None:
+        ids = sorted(corpus)
+    else:
+        qrels_path = root / "qrels" / f"{config.split}.tsv"
+        if not qrels_path.is_file():
+            raise DataError(f"no qrels for split {config.split!r}", qrels_path)
+        qrels = read_qrels(qrels_path)
+        ids = sorted({d for docs in qrels.values() for d, rel in docs.items() if rel > 0})
+        missing = [d for d in ids if d not in corpus]
+        if missing:
+            raise DataError(f"split {config.split!r} names unknown document id {missing[0]!r}", qrels_path)
+    if config.limit is not None:
+        ids = ids[: config.limit]
+    index, count = parse_shard(config.shard)
+    selected = {doc_id: corpus[doc_id] for position, doc_id in enumerate(ids) if position % count == index}
+    if not selected:
+        raise DataError("no documents selected for generation", root)
+    return selected
+
+
+def _generate_for(
+    generator: QueryGenerator, documents: dict[str, str], config: GenerateConfig, done: dict, log_path: Path
+) -> dict:
+    """Fill ``done[(doc_id, k)] = {"query", "attempts"}`` batch by batch, appending to the log."""
+    pending = [
+        Request(doc_id, text, k)
+        for doc_id, text in documents.items()
+        for k in range(config.num_queries)
+        if (doc_id, k) not in done
+    ]
+    batches = length_sorted_batches(pending, generator, config.batch_size)
+    with progress() as bar, open(log_path, "a", encoding="utf-8") as log:
+        task = bar.add_task("generating queries", total=len(pending))
+        for batch in batches:
+            current, results = list(batch), {}
+            for attempt in range(config.max_resample + 1):
+                texts = sample_queries(
+                    generator, current, config.seed, config.top_p, config.temperature, config.max_new_tokens
+                )
+                retry = []
+                for request, text in zip(current, texts, strict=True):
+                    last = attempt == config.max_resample
+                    if is_degenerate(text, request.document) and not last:
+                        retry.append(Request(request.doc_id, request.document, request.index, attempt + 1))
+                    else:
+                        results[(request.doc_id, request.index)] = {"query": text, "attempts": attempt + 1}
+                if not retry:
+                    break
+                current = retry
+            for (doc_id, index), result in results.items():
+                done[(doc_id, index)] = result
+                log.write(json.dumps({"doc_id": doc_id, "index": index, **result}) + "\n")
+            log.flush()
+            bar.advance(task, len(batch))
+    return done
+
+
+def _read_log(path: Path) -> dict:
+    done = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[(row["doc_id"], row["index"])] = {"query": row["query"], "attempts": row["attempts"]}
+    return done
+
+
+def write_synthetic(directory: Path, corpus: dict[str, dict[str, str]], done: dict) -> dict:
+    """The BEIR payload plus generation statistics; degenerate final outputs are dropped."""
+    queries, qrels, kept_docs, degenerate, resampled = {}, {}, {}, 0, 0
+    for (doc_id, index), result in sorted(done.items()):
+        resampled += result["attempts"] > 1
+        if is_degenerate(result["query"], document_text(corpus[doc_id])):
+            degenerate += 1
+            continue
+        query_id = f"syn-{doc_id}-{index}"
+        queries[query_id] = result["query"]
+        qrels[query_id] = {doc_id: 1}
+        kept_docs[doc_id] = corpus[doc_id]
+    if not queries:
+        raise SynthqError("every generated query was degenerate; is the generator trained?")
+    write_beir_dir(directory, kept_docs, queries, {"train": qrels})
+    lengths = [len(q.split()) for q in queries.values()]
+    return {
+        "documents": len(kept_docs),
+        "queries": len(queries),
+        "resampled": resampled,
+        "dropped_degenerate": degenerate,
+        "mean_query_words": sum(lengths) / len(lengths),
+    }
+
+
+def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
+    """Merge ``--shard i/n`` artifacts into one synthetic set, equal to an unsharded run."""
+    artifacts = [open_artifact(path, stage=STAGE) for path in shards]
+    configs = [dict(a.config) for a in artifacts]
+    shard_ids = sorted(parse_shard(c.get("shard")) for c in configs)
+    count = shard_ids[0][1]
+    if shard_ids != [(i, count) for i in range(count)]:
+        raise ArtifactError(
+            f"shards {[c.get('shard') for c in configs]} are not exactly 0/{count} .. {count - 1}/{count}"
+        )
+    comparable = [
+        {k: v for k, v in c.items() if k not in ("shard", "out", "force", "resume")} for c in configs
+    ]
+    if any(c != comparable[0] for c in comparable):
+        raise ArtifactError("the shards were generated with different settings")
+    if len({a.privacy.model_dump_json() for a in artifacts}) != 1:
+        raise ArtifactError("the shards carry different privacy guarantees")
+    merged_config = {**configs[0], "shard": None, "out": str(out), "merged_from": count}
+    inputs = [a.input_record() for a in artifacts]
+    with create_artifact(out, STAGE, merged_config, inputs) as writer:
+        corpus, done = {}, {}
+        for artifact in artifacts:
+            corpus.update(read_corpus(artifact.path / "corpus.jsonl"))
+            queries = {}
+            for line in (artifact.path / "queries.jsonl").read_text(encoding="utf-8").splitlines():
+                record = json.loads(line)
+                queries[record["_id"]] = record["text"]
+            for query_id, docs in read_qrels(artifact.path / "qrels" / "train.tsv").items():
+                for doc_id in docs:
+                    index = int(query_id.rsplit("-", 1)[1])
+                    done[(doc_id, index)] = {"query": queries[query_id], "attempts": 1}
+        statistics = write_synthetic(writer.dir, corpus, done)
+        for key in ("resampled", "dropped_degenerate"):
+            statistics[key] = sum(a.metrics.get(key, 0) for a in artifacts)
+        writer.metrics.update(statistics)
+        writer.privacy = artifacts[0].privacy
+    return open_artifact(out, STAGE)
+
+
+def run(config: GenerateConfig) -> Artifact:
+    generator_artifact = open_artifact(config.generator, stage="finetune-lm")
+    root = resolve_source(config.corpus)
+    inputs = [generator_artifact.input_record(), data_input_record(root, name=config.corpus)]
+    if (done_artifact := existing_result(STAGE, config, inputs)) is not None:
+        return done_artifact
+    documents = select_documents(config, root)
+    texts = {doc_id: document_text(doc) for doc_id, doc in documents.items()}
+    device = (
+        "cuda"
+        if config.device == "auto" and _cuda()
+        else ("cpu" if config.device == "auto" else config.device)
+    )
+    generator = QueryGenerator.load(generator_artifact.path, device=device)
+    generator.model.eval()
+    with create_artifact(
+        config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
+    ) as writer:
+        log_path = writer.checkpoint_dir / PROGRESS_FILE
+        done = _read_log(log_path) if config.resume else {}
+        if done:
+            info(f"resuming: {len(done)} queries already generated")
+        started = time.perf_counter()
+        before = len(done)
+        _generate_for(generator, texts, config, done, log_path)
+        elapsed = time.perf_counter() - started
+        statistics = write_synthetic(writer.dir, documents, done)
+        writer.metrics.update(statistics)
+        new = len(done) - before
+        words = sum(len(done[key]["query"].split()) for key in done)
+        writer.timings.update(
+            {
+                "generate_seconds": round(elapsed, 3),
+                "queries_per_second": round(new / max(elapsed, 1e-9), 3),
+                "words_per_second": round(words * new / max(len(done), 1) / max(elapsed, 1e-9), 3),
+            }
+        )
+        writer.privacy = generator_artifact.privacy.inherit(generator_artifact.manifest_hash)
+    return open_artifact(config.out, STAGE)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
