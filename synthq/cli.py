@@ -214,6 +214,46 @@ def generate_command(
     )
 
 
+@app.command("train-retriever")
+def train_retriever_command(
+    data: str = typer.Option(..., "--data", help="A synthetic artifact, a BEIR dir, or a source name."),
+    out: Path = typer.Option(..., "--out", help="Retriever artifact (a sentence-transformers dir) to write."),
+    encoder: str = typer.Option("minilm-l6", help="Shared encoder: alias, local dir or hub id."),
+    dp: str = typer.Option(None, help="Direct DP on private pairs: sample, batch or group."),
+    epsilon: str = typer.Option("8", help="Target ε for --dp."),
+    delta: float = typer.Option(None, help="δ for --dp (default 1/(2n))."),
+    clip_norm: float = typer.Option(1.0, help="Clipping norm C for --dp (paper: 0.1)."),
+    accountant: str = typer.Option("rdp"),
+    batch_size: int = typer.Option(32, help="Batch (paper: 32); the expected batch under --dp."),
+    epochs: float = typer.Option(5.0, help="Epochs (paper: 5)."),
+    max_steps: int = typer.Option(None),
+    lr: float = typer.Option(2e-5),
+    temperature: float = typer.Option(0.05, help="Softmax temperature on cosine similarity."),
+    max_query_length: int = typer.Option(128),
+    max_doc_length: int = typer.Option(384),
+    group_size: int = typer.Option(8, help="--dp group: pairs per group."),
+    aug_negatives: int = typer.Option(0, help="--dp group: augmented negatives per group document."),
+    split: str = typer.Option("train"),
+    limit: int = typer.Option(None),
+    seed: int = typer.Option(0),
+    device: str = typer.Option("auto"),
+    force: bool = typer.Option(False, "--force"),
+) -> None:
+    """Train a dual encoder with in-batch softmax (non-private, or --dp baselines)."""
+    from synthq.config import TrainRetrieverConfig
+    from synthq.stages import train_retriever
+
+    config = TrainRetrieverConfig(
+        data=data, out=out, encoder=encoder, dp=dp, epsilon=epsilon, delta=delta, clip_norm=clip_norm,
+        accountant=accountant, batch_size=batch_size, epochs=epochs, max_steps=max_steps, lr=lr,
+        temperature=temperature, max_query_length=max_query_length, max_doc_length=max_doc_length,
+        group_size=group_size, aug_negatives=aug_negatives, split=split, limit=limit, seed=seed,
+        device=device, force=force,
+    )  # fmt: skip
+    artifact = train_retriever.run(config)
+    console.print(f"retriever written to {artifact.path}: {artifact.privacy.describe()}")
+
+
 @app.command("canary-audit")
 def canary_audit_command(
     data: str = typer.Option(..., "--data", help="Private pairs: a BEIR dir, embedded, msmarco, beir:NAME."),

@@ -105,7 +105,7 @@ class SimilarityConfig(StageConfig):
     device: Device = "auto"
 
 
-DPMode = Literal["sample", "batch", "group", "logit"]
+DPMode = Literal["sample", "batch", "group"]
 
 
 class TrainRetrieverConfig(StageConfig):
@@ -129,7 +129,6 @@ class TrainRetrieverConfig(StageConfig):
     max_doc_length: int = 384
     group_size: int = 8
     aug_negatives: int = 0
-    cached_mini_batch: int | None = Field(None, description="GradCache mini-batch for big batches.")
     seed: int = 0
     device: Device = "auto"
     limit: int | None = None

@@ -1,0 +1,242 @@
+"""``synthq train-retriever``: a dual encoder trained with the in-batch softmax loss.
+
+Stage 3 of Carranza et al.: one shared encoder for queries and documents, cosine similarity
+over a temperature, in-batch negatives (eq. 1). Three ways to train, and what the ledger says:
+
+* on a **synthetic** artifact (from ``generate``): non-private training, and the retriever
+  inherits the synthetic set's guarantee (DP post-processing);
+* on **private pairs** without ``--dp``: ε = ∞, said loudly;
+* on private pairs with ``--dp sample|batch|group``: direct DP training (the baselines),
+  Poisson sampling at ``q = batch/n``, noise calibrated to the mechanism's sensitivity
+  (:mod:`synthq.dp.contrastive`), ε from the accountant.
+
+Non-private batches never hold two pairs with the same document; DP batches cannot be built
+that way without making one pair's presence decide another's, so there duplicates are masked
+out of the negatives instead. The artifact is a sentence-transformers directory.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import torch
+
+from synthq.artifacts import (
+    Artifact,
+    create_artifact,
+    data_input_record,
+    existing_result,
+    is_artifact,
+    open_artifact,
+)
+from synthq.config import TrainRetrieverConfig
+from synthq.console import info, progress, warn
+from synthq.data.pairs import Pair, training_pairs
+from synthq.data.sources import load_source, resolve_source
+from synthq.dp.contrastive import MECHANISMS, Example, GroupClipping, max_batch_size, privatize
+from synthq.errors import DataError
+from synthq.models.encoder import embed, in_batch_softmax_loss, load_encoder
+from synthq.privacy import Guarantee, default_delta, epsilon_for, noise_multiplier_for, validate_budget
+
+STAGE = "train-retriever"
+
+
+def unique_document_batches(pairs: list[Pair], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Shuffle, then fill batches greedily so that no batch holds a document twice
+    (several synthetic queries per document would otherwise be false negatives)."""
+    order = list(range(len(pairs)))
+    rng.shuffle(order)
+    batches: list[list[int]] = []
+    pending = order
+    while pending:
+        batch, seen, deferred = [], set(), []
+        for index in pending:
+            if len(batch) < batch_size and pairs[index].doc_id not in seen:
+                batch.append(index)
+                seen.add(pairs[index].doc_id)
+            else:
+                deferred.append(index)
+        batches.append(batch)
+        pending = deferred
+    return batches
+
+
+def _device(choice: str) -> str:
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return choice
+
+
+def _inputs_and_guarantee(config: TrainRetrieverConfig):
+    """The data to train on, its lineage record and the guarantee of a non-DP run on it."""
+    if is_artifact(config.data):
+        synthetic = open_artifact(config.data, stage="generate")
+        dataset = load_source(str(synthetic.path), splits=[config.split])
+        inherited = synthetic.privacy.inherit(synthetic.manifest_hash)
+        return dataset, synthetic.input_record(), inherited, True
+    root = resolve_source(config.data)
+    dataset = load_source(config.data, splits=[config.split])
+    guarantee = Guarantee.non_private("trained on the private queries without DP (ε = ∞)")
+    return dataset, data_input_record(root, name=config.data), guarantee, False
+
+
+def run(config: TrainRetrieverConfig) -> Artifact:
+    dataset, record, base_guarantee, synthetic = _inputs_and_guarantee(config)
+    inputs = [record]
+    if (done := existing_result(STAGE, config, inputs)) is not None:
+        return done
+    pairs = training_pairs(dataset, config.split)
+    if config.limit is not None:
+        pairs = pairs[: config.limit]
+    n = len(pairs)
+    if config.batch_size > n:
+        raise DataError(
+            f"--batch-size {config.batch_size} is larger than the {n} training pairs", dataset.root
+        )
+    if config.dp is not None and synthetic:
+        warn("--dp on a synthetic artifact: its own ε composes with the generator's; the ledger records both")
+    if config.dp is None and not synthetic:
+        warn(
+            "[bold]training on the private queries WITHOUT differential privacy: this retriever has ε = ∞[/]"
+        )
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    device = _device(config.device)
+    encoder = load_encoder(config.encoder, device=device)
+    encoder.train()
+    parameters = [p for p in encoder.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=config.lr)
+
+    def encode(texts: list[str], side: str) -> torch.Tensor:
+        length = config.max_query_length if side == "query" else config.max_doc_length
+        return embed(encoder, texts, length)
+
+    delta = config.delta if config.delta is not None else default_delta(n)
+    sample_rate = config.batch_size / n
+    if config.dp is None:
+        steps_per_epoch = math.ceil(n / config.batch_size)
+        steps = math.ceil(config.epochs * steps_per_epoch)
+    else:
+        validate_budget(config.epsilon, delta, n)
+        steps = math.ceil(config.epochs / sample_rate)
+    if config.max_steps is not None:
+        steps = min(steps, config.max_steps)
+    warmup = max(1, int(config.warmup_ratio * steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: min(1.0, (step + 1) / warmup) * max(0.0, (steps - step) / max(steps - warmup, 1)),
+    )
+    mechanism, calibration, cap, tail = None, None, None, 0.0
+    if config.dp is not None:
+        calibration = noise_multiplier_for(config.epsilon, delta, sample_rate, steps, config.accountant)
+        cap, tail = max_batch_size(n, sample_rate, steps)
+        if config.dp == "group":
+            mechanism = GroupClipping(
+                config.clip_norm, config.temperature, config.group_size, config.batch_size,
+                config.aug_negatives, config.seed,
+            )  # fmt: skip
+        else:
+            mechanism = MECHANISMS[config.dp](config.clip_norm, config.temperature)
+        info(
+            f"direct DP training ({config.dp}): sensitivity {mechanism.sensitivity(cap):.3g}, "
+            f"σ = {calibration.noise_multiplier:.3f}, q = {sample_rate:.4f}, {steps} steps"
+        )
+    noise_generator = torch.Generator().manual_seed(config.seed + 1)
+    sampling_generator = torch.Generator().manual_seed(config.seed)
+    examples = [Example(p.query, p.document, p.doc_id, i) for i, p in enumerate(pairs)]
+    with create_artifact(config.out, STAGE, config, inputs) as writer:
+        started, seen, losses = time.perf_counter(), 0, []
+        batches: list[list[int]] = []
+        with progress() as bar:
+            task = bar.add_task(
+                f"train-retriever{' (dp ' + config.dp + ')' if config.dp else ''}", total=steps
+            )
+            for _step in range(steps):
+                if mechanism is None:
+                    if not batches:
+                        batches = unique_document_batches(pairs, config.batch_size, rng)
+                    batch = [examples[i] for i in batches.pop(0)]
+                    queries = encode([e.query for e in batch], "query")
+                    docs = encode([e.document for e in batch], "doc")
+                    loss = in_batch_softmax_loss(queries, docs, config.temperature, [e.doc_id for e in batch])
+                    loss.backward()
+                    value = loss.item()
+                else:
+                    chosen = torch.nonzero(
+                        torch.rand(n, generator=sampling_generator) < sample_rate
+                    ).flatten()
+                    if len(chosen) > cap:  # probability ≤ tail, accounted in δ
+                        chosen = chosen[torch.randperm(len(chosen), generator=sampling_generator)[:cap]]
+                    batch = [examples[i] for i in chosen.tolist()]
+                    clipped, value = mechanism.clipped_sum(encode, batch, parameters)
+                    noisy = privatize(
+                        clipped, mechanism.sensitivity(cap), calibration.noise_multiplier, noise_generator
+                    )
+                    for parameter, gradient in zip(parameters, noisy, strict=True):
+                        parameter.grad = gradient / config.batch_size
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                seen += len(batch)
+                if not math.isnan(value):
+                    losses.append(value)
+                bar.update(task, advance=1, description=f"train-retriever loss {value:.3f}")
+        elapsed = time.perf_counter() - started
+        encoder.eval()
+        encoder.save(str(writer.dir))
+        if mechanism is None:
+            writer.privacy = base_guarantee
+        else:
+            final = epsilon_for(
+                calibration.noise_multiplier, delta, sample_rate, steps, calibration.accountant
+            )
+            own = Guarantee(
+                epsilon=final.epsilon,
+                delta=delta + tail,
+                unit="example",
+                mechanism=f"dp-{config.dp}",
+                accountant=final.accountant,
+                details={
+                    "mode": config.dp,
+                    "noise_multiplier": calibration.noise_multiplier,
+                    "sample_rate": sample_rate,
+                    "steps": steps,
+                    "clip_norm": config.clip_norm,
+                    "sensitivity": mechanism.sensitivity(cap),
+                    "max_batch_size": cap,
+                    "batch_cap_tail_probability": tail,
+                    "accountant_delta": delta,
+                    "num_examples": n,
+                    "target_epsilon": config.epsilon,
+                    "group_size": config.group_size if config.dp == "group" else None,
+                },
+                note="privacy unit: one (query, document) pair; δ includes the batch-cap tail",
+            )
+            if synthetic:  # sequential composition with the generator's guarantee
+                own = own.model_copy(
+                    update={
+                        "epsilon": own.epsilon + base_guarantee.epsilon,
+                        "delta": own.delta + base_guarantee.delta,
+                        "derived_from": base_guarantee.derived_from,
+                    }
+                )
+            writer.privacy = own
+        tail_losses = losses[-max(1, len(losses) // 10) :]
+        writer.metrics.update(
+            {
+                "steps": steps,
+                "pairs": n,
+                "first_loss": losses[0] if losses else None,
+                "final_loss": sum(tail_losses) / len(tail_losses) if tail_losses else None,
+            }
+        )
+        writer.timings.update(
+            {
+                "train_seconds": round(elapsed, 3),
+                "pairs_per_second": round(seen / max(elapsed, 1e-9), 3),
+                "seconds_per_step": round(elapsed / max(steps, 1), 4),
+            }
+        )
+    return open_artifact(config.out, STAGE)
