@@ -254,6 +254,47 @@ def train_retriever_command(
     console.print(f"retriever written to {artifact.path}: {artifact.privacy.describe()}")
 
 
+@app.command("eval")
+def eval_command(
+    out: Path = typer.Option(..., "--out", help="Evaluation artifact directory to write."),
+    retriever: list[str] = typer.Option(None, "--retriever", help="A train-retriever artifact (repeatable)."),
+    datasets: str = typer.Option("embedded", help="Comma-separated: embedded, msmarco, beir:NAME or BEIR dirs."),
+    split: str = typer.Option(None, help="Split to evaluate (default: test; msmarco: dev)."),
+    bm25: bool = typer.Option(True, help="Add a BM25 reference row."),
+    untrained: list[str] = typer.Option(None, "--untrained", help="Encoder spec evaluated as-is (repeatable)."),
+    batch_size: int = typer.Option(64),
+    top_k: int = typer.Option(100),
+    faiss: bool = typer.Option(False, "--faiss", help="Search with FAISS instead of chunked matrix products."),
+    device: str = typer.Option("auto"),
+    force: bool = typer.Option(False, "--force"),
+) -> None:
+    """Evaluate retrievers (NDCG@10, Recall@10, ...) with ε beside every number."""
+    from synthq.config import EvalConfig
+    from synthq.stages import evaluate
+
+    config = EvalConfig(
+        retrievers=retriever or [], datasets=datasets.split(","), split=split, bm25=bm25,
+        untrained=untrained or [], batch_size=batch_size, top_k=top_k, faiss=faiss, device=device,
+        out=out, force=force,
+    )  # fmt: skip
+    evaluate.run(config)
+
+
+@app.command("report")
+def report_command(
+    evals: list[str] = typer.Argument(..., help="Evaluation artifacts to merge."),
+    out: Path = typer.Option(..., "--out"),
+    title: str = typer.Option("synthq results"),
+    similarity: list[str] = typer.Option(None, "--similarity", help="Similarity artifacts to include."),
+    force: bool = typer.Option(False, "--force"),
+) -> None:
+    """Merge evaluation artifacts into one README with tables and the privacy-utility plot."""
+    from synthq.config import ReportConfig
+    from synthq.stages import report
+
+    report.run(ReportConfig(evals=evals, out=out, title=title, similarity=similarity or [], force=force))
+
+
 @app.command("canary-audit")
 def canary_audit_command(
     data: str = typer.Option(..., "--data", help="Private pairs: a BEIR dir, embedded, msmarco, beir:NAME."),

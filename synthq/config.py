@@ -151,6 +151,15 @@ class EvalConfig(StageConfig):
     device: Device = "auto"
 
 
+class ReportConfig(StageConfig):
+    """``synthq report``: merge evaluation artifacts into one set of tables and plots."""
+
+    evals: list[str] = Field(description="Evaluation artifacts to merge.")
+    title: str = "synthq results"
+    paper: list[dict[str, Any]] = Field(default_factory=list, description="The paper's numbers, shown beside ours.")
+    similarity: list[str] = Field(default_factory=list, description="Similarity artifacts to add (BLEU, MAUVE).")
+
+
 class CanaryAuditConfig(StageConfig):
     """``synthq canary-audit``: canary exposure, rank, leakage and an empirical ε lower bound."""
 

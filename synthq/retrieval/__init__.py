@@ -1,0 +1,1 @@
+"""Retrieval for evaluation: cached dense encoding, exact search, BM25, pytrec_eval metrics."""
