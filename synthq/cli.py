@@ -258,13 +258,13 @@ def train_retriever_command(
 def eval_command(
     out: Path = typer.Option(..., "--out", help="Evaluation artifact directory to write."),
     retriever: list[str] = typer.Option(None, "--retriever", help="A train-retriever artifact (repeatable)."),
-    datasets: str = typer.Option("embedded", help="Comma-separated: embedded, msmarco, beir:NAME or BEIR dirs."),
+    datasets: str = typer.Option("embedded", help="Comma-separated: embedded, msmarco, beir:NAME, dirs."),
     split: str = typer.Option(None, help="Split to evaluate (default: test; msmarco: dev)."),
     bm25: bool = typer.Option(True, help="Add a BM25 reference row."),
-    untrained: list[str] = typer.Option(None, "--untrained", help="Encoder spec evaluated as-is (repeatable)."),
+    untrained: list[str] = typer.Option(None, "--untrained", help="Encoder evaluated as-is (repeatable)."),
     batch_size: int = typer.Option(64),
     top_k: int = typer.Option(100),
-    faiss: bool = typer.Option(False, "--faiss", help="Search with FAISS instead of chunked matrix products."),
+    faiss: bool = typer.Option(False, "--faiss", help="Search with FAISS (else exact chunks)."),
     device: str = typer.Option("auto"),
     force: bool = typer.Option(False, "--force"),
 ) -> None:

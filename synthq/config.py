@@ -156,8 +156,8 @@ class ReportConfig(StageConfig):
 
     evals: list[str] = Field(description="Evaluation artifacts to merge.")
     title: str = "synthq results"
-    paper: list[dict[str, Any]] = Field(default_factory=list, description="The paper's numbers, shown beside ours.")
-    similarity: list[str] = Field(default_factory=list, description="Similarity artifacts to add (BLEU, MAUVE).")
+    paper: list[dict[str, Any]] = Field(default_factory=list, description="The paper's numbers beside ours.")
+    similarity: list[str] = Field(default_factory=list, description="Similarity artifacts (BLEU, MAUVE).")
 
 
 class CanaryAuditConfig(StageConfig):

@@ -32,9 +32,11 @@ def _similarity_table(artifacts: list[Artifact]) -> str:
     ]
     for artifact in artifacts:
         m = artifact.metrics
-        mauve = f"{m['mauve_mean']:.3f} ± {m['mauve_std']:.3f}" if m.get("mauve_mean") is not None else "—"
+        has_mauve = m.get("mauve_mean") is not None
+        mauve = f"{m['mauve_mean']:.3f} ± {m['mauve_std']:.3f}" if has_mauve else "—"
         lines.append(
-            f"| {artifact.path.name} | {format_epsilon(artifact.privacy.epsilon)} | {m['bleu']:.2f} | {mauve} "
+            f"| {artifact.path.name} | {format_epsilon(artifact.privacy.epsilon)} "
+            f"| {m['bleu']:.2f} | {mauve} "
             f"| {m['distinct_2']:.3f} | {100 * m['verbatim_copy_rate']:.1f}% |"
         )
     return "\n".join(lines) + "\n"
