@@ -295,6 +295,29 @@ def report_command(
     report.run(ReportConfig(evals=evals, out=out, title=title, similarity=similarity or [], force=force))
 
 
+@app.command("similarity")
+def similarity_command(
+    synthetic: Path = typer.Option(..., "--synthetic", help="A generate artifact."),
+    original: str = typer.Option(..., "--original", help="The original pairs (BEIR dir or source name)."),
+    out: Path = typer.Option(..., "--out"),
+    split: str = typer.Option("train"),
+    encoder: str = typer.Option("minilm-l6", help="Encoder whose features MAUVE compares."),
+    mauve_seeds: int = typer.Option(5, help="k-means seeds to average MAUVE over."),
+    min_samples: int = typer.Option(50, help="Refuse MAUVE below this many queries per side."),
+    seed: int = typer.Option(0),
+    force: bool = typer.Option(False, "--force"),
+) -> None:
+    """BLEU and MAUVE of synthetic queries against the originals (Table 6)."""
+    from synthq.config import SimilarityConfig
+    from synthq.stages import similarity
+
+    config = SimilarityConfig(
+        synthetic=synthetic, original=original, out=out, split=split, encoder=encoder,
+        mauve_seeds=mauve_seeds, min_samples=min_samples, seed=seed, force=force,
+    )  # fmt: skip
+    similarity.run(config)
+
+
 @app.command("canary-audit")
 def canary_audit_command(
     data: str = typer.Option(..., "--data", help="Private pairs: a BEIR dir, embedded, msmarco, beir:NAME."),
