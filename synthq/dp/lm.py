@@ -34,9 +34,23 @@ from torch.func import functional_call, grad_and_value, vmap
 from synthq.models.generator import QueryGenerator
 
 
+def label_window(kind: str, labels: torch.Tensor) -> int:
+    """How many final positions of a causal batch need logits: the query tokens sit at the end of
+    left-padded rows, so the model's vocabulary projection (a fifth of SmolLM2's compute at
+    ~100-token prompts) can skip the prompt. 0 (= all positions) for seq2seq models."""
+    if kind != "causal":
+        return 0
+    columns = torch.nonzero((labels != -100).any(0)).flatten()
+    return int(labels.shape[1] - columns[0]) + 1 if len(columns) else 0
+
+
 def per_sequence_loss(kind: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean negative log-likelihood of each sequence's label tokens (one value per row)."""
+    """Mean negative log-likelihood of each sequence's label tokens (one value per row).
+
+    ``logits`` may cover only the last positions (``logits_to_keep``); labels are aligned to
+    them."""
     if kind == "causal":
+        labels = labels[:, labels.shape[1] - logits.shape[1] :]
         logits, labels = logits[:, :-1], labels[:, 1:]
     mask = labels != -100
     log_probs = torch.log_softmax(logits.float(), dim=-1)
@@ -45,7 +59,7 @@ def per_sequence_loss(kind: str, logits: torch.Tensor, labels: torch.Tensor) -> 
 
 
 def model_inputs(
-    kind: str, batch: dict[str, torch.Tensor], traceable: bool = False
+    kind: str, batch: dict[str, torch.Tensor], traceable: bool = False, window: int | None = None
 ) -> dict[str, torch.Tensor]:
     """Forward-pass inputs for a training batch.
 
@@ -53,6 +67,8 @@ def model_inputs(
     ``traceable`` (inside ``vmap``), T5's padding mask becomes a 4-D additive mask: transformers
     returns such masks as-is instead of inspecting their values, which ``vmap`` cannot trace."""
     inputs = {k: v for k, v in batch.items() if k != "labels" or kind == "seq2seq"}
+    if kind == "causal":  # inside vmap the window must be given: it is computed from data
+        inputs["logits_to_keep"] = label_window(kind, batch["labels"]) if window is None else window
     if kind == "seq2seq" and traceable:
         mask = inputs["attention_mask"]
         inputs["attention_mask"] = (1.0 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
@@ -72,10 +88,11 @@ class PerSampleGradients:
         self.generator = generator
         self.model = generator.model
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        self.window = 0
 
     def _loss(self, params: dict, example: dict) -> torch.Tensor:
         batch = {k: v.unsqueeze(0) for k, v in example.items()}
-        inputs = model_inputs(self.generator.kind, batch, traceable=True)
+        inputs = model_inputs(self.generator.kind, batch, traceable=True, window=self.window)
         logits = functional_call(self.model, params, args=(), kwargs=inputs, strict=False).logits
         return per_sequence_loss(self.generator.kind, logits, batch["labels"])[0]
 
@@ -83,6 +100,7 @@ class PerSampleGradients:
         """Per-example gradients ``{name: [b, *shape]}`` and the per-example losses ``[b]``."""
         trainable = set(self.names)
         params = {n: p.detach() for n, p in self.model.named_parameters() if n in trainable}
+        self.window = label_window(self.generator.kind, batch["labels"])
         per_example = vmap(grad_and_value(self._loss), in_dims=(None, 0), randomness="different")
         grads, losses = per_example(params, batch)
         return grads, losses.detach()

@@ -42,7 +42,9 @@ def ground_truth(generator: QueryGenerator, batch: dict) -> list[dict[str, torch
     for row in range(batch["input_ids"].shape[0]):
         example = {k: v[row : row + 1] for k, v in batch.items()}
         generator.model.zero_grad()
-        logits = generator.model(**model_inputs(generator.kind, example)).logits
+        inputs = model_inputs(generator.kind, example)
+        inputs.pop("logits_to_keep", None)  # the ground truth scores every position
+        logits = generator.model(**inputs).logits
         per_sequence_loss(generator.kind, logits, example["labels"]).sum().backward()
         grads.append({n: p.grad.clone() for n, p in generator.model.named_parameters() if p.requires_grad})
     return grads
