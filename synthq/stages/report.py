@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 from synthq.artifacts import Artifact, create_artifact, existing_result, open_artifact
 from synthq.config import ReportConfig
@@ -32,10 +33,11 @@ def _similarity_table(artifacts: list[Artifact]) -> str:
     ]
     for artifact in artifacts:
         m = artifact.metrics
+        synthetic_epsilon = float(m.get("synthetic_epsilon", "inf"))
         has_mauve = m.get("mauve_mean") is not None
         mauve = f"{m['mauve_mean']:.3f} ± {m['mauve_std']:.3f}" if has_mauve else "—"
         lines.append(
-            f"| {artifact.path.name} | {format_epsilon(artifact.privacy.epsilon)} "
+            f"| {Path(artifact.config['synthetic']).name} | {format_epsilon(synthetic_epsilon)} "
             f"| {m['bleu']:.2f} | {mauve} "
             f"| {m['distinct_2']:.3f} | {100 * m['verbatim_copy_rate']:.1f}% |"
         )
