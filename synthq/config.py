@@ -146,7 +146,6 @@ class EvalConfig(StageConfig):
     untrained: list[str] = Field(default_factory=list, description="Encoder specs evaluated as-is.")
     batch_size: int = 64
     top_k: int = 100
-    cache_dir: Path | None = None
     faiss: bool = False
     device: Device = "auto"
 

@@ -87,6 +87,15 @@ def _smollm2_135m() -> Path:
     return target
 
 
+def resolve_device(choice: str = "auto") -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; anything else is passed through."""
+    if choice != "auto":
+        return choice
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def resolve_model(spec: str) -> Path:
     """A local directory holding the weights that ``spec`` names.
 

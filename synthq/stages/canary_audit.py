@@ -42,6 +42,7 @@ from synthq.console import info, progress
 from synthq.data.beir_io import write_beir_dir
 from synthq.data.sources import load_source, resolve_source
 from synthq.errors import SynthqError
+from synthq.models.resolve import resolve_device
 from synthq.privacy import Guarantee, format_epsilon
 
 STAGE = "canary-audit"
@@ -63,10 +64,6 @@ def _augmented_dataset(config: CanaryAuditConfig, canaries: list[Canary], root: 
             queries[query_id] = canary.query
             train[query_id] = {canary.canary_id: 1}
     return write_beir_dir(root, corpus, queries, {config.split: train})
-
-
-def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _score_canaries(generator, canaries: list[Canary], batch_size: int) -> list[dict]:
@@ -249,9 +246,7 @@ def run(config: CanaryAuditConfig) -> Artifact:
         rows, proven, guarantees = [], {}, []
         for epsilon in config.epsilons:
             key = format_epsilon(epsilon)
-            info(
-                f"[bold]canary audit[/]: fine-tuning at ε = {key} on {private_pairs} + {inserted} canaries"
-            )
+            info(f"[bold]canary audit[/]: fine-tuning at ε = {key} on {private_pairs} + {inserted} canaries")
             name = "inf" if math.isinf(epsilon) else f"{epsilon:g}"
             options = {
                 **config.finetune,
@@ -265,7 +260,7 @@ def run(config: CanaryAuditConfig) -> Artifact:
             guarantee = generator_artifact.privacy
             guarantees.append(guarantee)
             proven[key] = guarantee.epsilon
-            generator = QueryGenerator.load(generator_artifact.path, device=_device())
+            generator = QueryGenerator.load(generator_artifact.path, device=resolve_device())
             generator.model.eval()
             with progress() as bar:
                 task = bar.add_task(f"scoring canaries (ε = {key})", total=len(canaries))

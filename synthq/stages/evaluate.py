@@ -37,6 +37,7 @@ from synthq.data.sources import (
     source_name,
 )
 from synthq.errors import DataError
+from synthq.models.resolve import resolve_device
 from synthq.privacy import Guarantee
 from synthq.report import privacy_utility_plot, results_table
 from synthq.retrieval.metrics import evaluate
@@ -89,11 +90,7 @@ def run(config: EvalConfig) -> Artifact:
     ]
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
-    device = (
-        "cuda"
-        if config.device == "auto" and _cuda()
-        else ("cpu" if config.device == "auto" else config.device)
-    )
+    device = resolve_device(config.device)
     models = [
         (
             r.path.name,
@@ -183,9 +180,3 @@ def _resolve(spec: str) -> Path:
     from synthq.models.resolve import resolve_model
 
     return resolve_model(spec)
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

@@ -33,16 +33,11 @@ from synthq.data.sources import load_source, resolve_source
 from synthq.dp.lm import DPStep, non_private_step, poisson_batch, prepare_model_for_per_sample_gradients
 from synthq.errors import DataError, SynthqError
 from synthq.models.generator import QueryGenerator
+from synthq.models.resolve import resolve_device
 from synthq.privacy import Guarantee, default_delta, epsilon_for, noise_multiplier_for, validate_budget
 
 STAGE = "finetune-lm"
 CHECKPOINT = "state.pt"
-
-
-def _device(choice: str) -> str:
-    if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return choice
 
 
 def planned_steps(config: FinetuneConfig, num_examples: int) -> int:
@@ -137,7 +132,7 @@ def run(config: FinetuneConfig) -> Artifact:
 
     torch.manual_seed(config.seed)
     random.seed(config.seed)
-    device = _device(config.device)
+    device = resolve_device(config.device)
     generator = QueryGenerator.load(config.model, device="cpu", max_source_length=config.max_source_length)
     if config.lora_rank > 0:
         _apply_lora(generator, config.lora_rank, config.lora_alpha)

@@ -29,6 +29,7 @@ from synthq.data.sources import resolve_source
 from synthq.errors import ArtifactError, DataError, SynthqError
 from synthq.generation import Request, is_degenerate, length_sorted_batches, sample_queries
 from synthq.models.generator import QueryGenerator
+from synthq.models.resolve import resolve_device
 
 STAGE = "generate"
 PROGRESS_FILE = "done.jsonl"
@@ -190,11 +191,7 @@ def run(config: GenerateConfig) -> Artifact:
         return done_artifact
     documents = select_documents(config, root)
     texts = {doc_id: document_text(doc) for doc_id, doc in documents.items()}
-    device = (
-        "cuda"
-        if config.device == "auto" and _cuda()
-        else ("cpu" if config.device == "auto" else config.device)
-    )
+    device = resolve_device(config.device)
     generator = QueryGenerator.load(generator_artifact.path, device=device)
     generator.model.eval()
     with create_artifact(
@@ -221,9 +218,3 @@ def run(config: GenerateConfig) -> Artifact:
         )
         writer.privacy = generator_artifact.privacy.inherit(generator_artifact.manifest_hash)
     return open_artifact(config.out, STAGE)
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

@@ -200,7 +200,7 @@ def _estimate(stage: PlannedStage) -> float | None:
         try:
             return float(open_artifact(stage.out, verify=False).timings.get("wall_seconds"))
         except (SynthqError, TypeError, ValueError):
-            pass
+            return stage.expect_seconds  # an unreadable old artifact: fall back to the hint
     return stage.expect_seconds
 
 

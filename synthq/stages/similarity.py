@@ -24,6 +24,7 @@ from synthq.console import console
 from synthq.data.beir_io import read_qrels, read_queries
 from synthq.data.sources import load_source, resolve_source
 from synthq.errors import DataError
+from synthq.models.resolve import resolve_device
 from synthq.privacy import Guarantee, format_epsilon
 
 STAGE = "similarity"
@@ -119,7 +120,7 @@ def run(config: SimilarityConfig) -> Artifact:
                 f"only {count} {name} queries: MAUVE needs at least {config.min_samples} per side to mean "
                 "anything (lower --min-samples only for smoke tests)"
             )
-    device = "cpu" if config.device == "auto" else config.device
+    device = resolve_device(config.device)
     bleu_score, signature = bleu(hypotheses, references)
     mauve_values = mauve_scores(
         originals,

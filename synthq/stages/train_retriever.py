@@ -38,6 +38,7 @@ from synthq.data.sources import load_source, resolve_source
 from synthq.dp.contrastive import MECHANISMS, Example, GroupClipping, max_batch_size, privatize
 from synthq.errors import DataError
 from synthq.models.encoder import embed, in_batch_softmax_loss, load_encoder
+from synthq.models.resolve import resolve_device
 from synthq.privacy import Guarantee, default_delta, epsilon_for, noise_multiplier_for, validate_budget
 
 STAGE = "train-retriever"
@@ -61,12 +62,6 @@ def unique_document_batches(pairs: list[Pair], batch_size: int, rng: random.Rand
         batches.append(batch)
         pending = deferred
     return batches
-
-
-def _device(choice: str) -> str:
-    if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return choice
 
 
 def _inputs_and_guarantee(config: TrainRetrieverConfig):
@@ -103,7 +98,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
         )
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
-    device = _device(config.device)
+    device = resolve_device(config.device)
     encoder = load_encoder(config.encoder, device=device)
     encoder.train()
     parameters = [p for p in encoder.parameters() if p.requires_grad]
