@@ -9,7 +9,7 @@ from synthq.report import paper_comparison, privacy_utility_plot, results_table
 METRICS = {"ndcg@10": 0.5, "recall@10": 0.7}
 ROWS = [
     {"dataset": "msmarco", "retriever": "ret-syn", "method": "synthetic", "epsilon": 8.0, "metrics": METRICS},
-    {"dataset": "msmarco", "retriever": "ret-orig", "method": "original", "epsilon": math.inf, "metrics": METRICS},
+    {"dataset": "msmarco", "retriever": "ret-orig", "method": "original", "epsilon": math.inf, "metrics": METRICS},  # noqa: E501
     {"dataset": "msmarco", "retriever": "BM25", "method": "bm25", "epsilon": 0.0, "metrics": METRICS},
 ]
 
