@@ -1,7 +1,8 @@
-"""finetune-lm step time and peak memory: non-private vs DP (exact vmap per-example gradients),
-full fine-tuning vs LoRA, on the packaged SmolLM2-135M and a T5-small-shaped model.
+"""finetune-lm step time and peak memory: non-private vs each DP per-example clipping mode
+(ghost, hooks, vmap), full fine-tuning vs LoRA, on the packaged SmolLM2-135M and a
+T5-small-shaped model. Each configuration runs in its own process (peak RSS is its own).
 
-    python benchmarks/finetune_step.py [--batch 8] [--tokens 128] [--steps 3]
+    python benchmarks/finetune_step.py [--batch 8] [--tokens 128] [--steps 3] [--modes ghost,hooks,vmap]
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._measure import measure, report  # noqa: E402
 
 
-def make_step(model_spec: str, private: bool, lora: int, batch: int, tokens: int):
+def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: int):
     import torch
 
-    from synthq.dp.lm import DPStep, non_private_step, prepare_model_for_per_sample_gradients
+    from synthq.dp.lm import DPStep, non_private_step
     from synthq.models.generator import QueryGenerator
     from synthq.stages.finetune_lm import _apply_lora
 
@@ -37,8 +38,6 @@ def make_step(model_spec: str, private: bool, lora: int, batch: int, tokens: int
         generator = QueryGenerator.load(model_spec, max_source_length=tokens)
     if lora:
         _apply_lora(generator, lora, None)
-    if private:
-        prepare_model_for_per_sample_gradients(generator)
     generator.model.train()
     words = " ".join(["retrieval"] * tokens)
     documents, queries = [words] * batch, ["a short user query about retrieval"] * batch
@@ -48,8 +47,8 @@ def make_step(model_spec: str, private: bool, lora: int, batch: int, tokens: int
         return generator.training_batch([documents[i] for i in indices], [queries[i] for i in indices], 24)
 
     indices = list(range(batch))
-    if private:
-        dp = DPStep(generator, optimizer, 0.1, 1.0, batch, batch)
+    if mode is not None:
+        dp = DPStep(generator, optimizer, 0.1, 1.0, batch, batch, grad_sample_mode=mode)
         noise = torch.Generator().manual_seed(0)
         return lambda: dp.step(make_batch, indices, noise)
     return lambda: non_private_step(generator, optimizer, make_batch, indices, batch)
@@ -61,18 +60,19 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--models", default="smollm2-135m,t5-small-shape")
+    parser.add_argument("--modes", default="ghost,hooks,vmap", help="DP modes to compare")
+    parser.add_argument("--lora", type=int, default=16, help="LoRA rank for the LoRA rows (0 = skip)")
     args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
     for model in args.models.split(","):
-        results = {}
-        for name, private, lora in (
-            ("non_private_full", False, 0),
-            ("dp_vmap_full", True, 0),
-            ("non_private_lora16", False, 16),
-            ("dp_vmap_lora16", True, 16),
-        ):
-            results[name] = measure(
-                make_step, model, private, lora, args.batch, args.tokens, steps=args.steps
-            )
+        configurations = [("non_private_full", None, 0)] + [(f"dp_{m}_full", m, 0) for m in modes]
+        if args.lora:
+            configurations += [(f"non_private_lora{args.lora}", None, args.lora)]
+            configurations += [(f"dp_{m}_lora{args.lora}", m, args.lora) for m in modes[:1]]
+        results = {
+            name: measure(make_step, model, mode, lora, args.batch, args.tokens, steps=args.steps)
+            for name, mode, lora in configurations
+        }
         report(
             f"finetune_step[{model}, batch {args.batch} x {args.tokens} tokens]", results, "non_private_full"
         )

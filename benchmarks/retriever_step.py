@@ -1,6 +1,11 @@
 """train-retriever step time and peak memory on minilm-l6: non-private vs each DP mode.
 
-python benchmarks/retriever_step.py [--batch 32] [--doc-tokens 128] [--steps 3]
+python benchmarks/retriever_step.py [--batch 32] [--query-tokens 32] [--doc-tokens 128] [--steps 2]
+    [--modes non_private,batch,group,group_loop,sample] [--logit-batch 8]
+
+Every configuration runs in its own process (peak RSS is its own). Ratios are against the
+non-private step at the same batch size, measured in the same run; ``logit`` is measured at
+``--logit-batch`` (its cost grows with the square of the batch) against a non-private step there.
 """
 
 from __future__ import annotations
@@ -10,46 +15,52 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._measure import measure, report  # noqa: E402
+from benchmarks._measure import measure  # noqa: E402
 
 
-def make_step(mode: str, batch: int, doc_tokens: int):
+def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int):
     import torch
 
-    from synthq.dp.contrastive import BatchClipping, Example, GroupClipping, SampleClipping, privatize
-    from synthq.models.encoder import embed, in_batch_softmax_loss, load_encoder
+    from synthq.dp.contrastive import Example, build_mechanism, privatize
+    from synthq.models.encoder import embed, features, load_encoder, training_loss
 
     torch.manual_seed(0)
     encoder = load_encoder("minilm-l6")
     encoder.train()
     parameters = [p for p in encoder.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=1e-5)
+    # texts long enough to fill the token budgets (the tokenizer truncates them)
     examples = [
-        Example(f"query number {i} about topic", " ".join([f"word{i}"] * doc_tokens), f"d{i}", i)
+        Example(" ".join([f"query{i}"] * query_tokens), " ".join([f"word{i}"] * doc_tokens), f"d{i}", i)
         for i in range(batch)
     ]
+    lengths = {"query": query_tokens, "doc": doc_tokens}
 
     def encode(texts, side):
-        return embed(encoder, texts, 32 if side == "query" else doc_tokens)
+        return embed(encoder, texts, lengths[side])
 
-    mechanisms = {
-        "batch": BatchClipping(1.0, 0.05),
-        "group": GroupClipping(1.0, 0.05, 8, batch),
-        "sample": SampleClipping(1.0, 0.05),
-    }
+    temperature = 1.0 if mode == "logit" else 0.05
+    mechanism = None
+    if mode != "non_private":
+        mechanism = build_mechanism(
+            "group" if mode == "group_loop" else mode, clip_norm=1.0, temperature=temperature,
+            model=None if mode == "group_loop" else encoder, group_size=8, expected_batch_size=batch,
+            max_query_length=query_tokens, max_doc_length=doc_tokens, pair_chunk=16,
+        )  # fmt: skip
+    loss_function = training_loss(encoder, temperature)
     noise = torch.Generator().manual_seed(0)
 
     def step():
-        if mode == "non_private":
-            queries = encode([e.query for e in examples], "query")
-            docs = encode([e.document for e in examples], "doc")
-            in_batch_softmax_loss(queries, docs, 0.05).backward()
+        if mechanism is None:
+            inputs = [
+                features(encoder, [e.query for e in examples], query_tokens),
+                features(encoder, [e.document for e in examples], doc_tokens),
+            ]
+            loss_function(inputs, None).backward()
         else:
-            mechanism = mechanisms[mode]
             clipped, _ = mechanism.clipped_sum(encode, examples, parameters)
-            for parameter, gradient in zip(
-                parameters, privatize(clipped, mechanism.sensitivity(batch), 1.0, noise), strict=True
-            ):
+            noisy = privatize(clipped, mechanism.sensitivity(batch), 1.0, noise)
+            for parameter, gradient in zip(parameters, noisy, strict=True):
                 parameter.grad = gradient / batch
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -58,21 +69,34 @@ def make_step(mode: str, batch: int, doc_tokens: int):
 
 
 def main() -> None:
+    import json
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--query-tokens", type=int, default=32)
     parser.add_argument("--doc-tokens", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--modes", default="non_private,batch,group,sample")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--modes", default="non_private,batch,group,group_loop,sample")
+    parser.add_argument("--logit-batch", type=int, default=8, help="0 skips logit")
     args = parser.parse_args()
-    results = {
-        mode: measure(make_step, mode, args.batch, args.doc_tokens, steps=args.steps)
-        for mode in args.modes.split(",")
-    }
-    report(
-        f"retriever_step[minilm-l6, batch {args.batch}, docs {args.doc_tokens} tokens]",
-        results,
-        "non_private",
-    )
+    runs = [(mode, args.batch) for mode in args.modes.split(",")]
+    if args.logit_batch:
+        runs += [("non_private", args.logit_batch), ("logit", args.logit_batch)]
+    results = {}
+    for mode, batch in runs:
+        key = f"{mode}@{batch}"
+        if key not in results:
+            results[key] = measure(
+                make_step, mode, batch, args.query_tokens, args.doc_tokens, steps=args.steps
+            )
+    for key, value in results.items():
+        base = results[f"non_private@{key.split('@')[1]}"]
+        value["time_ratio_vs_non_private"] = round(
+            value["median_step_seconds"] / base["median_step_seconds"], 3
+        )
+        value["memory_ratio_vs_non_private"] = round(value["peak_rss_gb"] / base["peak_rss_gb"], 3)
+    name = f"retriever_step[minilm-l6, queries {args.query_tokens} / docs {args.doc_tokens} tokens]"
+    print(json.dumps({"benchmark": name, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -147,6 +147,9 @@ def finetune_lm_command(
     max_source_length: int = typer.Option(384),
     max_target_length: int = typer.Option(128),
     lora_rank: int = typer.Option(0, help="Train LoRA adapters of this rank instead of all weights."),
+    grad_sample_mode: str = typer.Option(
+        "auto", help="Per-example clipping: auto (ghost where possible), ghost, hooks or vmap."
+    ),
     split: str = typer.Option("train"),
     limit: int = typer.Option(None, help="Use only the first N pairs."),
     seed: int = typer.Option(0),
@@ -165,6 +168,7 @@ def finetune_lm_command(
         batch_size=batch_size, physical_batch_size=physical_batch_size, max_source_length=max_source_length,
         max_target_length=max_target_length, lora_rank=lora_rank, split=split, limit=limit, seed=seed,
         device=device, checkpoint_every=checkpoint_every, force=force, resume=resume,
+        grad_sample_mode=grad_sample_mode,
     )  # fmt: skip
     artifact = finetune_lm.run(config)
     console.print(f"generator written to {artifact.path}: {artifact.privacy.describe()}")
@@ -219,7 +223,7 @@ def train_retriever_command(
     data: str = typer.Option(..., "--data", help="A synthetic artifact, a BEIR dir, or a source name."),
     out: Path = typer.Option(..., "--out", help="Retriever artifact (a sentence-transformers dir) to write."),
     encoder: str = typer.Option("minilm-l6", help="Shared encoder: alias, local dir or hub id."),
-    dp: str = typer.Option(None, help="Direct DP on private pairs: sample, batch or group."),
+    dp: str = typer.Option(None, help="Direct DP on the private pairs: sample, batch, group or logit."),
     epsilon: str = typer.Option("8", help="Target ε for --dp."),
     delta: float = typer.Option(None, help="δ for --dp (default 1/(2n))."),
     clip_norm: float = typer.Option(1.0, help="Clipping norm C for --dp (paper: 0.1)."),
@@ -233,6 +237,8 @@ def train_retriever_command(
     max_doc_length: int = typer.Option(384),
     group_size: int = typer.Option(8, help="--dp group: pairs per group."),
     aug_negatives: int = typer.Option(0, help="--dp group: augmented negatives per group document."),
+    mini_batch_size: int = typer.Option(None, help="Non-private: GradCache loss in chunks of this size."),
+    pair_chunk: int = typer.Option(16, help="--dp logit: per-pair gradients held in memory at once."),
     split: str = typer.Option("train"),
     limit: int = typer.Option(None),
     seed: int = typer.Option(0),
@@ -243,41 +249,61 @@ def train_retriever_command(
     from synthq.config import TrainRetrieverConfig
     from synthq.stages import train_retriever
 
+    if dp is not None and dp not in ("sample", "batch", "group", "logit"):
+        raise typer.BadParameter(f"{dp!r}: expected sample, batch, group or logit", param_hint="--dp")
+
     config = TrainRetrieverConfig(
         data=data, out=out, encoder=encoder, dp=dp, epsilon=epsilon, delta=delta, clip_norm=clip_norm,
         accountant=accountant, batch_size=batch_size, epochs=epochs, max_steps=max_steps, lr=lr,
         temperature=temperature, max_query_length=max_query_length, max_doc_length=max_doc_length,
-        group_size=group_size, aug_negatives=aug_negatives, split=split, limit=limit, seed=seed,
-        device=device, force=force,
+        group_size=group_size, aug_negatives=aug_negatives, mini_batch_size=mini_batch_size,
+        pair_chunk=pair_chunk, split=split, limit=limit, seed=seed, device=device, force=force,
     )  # fmt: skip
     artifact = train_retriever.run(config)
     console.print(f"retriever written to {artifact.path}: {artifact.privacy.describe()}")
+    if dp is not None:
+        details = artifact.privacy.details
+        console.print(
+            f"  --dp {dp}: sensitivity {details['sensitivity']:.4g}, σ {details['noise_multiplier']:.3f}, "
+            f"q {details['sample_rate']:.4f}, {details['steps']} steps"
+        )
 
 
 @app.command("eval")
 def eval_command(
     out: Path = typer.Option(..., "--out", help="Evaluation artifact directory to write."),
     retriever: list[str] = typer.Option(None, "--retriever", help="A train-retriever artifact (repeatable)."),
-    datasets: str = typer.Option("embedded", help="Comma-separated: embedded, msmarco, beir:NAME, dirs."),
+    datasets: str = typer.Option(
+        "embedded", help="Comma-separated: embedded, msmarco (dev split), beir:NAME, BEIR directories."
+    ),
     split: str = typer.Option(None, help="Split to evaluate (default: test; msmarco: dev)."),
-    bm25: bool = typer.Option(True, help="Add a BM25 reference row."),
-    untrained: list[str] = typer.Option(None, "--untrained", help="Encoder evaluated as-is (repeatable)."),
-    batch_size: int = typer.Option(64),
-    top_k: int = typer.Option(100),
-    faiss: bool = typer.Option(False, "--faiss", help="Search with FAISS (else exact chunks)."),
+    bm25: bool = typer.Option(True, help="Add a BM25 reference row (ε = 0, public)."),
+    untrained: list[str] = typer.Option(
+        None, "--untrained", help="Encoder spec evaluated as-is, e.g. minilm-l6 (repeatable)."
+    ),
+    batch_size: int = typer.Option(64, help="Encoding batch size."),
+    top_k: int = typer.Option(100, help="Documents retrieved per query (≥ 100)."),
+    search_chunk_size: int = typer.Option(50_000, help="Documents scored per matrix product."),
+    faiss: bool = typer.Option(False, "--faiss", help="Search with FAISS (else exact torch chunks)."),
     device: str = typer.Option("auto"),
     force: bool = typer.Option(False, "--force"),
 ) -> None:
     """Evaluate retrievers (NDCG@10, Recall@10, ...) with ε beside every number."""
+    from pydantic import ValidationError
+
     from synthq.config import EvalConfig
     from synthq.stages import evaluate
 
-    config = EvalConfig(
-        retrievers=retriever or [], datasets=datasets.split(","), split=split, bm25=bm25,
-        untrained=untrained or [], batch_size=batch_size, top_k=top_k, faiss=faiss, device=device,
-        out=out, force=force,
-    )  # fmt: skip
-    evaluate.run(config)
+    try:
+        config = EvalConfig(
+            retrievers=retriever or [], datasets=[d.strip() for d in datasets.split(",") if d.strip()],
+            split=split, bm25=bm25, untrained=untrained or [], batch_size=batch_size, top_k=top_k,
+            search_chunk_size=search_chunk_size, faiss=faiss, device=device, out=out, force=force,
+        )  # fmt: skip
+    except ValidationError as error:
+        raise SynthqError(f"invalid eval options: {error}") from None
+    artifact = evaluate.run(config)
+    console.print(f"evaluation written to {artifact.path}: {artifact.privacy.describe()} (all rows together)")
 
 
 @app.command("report")
@@ -286,13 +312,28 @@ def report_command(
     out: Path = typer.Option(..., "--out"),
     title: str = typer.Option("synthq results"),
     similarity: list[str] = typer.Option(None, "--similarity", help="Similarity artifacts to include."),
+    paper: Path = typer.Option(
+        None, "--paper", help="YAML with a `paper:` list of rows, e.g. pipelines/paper/table5.yaml."
+    ),
     force: bool = typer.Option(False, "--force"),
 ) -> None:
     """Merge evaluation artifacts into one README with tables and the privacy-utility plot."""
-    from synthq.config import ReportConfig
+    from synthq.config import ReportConfig, load_yaml
     from synthq.stages import report
 
-    report.run(ReportConfig(evals=evals, out=out, title=title, similarity=similarity or [], force=force))
+    paper_rows = []
+    if paper is not None:
+        paper_rows = load_yaml(paper).get("paper")
+        if not isinstance(paper_rows, list):
+            raise SynthqError(
+                f"{paper}: expected a `paper:` list of rows (row, epsilon, dataset, ndcg@10, ...)"
+            )
+    artifact = report.run(
+        ReportConfig(
+            evals=evals, out=out, title=title, similarity=similarity or [], paper=paper_rows, force=force
+        )
+    )
+    console.print(f"report written to {artifact.path}: {artifact.privacy.describe()}")
 
 
 @app.command("similarity")
@@ -304,7 +345,9 @@ def similarity_command(
     encoder: str = typer.Option("minilm-l6", help="Encoder whose features MAUVE compares."),
     mauve_seeds: int = typer.Option(5, help="k-means seeds to average MAUVE over."),
     min_samples: int = typer.Option(50, help="Refuse MAUVE below this many queries per side."),
+    mauve_scaling_factor: float = typer.Option(5.0, help="MAUVE's c in exp(-c KL) (mauve's default: 5)."),
     seed: int = typer.Option(0),
+    device: str = typer.Option("auto", help="Device for the MAUVE feature encoder."),
     force: bool = typer.Option(False, "--force"),
 ) -> None:
     """BLEU and MAUVE of synthetic queries against the originals (Table 6)."""
@@ -313,7 +356,8 @@ def similarity_command(
 
     config = SimilarityConfig(
         synthetic=synthetic, original=original, out=out, split=split, encoder=encoder,
-        mauve_seeds=mauve_seeds, min_samples=min_samples, seed=seed, force=force,
+        mauve_seeds=mauve_seeds, min_samples=min_samples, mauve_scaling_factor=mauve_scaling_factor,
+        seed=seed, device=device, force=force,
     )  # fmt: skip
     similarity.run(config)
 

@@ -60,8 +60,10 @@ class FinetuneConfig(StageConfig):
     physical_batch_size: int = Field(8, description="Micro-batch that fits in memory.")
     max_source_length: int = 384
     max_target_length: int = 128
-    grad_sample_mode: Literal["vmap"] = Field(
-        "vmap", description="Per-example gradients: exact torch.func vmap over the whole model."
+    grad_sample_mode: Literal["auto", "ghost", "hooks", "vmap"] = Field(
+        "auto",
+        description="Per-example clipping: ghost (Opacus ghost norms, tied weights exact), hooks "
+        "(Opacus per-example gradients), vmap (torch.func, any architecture); auto = ghost where possible.",
     )
     lora_rank: int = Field(0, description="0 = full fine-tuning; >0 trains LoRA adapters of this rank.")
     lora_alpha: float | None = None
@@ -105,7 +107,7 @@ class SimilarityConfig(StageConfig):
     device: Device = "auto"
 
 
-DPMode = Literal["sample", "batch", "group"]
+DPMode = Literal["sample", "batch", "group", "logit"]
 
 
 class TrainRetrieverConfig(StageConfig):
@@ -124,11 +126,17 @@ class TrainRetrieverConfig(StageConfig):
     max_steps: int | None = None
     lr: float = 2e-5
     warmup_ratio: float = 0.1
-    temperature: float = Field(0.05, description="Softmax temperature on cosine similarity (scale = 1/T).")
+    temperature: float = Field(
+        0.05, gt=0, description="Softmax temperature on cosine similarity (scale = 1/T)."
+    )
     max_query_length: int = 128
     max_doc_length: int = 384
-    group_size: int = 8
-    aug_negatives: int = 0
+    group_size: int = Field(8, ge=1)
+    aug_negatives: int = Field(0, ge=0)
+    mini_batch_size: int | None = Field(
+        None, ge=1, description="Non-private: GradCache (cached in-batch loss) in chunks of this size."
+    )
+    pair_chunk: int = Field(16, ge=1, description="--dp logit: per-pair gradients held in memory at once.")
     seed: int = 0
     device: Device = "auto"
     limit: int | None = None
@@ -139,21 +147,29 @@ class TrainRetrieverConfig(StageConfig):
 class EvalConfig(StageConfig):
     """``synthq eval``: retrieval metrics on embedded, MS MARCO dev and BEIR datasets."""
 
-    retrievers: list[str] = Field(description="Retriever artifacts (or encoder specs for reference rows).")
-    datasets: list[str] = Field(default_factory=lambda: ["embedded"])
+    retrievers: list[str] = Field(
+        default_factory=list, description="train-retriever artifacts (sentence-transformers dirs)."
+    )
+    datasets: list[str] = Field(
+        default_factory=lambda: ["embedded"],
+        description="embedded, msmarco, beir:NAME (or a bare BEIR name), or BEIR directories.",
+    )
     split: str | None = Field(None, description="Default: test (msmarco: dev).")
-    bm25: bool = True
-    untrained: list[str] = Field(default_factory=list, description="Encoder specs evaluated as-is.")
-    batch_size: int = 64
-    top_k: int = 100
-    faiss: bool = False
+    bm25: bool = Field(True, description="Add the BM25 reference row (bm25s).")
+    untrained: list[str] = Field(
+        default_factory=list, description="Encoder specs evaluated as-is (reference rows, ε = 0)."
+    )
+    batch_size: int = Field(64, ge=1, description="Encoding batch size.")
+    top_k: int = Field(100, ge=100, description="Documents retrieved per query (≥ 100 for NDCG@100).")
+    search_chunk_size: int = Field(50_000, ge=1, description="Documents scored per matrix product.")
+    faiss: bool = Field(False, description="Search with FAISS IndexFlatIP instead of torch chunks.")
     device: Device = "auto"
 
 
 class ReportConfig(StageConfig):
     """``synthq report``: merge evaluation artifacts into one set of tables and plots."""
 
-    evals: list[str] = Field(description="Evaluation artifacts to merge.")
+    evals: list[str] = Field(min_length=1, description="Evaluation artifacts to merge.")
     title: str = "synthq results"
     paper: list[dict[str, Any]] = Field(default_factory=list, description="The paper's numbers beside ours.")
     similarity: list[str] = Field(default_factory=list, description="Similarity artifacts (BLEU, MAUVE).")

@@ -3,22 +3,35 @@
 Hugging Face ``generate`` draws every row's token from one global random stream, so a
 document's sample changes with its batch neighbours, the batch size and the shard it lands in.
 Here each row owns a ``torch.Generator`` seeded from ``(seed, document id, query index,
-attempt)``: :class:`PerRowSampler` applies temperature and top-p, draws the row's token from
-its own generator and hands ``generate`` a one-hot score, so ``generate`` keeps doing what it is
-good at (KV cache, padding, EOS handling, both model kinds) while sampling stays reproducible
-under any batching or sharding.
+attempt)`` and draws exactly one uniform number per step from it; :class:`PerRowSampler` turns
+that number into a token of the row's nucleus by inverse-CDF sampling, vectorised over the
+batch, and hands ``generate`` a one-hot score. ``generate`` keeps doing what it is good at (KV
+cache, padding, stopping, both model kinds) while sampling stays reproducible under any
+batching or sharding.
+
+Speed (see ``benchmarks/generate_throughput.py``):
+
+* the nucleus is found with ``topk`` over a few hundred candidates instead of sorting the
+  whole vocabulary; rows whose nucleus is wider fall back to a full sort (same result);
+* rows stop at the first token that contains a newline, since the query is cut there anyway
+  (:meth:`QueryGenerator.decode_new_tokens`), so a batch ends as soon as every row has its
+  query instead of running to ``max_new_tokens``;
+* batches group prompts of similar length (little padding), longest first.
 """
 
 from __future__ import annotations
 
 import hashlib
 import string
+import weakref
 from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from synthq.models.generator import QueryGenerator
+
+NUCLEUS_CANDIDATES = 256
 
 
 def row_seed(seed: int, doc_id: str, index: int, attempt: int) -> int:
@@ -37,8 +50,47 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(remove, float("-inf"))
 
 
+def _inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Position drawn in each row of descending ``probabilities`` restricted to the nucleus."""
+    cumulative = probabilities.cumsum(-1)
+    keep = (cumulative - probabilities) < top_p  # same rule as top_p_filter: the first token stays
+    kept = probabilities * keep
+    mass = kept.cumsum(-1)
+    target = (uniforms * mass[:, -1]).unsqueeze(1)
+    position = torch.searchsorted(mass, target, right=True).squeeze(1)
+    return torch.minimum(position, keep.sum(-1) - 1)  # u * mass rounding up to the total
+
+
+def nucleus_draw(
+    logits: torch.Tensor, uniforms: torch.Tensor, top_p: float, candidates: int = NUCLEUS_CANDIDATES
+) -> torch.Tensor:
+    """One token id per row from the top-``top_p`` nucleus of ``softmax(logits)``, by inverse CDF
+    with the row's uniform number in ``[0, 1)``.
+
+    Exactly the distribution of ``top_p_filter`` followed by ``multinomial``, but a row's draw
+    depends only on its own logits and uniform (never on the other rows), and it needs no sort of
+    the vocabulary when the nucleus lies within the ``candidates`` most likely tokens."""
+    probabilities = logits.float().softmax(-1)
+    uniforms = uniforms.to(probabilities.device, probabilities.dtype)
+    if top_p >= 1.0:
+        return _inverse_cdf(probabilities, uniforms, 2.0)
+    k = min(candidates, probabilities.shape[-1])
+    top, ids = probabilities.topk(k, dim=-1)
+    chosen = ids.gather(1, _inverse_cdf(top, uniforms, top_p).unsqueeze(1)).squeeze(1)
+    # When the k candidates hold less than top_p, the nucleus reaches further: sort those rows fully.
+    wide = (top.sum(-1) < top_p).nonzero().squeeze(1)
+    if wide.numel():
+        full, order = probabilities[wide].sort(descending=True, dim=-1)
+        positions = _inverse_cdf(full, uniforms[wide], top_p)
+        chosen[wide] = order.gather(1, positions.unsqueeze(1)).squeeze(1)
+    return chosen
+
+
 class PerRowSampler(LogitsProcessor):
-    """Samples each row from its own generator and returns scores that make greedy search pick it."""
+    """Samples each row from its own generator and returns scores that make greedy search pick it.
+
+    Each row consumes exactly one number of its generator per step, so its tokens depend only on
+    its seed and its own logits, not on its batch neighbours."""
 
     def __init__(self, seeds: list[int], top_p: float, temperature: float, greedy: bool = False):
         self.generators = [torch.Generator().manual_seed(s) for s in seeds]
@@ -49,17 +101,28 @@ class PerRowSampler(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.greedy:
             return scores
-        logits = top_p_filter(scores.float() / max(self.temperature, 1e-6), self.top_p)
-        probabilities = logits.softmax(-1).cpu()
-        chosen = torch.stack(
-            [
-                torch.multinomial(probabilities[row], 1, generator=g)[0]
-                for row, g in enumerate(self.generators)
-            ]
-        ).to(scores.device)
+        uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
+        chosen = nucleus_draw(scores / max(self.temperature, 1e-6), uniforms, self.top_p)
         forced = torch.full_like(scores, float("-inf"))
         forced.scatter_(1, chosen.unsqueeze(1), 0.0)
         return forced
+
+
+_STOP_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def stop_token_ids(generator: QueryGenerator) -> list[int]:
+    """End of sequence plus every token whose text contains a newline (cached per tokenizer).
+
+    Stopping a row there changes no output: the decoded query is cut at the first newline, and
+    the text before it is fixed once the newline token is out."""
+    tokenizer = generator.tokenizer
+    if tokenizer not in _STOP_IDS:
+        vocabulary = len(tokenizer)
+        texts = tokenizer.batch_decode([[i] for i in range(vocabulary)], skip_special_tokens=False)
+        newline = [i for i, text in enumerate(texts) if "\n" in text]
+        _STOP_IDS[tokenizer] = sorted({tokenizer.eos_token_id, *newline})
+    return _STOP_IDS[tokenizer]
 
 
 @dataclass(frozen=True)
@@ -71,7 +134,7 @@ class Request:
 
 
 def is_degenerate(query: str, document: str) -> bool:
-    """Empty, punctuation/digits only, or a copy of (a long stretch of) the prompt document."""
+    """Empty, punctuation only, or a copy of (a long stretch of) the prompt document."""
     stripped = query.strip()
     if not stripped or all(ch in string.punctuation + string.whitespace for ch in stripped):
         return True
@@ -86,20 +149,26 @@ def sample_queries(
     temperature: float,
     max_new_tokens: int,
     greedy: bool = False,
+    stop_at_newline: bool = True,
 ) -> list[str]:
-    """One query per request, in request order, for one batch."""
+    """One query per request, in request order, for one batch (KV cache on, as ``generate`` does).
+
+    ``stop_at_newline=False`` runs every row to EOS or ``max_new_tokens`` (the same queries,
+    more steps); it exists for the throughput benchmark."""
     batch = generator.generation_batch([r.document for r in requests]).to(generator.model.device)
     seeds = [row_seed(seed, r.doc_id, r.index, r.attempt) for r in requests]
     processors = LogitsProcessorList([PerRowSampler(seeds, top_p, temperature, greedy=greedy)])
-    with torch.no_grad():
+    stop = stop_token_ids(generator) if stop_at_newline else generator.tokenizer.eos_token_id
+    with torch.inference_mode():
         output = generator.model.generate(
             **batch,
             do_sample=False,
             num_beams=1,
+            use_cache=True,
             max_new_tokens=max_new_tokens,
             logits_processor=processors,
             pad_token_id=generator.tokenizer.pad_token_id,
-            eos_token_id=generator.tokenizer.eos_token_id,
+            eos_token_id=stop,
             top_p=None,
             top_k=None,
             temperature=None,

@@ -193,3 +193,18 @@ def tiny_sentence_encoder(directory: Path) -> Path:
     pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
     SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(directory))
     return directory
+
+
+def tiny_retriever_artifact(out: Path, encoder_dir: Path, privacy, config: dict | None = None):
+    """A ``train-retriever`` artifact holding a copy of a tiny sentence-transformers encoder with
+    the given :class:`synthq.privacy.Guarantee` (for stages that read retrievers, e.g. eval)."""
+    import shutil
+
+    from synthq.artifacts import create_artifact, open_artifact
+
+    with create_artifact(
+        Path(out), "train-retriever", config or {"encoder": "tiny", "data": "tiny"}
+    ) as writer:
+        shutil.copytree(encoder_dir, writer.dir, dirs_exist_ok=True)
+        writer.privacy = privacy
+    return open_artifact(out, stage="train-retriever")

@@ -5,12 +5,17 @@ gradient sum whose ℓ2 sensitivity it states; :func:`privatize` then adds Gauss
 standard deviation ``σ × sensitivity``, where σ comes from the accountant for the sampling rate
 and step count. The privacy unit is one pair (which protects its query).
 
-The three mechanisms differ in what they clip, which decides the sensitivity (see Wang et al.,
-"DP-GCL", section 2.3, and Carranza et al., section 5.3.2):
+The four mechanisms differ in what they clip, which decides the sensitivity (see Wang et al.,
+"DP-GCL", section 2.3, Kong et al., "Logit-DP", and Carranza et al., section 5.3.2):
 
-* :class:`SampleClipping` — per-query clipping (the paper's DP-SGD baseline): ``(2B + 1)C``.
+* :class:`SampleClipping` — per-query clipping (the paper's DP-SGD baseline): ``(2B − 1)C``.
 * :class:`BatchClipping` — clip the whole batch gradient (DP-CLIP / "Naive-DP"): ``2C``.
 * :class:`GroupClipping` — DP-GCL: groups with in-group negatives, each group clipped: ``2C``.
+* :class:`~synthq.dp.contrastive_logit.LogitClipping` — Logit-DP: per-pair similarity gradients
+  clipped: ``(G1 + G2 + (B − 1)L)·C`` (constants derived there for cosine / temperature).
+
+``B`` is a cap on the Poisson batch size (:func:`max_batch_size`), whose tail probability is
+added to δ. Every mechanism has a neighbouring-batch test of its bound (tests/dp).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from scipy import stats
 
+from synthq.console import warn
+from synthq.dp.contrastive_per_group import PerGroupGradients, UnsupportedLayer
 from synthq.models.encoder import in_batch_softmax_loss
 
 Encode = Callable[[list[str], str], torch.Tensor]  # (texts, "query"|"doc") -> normalised embeddings
@@ -63,6 +70,12 @@ class BatchClipping:
     Args:
         clip_norm: ``C``, the bound on the batch gradient's norm.
         temperature: softmax temperature on cosine similarity.
+
+    Requirements:
+        None on the loss: whatever the batch loss is, its clipped gradient has norm ≤ C.
+
+    Inputs:
+        A Poisson-sampled list of :class:`Example` (query, document) pairs.
 
     Privacy unit:
         One (query, document) pair, add/remove adjacency under Poisson sampling.
@@ -116,8 +129,12 @@ class GroupClipping:
     Each sampled pair is assigned to one of ``K = ⌈B / S⌉`` groups by its *own* random draw
     (independent of the other pairs), every group's loss uses only the group's documents plus
     ``aug_negatives`` augmented copies of each of them (intra-group sample augmentation,
-    eq. 12), and each group's gradient is clipped to ``C`` before summing. A group's forward and
-    backward pass touch only its own members, so a step costs about one ordinary batch pass.
+    eq. 12), and each group's gradient is clipped to ``C`` before summing.
+
+    Given the encoder (``model``), all groups go through ONE forward and ONE backward pass and
+    per-group gradients are read off the layers (:mod:`synthq.dp.contrastive_per_group`): a step
+    costs about one non-private step. Without it, or for layers the engine does not know (T5's
+    relative attention bias), each group gets its own forward and backward pass.
 
     Args:
         clip_norm: ``C`` per group.
@@ -126,6 +143,13 @@ class GroupClipping:
         expected_batch_size: ``B = q·n`` (sets the number of groups).
         aug_negatives: ``N_a`` augmented negatives per group document.
         seed: seeds group assignment and augmentation.
+        model: the encoder, for one-pass per-group gradients.
+
+    Requirements:
+        The loss of a group reads only that group's texts.
+
+    Inputs:
+        A Poisson-sampled list of :class:`Example` (query, document) pairs.
 
     Privacy unit:
         One (query, document) pair, add/remove adjacency under Poisson sampling.
@@ -133,12 +157,18 @@ class GroupClipping:
     Sensitivity:
         ``2C``. Group membership of every other pair does not depend on whether a given pair is
         present, so adding or removing it changes exactly one group's input; that group's
-        clipped gradient moves from one vector of norm ≤ C to another (or to nothing).
-        Augmented negatives are functions of the group's own data, so they change nothing.
+        clipped gradient moves from one vector of norm ≤ C to another (or to nothing), and the
+        triangle inequality gives ``‖c_g − c_g'‖ ≤ 2C``. Augmented negatives are functions of the
+        group's own data, so they change nothing else. No batch cap is needed.
+
+    Recommendations:
+        The strongest direct-DP baseline: the noise does not grow with the batch, and larger
+        groups give more negatives per query at the price of fewer clipped terms.
 
     References:
         Wang et al., "DP-GCL: group-level clipping for differentially private contrastive
-        learning", Algorithm 1.
+        learning", Algorithm 1; Bu et al., "Differentially private optimization on large model
+        at small cost" (book-keeping per-sample gradients from one backward pass).
     """
 
     name = "group"
@@ -151,6 +181,7 @@ class GroupClipping:
         expected_batch_size: float,
         aug_negatives: int = 0,
         seed: int = 0,
+        model: torch.nn.Module | None = None,
     ):
         self.clip_norm = clip_norm
         self.temperature = temperature
@@ -158,6 +189,9 @@ class GroupClipping:
         self.aug_negatives = aug_negatives
         self.seed = seed
         self.step = 0
+        self.model = model
+        self._engine: PerGroupGradients | None = None
+        self.one_pass = model is not None
 
     def _draw(self, *key: int) -> random.Random:
         # Every random choice is keyed by (seed, step, own key), never by a shared stream, so no
@@ -174,23 +208,71 @@ class GroupClipping:
             assignment.setdefault(group, []).append(example)
         return dict(sorted(assignment.items()))
 
+    def _documents(self, key: int, group: list[Example]) -> list[str]:
+        documents = [e.document for e in group]
+        rng = self._draw(1, key)
+        return documents + [augment(d, rng) for d in documents for _ in range(self.aug_negatives)]
+
     def clipped_sum(
         self, encode: Encode, batch: list[Example], parameters: list
     ) -> tuple[list[torch.Tensor], float]:
-        total = [torch.zeros_like(p) for p in parameters]
-        losses = []
         groups = self.groups(batch)
+        if not groups:
+            self.step += 1
+            return [torch.zeros_like(p) for p in parameters], math.nan
+        if self.one_pass and self._engine is None:
+            try:
+                self._engine = PerGroupGradients(self.model, parameters)
+            except UnsupportedLayer as error:
+                warn(f"group clipping: {error}; one backward pass per group instead")
+                self.one_pass = False
+        if self.one_pass:
+            try:
+                per_group, losses = self._one_pass(encode, groups)
+            except UnsupportedLayer as error:
+                self._engine.discard()
+                self._engine.close()
+                warn(f"group clipping: {error}; one backward pass per group instead")
+                self.one_pass = False
+        if not self.one_pass:
+            per_group, losses = self._per_group_passes(encode, groups, parameters)
+        total = [torch.zeros_like(p) for p in parameters]
+        for gradient in per_group:
+            _add(total, clip(gradient, self.clip_norm))
+        self.step += 1
+        return total, sum(losses) / len(losses)
+
+    def _one_pass(self, encode: Encode, groups: dict[int, list[Example]]):
+        query_texts, query_rows, doc_texts, doc_rows, spans = [], [], [], [], []
+        for position, (key, group) in enumerate(groups.items()):
+            documents = self._documents(key, group)
+            spans.append((len(query_texts), len(group), len(doc_texts), len(documents), group))
+            query_texts += [e.query for e in group]
+            query_rows += [position] * len(group)
+            doc_texts += documents
+            doc_rows += [position] * len(documents)
+        with self._engine.record(torch.tensor(query_rows)):
+            queries = encode(query_texts, "query")
+        with self._engine.record(torch.tensor(doc_rows)):
+            docs = encode(doc_texts, "doc")
+        group_losses = [
+            in_batch_softmax_loss(
+                queries[q0 : q0 + nq], docs[d0 : d0 + nd], self.temperature, [e.doc_id for e in group], "sum"
+            )
+            for q0, nq, d0, nd, group in spans
+        ]
+        per_group = self._engine.gradients(torch.stack(group_losses).sum(), len(groups))
+        return per_group, [loss.item() / span[1] for loss, span in zip(group_losses, spans, strict=True)]
+
+    def _per_group_passes(self, encode: Encode, groups: dict[int, list[Example]], parameters: list):
+        per_group, losses = [], []
         for key, group in groups.items():
             queries = encode([e.query for e in group], "query")
-            documents = [e.document for e in group]
-            rng = self._draw(1, key)
-            documents += [augment(d, rng) for d in documents for _ in range(self.aug_negatives)]
-            docs = encode(documents, "doc")
+            docs = encode(self._documents(key, group), "doc")
             loss = in_batch_softmax_loss(queries, docs, self.temperature, [e.doc_id for e in group], "sum")
-            _add(total, clip(_gradient(loss, parameters), self.clip_norm))
+            per_group.append(_gradient(loss, parameters))
             losses.append(loss.item() / len(group))
-        self.step += 1
-        return total, (sum(losses) / len(losses)) if losses else math.nan
+        return per_group, losses
 
 
 class SampleClipping:
@@ -206,17 +288,34 @@ class SampleClipping:
     Privacy unit:
         One (query, document) pair.
 
+    Requirements:
+        Every query's loss reads every document of the batch (its negatives).
+
+    Inputs:
+        A Poisson-sampled list of :class:`Example` (query, document) pairs.
+
+    Privacy unit:
+        One (query, document) pair, add/remove adjacency under Poisson sampling.
+
     Sensitivity:
-        ``(2B + 1)C`` for batches of at most ``B`` pairs (Wang et al., DP-GCL, section 2.3.1):
-        adding or removing one pair adds or removes its own clipped term (≤ C), and because its
-        document is a negative of every other query, each of the other ≤ B clipped terms can
-        move by up to 2C. Poisson batches are unbounded, so ``B`` is a cap ``B_max`` chosen
-        where ``P(|batch| > B_max)`` over all steps is below 10⁻¹⁰ (added to δ); a rarer larger
-        batch is cut to ``B_max``.
+        ``(2B − 1)C`` for batches of at most ``B`` pairs (Wang et al., DP-GCL, section 2.3.1).
+        Let the larger neighbour's batch hold pair ``k`` and ``m ≤ B − 1`` others. Removing
+        ``k`` removes its own clipped term (≤ C), and because its document is a negative of
+        every other query (and the duplicate-document mask may change), each of the ``m`` other
+        clipped terms moves from one vector of norm ≤ C to another: ≤ 2C each. Total
+        ``C + 2(B − 1)C``. This is tight: small ``C`` makes every term hit the clip, and a
+        negative's removal can turn a clipped gradient around. Poisson batches are unbounded,
+        so ``B`` is a cap ``B_max`` where ``steps · P(Binomial(n + 1, q) > B_max) ≤ 10⁻¹⁰``
+        (added to δ); a rarer larger batch is cut to ``B_max``.
 
     Recommendations:
         The noise grows linearly with the batch, which is why direct DP retrieval training works
-        badly. The cost is one backward pass per query: about ``B×`` a non-private step.
+        badly. The cost is one backward pass per query through the batch graph: about ``B×`` a
+        non-private step (retained graph; ``torch.func.vmap`` through every document was
+        slower and used 5× the memory).
+
+    References:
+        Carranza et al., section 5.3.2; Wang et al., DP-GCL, section 2.3.1; Abadi et al., DP-SGD.
     """
 
     name = "sample"
@@ -226,11 +325,11 @@ class SampleClipping:
         self.temperature = temperature
 
     def sensitivity(self, max_batch_size: int) -> float:
-        return (2 * max_batch_size + 1) * self.clip_norm
+        return (2 * max_batch_size - 1) * self.clip_norm
 
     def per_example_gradients(
         self, encode: Encode, batch: list[Example], parameters: list
-    ) -> list[list[torch.Tensor]]:
+    ) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
         queries = encode([e.query for e in batch], "query")
         docs = encode([e.document for e in batch], "doc")
         losses = in_batch_softmax_loss(queries, docs, self.temperature, [e.doc_id for e in batch], "none")
@@ -250,16 +349,47 @@ class SampleClipping:
         return total, losses.mean().item()
 
 
-MECHANISMS = {"batch": BatchClipping, "group": GroupClipping, "sample": SampleClipping}
+def build_mechanism(
+    mode: str,
+    *,
+    clip_norm: float,
+    temperature: float,
+    model: torch.nn.Module | None = None,
+    group_size: int = 8,
+    expected_batch_size: float = 32,
+    aug_negatives: int = 0,
+    seed: int = 0,
+    max_query_length: int = 128,
+    max_doc_length: int = 384,
+    pair_chunk: int = 16,
+):
+    """The mechanism for ``--dp MODE`` (``sample``, ``batch``, ``group`` or ``logit``)."""
+    if mode == "batch":
+        return BatchClipping(clip_norm, temperature)
+    if mode == "sample":
+        return SampleClipping(clip_norm, temperature)
+    if mode == "group":
+        return GroupClipping(
+            clip_norm, temperature, group_size, expected_batch_size, aug_negatives, seed, model=model
+        )
+    if mode == "logit":
+        from synthq.dp.contrastive_logit import LogitClipping
+
+        return LogitClipping(clip_norm, temperature, model, max_query_length, max_doc_length, pair_chunk)
+    raise ValueError(f"unknown DP mode {mode!r}: expected sample, batch, group or logit")
+
+
+MODES = ("sample", "batch", "group", "logit")
 
 
 def max_batch_size(
     num_examples: int, sample_rate: float, steps: int, tail: float = 1e-10
 ) -> tuple[int, float]:
-    """The smallest cap ``b`` with ``steps · P(Binomial(n, q) > b) ≤ tail``, and that probability."""
-    distribution = stats.binom(num_examples, sample_rate)
+    """The smallest cap ``b`` with ``steps · P(Binomial(n + 1, q) > b) ≤ tail``, and that
+    probability: the larger of two neighbouring datasets has ``n + 1`` pairs."""
+    distribution = stats.binom(num_examples + 1, sample_rate)
     cap = int(distribution.mean())
-    while steps * distribution.sf(cap) > tail and cap < num_examples:
+    while steps * distribution.sf(cap) > tail and cap < num_examples + 1:
         cap += 1
     return cap, float(steps * distribution.sf(cap))
 

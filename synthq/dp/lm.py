@@ -1,10 +1,21 @@
-"""DP-SGD / DP-Adam for query generators, with exact per-example gradients from ``torch.func``.
+"""DP-SGD / DP-Adam for query generators: Poisson sampling, per-example clipping, Gaussian noise.
 
-Per-example gradients come from ``vmap(grad(loss))`` over a functional call of the whole model,
-so *every* trainable parameter gets an exact per-example gradient, including the pieces that
-break Opacus' module hooks: T5's relative attention bias (computed once and shared by the whole
-batch), tied input/output embeddings, ``T5LayerNorm`` and ``LlamaRMSNorm``. Tests compare them
-with a one-example-at-a-time ground truth.
+The per-example clipping engine is chosen by ``grad_sample_mode`` (:func:`make_clipper`); all
+engines return the same quantity, the sum of each example's gradient clipped to ``C``, and are
+tested against a one-example-at-a-time ground truth for tiny T5 and tiny Llama models:
+
+* ``ghost`` (default through ``auto``; :class:`synthq.dp.lm_hooks.GhostClipper`): Opacus ghost
+  clipping. Per-example norms from layer activations and output gradients, then one reweighted
+  backward; no per-example gradient is ever materialised. Tied embeddings are handled exactly.
+* ``hooks`` (:class:`synthq.dp.lm_hooks.HookClipper`): Opacus ``GradSampleModule`` per-example
+  gradients.
+* ``vmap`` (:class:`VmapClipper`): ``vmap(grad(loss))`` over a functional call of the whole
+  model, exact for any architecture at the highest memory cost.
+
+What breaks Opacus' hooks out of the box on these models — T5's relative attention bias (computed
+once and shared by the whole batch), tied input/output embeddings, ``T5LayerNorm`` and
+``LlamaRMSNorm`` — is fixed in :mod:`synthq.dp.lm_grad_samplers`; every trainable parameter gets
+an exact per-example gradient (or norm) in every mode.
 
 Each logical step follows Abadi et al. (2016) with Poisson sampling:
 
@@ -106,6 +117,52 @@ class PerSampleGradients:
         return grads, losses.detach()
 
 
+class VmapClipper:
+    """Exact per-example gradients from :class:`PerSampleGradients`, clipped and summed
+    (``vmap`` mode: works for any architecture; memory grows with ``b ×`` trainable parameters)."""
+
+    mode = "vmap"
+
+    def __init__(self, generator: QueryGenerator, clip_norm: float):
+        prepare_model_for_per_sample_gradients(generator)
+        self.per_sample = PerSampleGradients(generator)
+        self.names = self.per_sample.names
+        self.clip_norm = clip_norm
+
+    def clipped_sum(self, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        per_example, losses = self.per_sample(batch)
+        summed, norms = clip_and_sum(per_example, self.clip_norm)
+        return summed, norms, losses
+
+    def close(self) -> None:
+        """Nothing to undo: ``vmap`` leaves no hooks on the model."""
+
+
+GRAD_SAMPLE_MODES = ("auto", "ghost", "hooks", "vmap")
+
+
+def choose_grad_sample_mode(generator: QueryGenerator, requested: str = "auto") -> str:
+    """``auto``: ghost clipping when every shared parameter is a plain Linear/Embedding weight
+    (true for T5 and Llama-style models, tied or not), else exact ``vmap``."""
+    if requested not in GRAD_SAMPLE_MODES:
+        raise ValueError(f"grad_sample_mode must be one of {GRAD_SAMPLE_MODES}, not {requested!r}")
+    if requested != "auto":
+        return requested
+    from synthq.dp.lm_hooks import unsupported_for_ghost
+
+    return "vmap" if unsupported_for_ghost(generator.model) else "ghost"
+
+
+def make_clipper(generator: QueryGenerator, clip_norm: float, mode: str = "auto"):
+    """The per-example clipping engine for ``mode`` (see :func:`choose_grad_sample_mode`)."""
+    mode = choose_grad_sample_mode(generator, mode)
+    if mode == "vmap":
+        return VmapClipper(generator, clip_norm)
+    from synthq.dp.lm_hooks import GhostClipper, HookClipper
+
+    return (GhostClipper if mode == "ghost" else HookClipper)(generator, clip_norm)
+
+
 def clip_and_sum(
     per_sample: dict[str, torch.Tensor], clip_norm: float
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -135,7 +192,9 @@ class DPStep:
         clip_norm: ``C``.
         noise_multiplier: ``σ``; the noise standard deviation is ``σ · C``.
         expected_batch_size: ``q · n``, the divisor of the noisy sum.
-        physical_batch_size: examples per ``vmap`` call (memory bound).
+        physical_batch_size: examples per forward/backward (memory bound).
+        grad_sample_mode: ``auto`` | ``ghost`` | ``hooks`` | ``vmap`` (see :func:`make_clipper`);
+            all compute the same clipped sum.
     """
 
     def __init__(
@@ -146,6 +205,7 @@ class DPStep:
         noise_multiplier: float,
         expected_batch_size: float,
         physical_batch_size: int,
+        grad_sample_mode: str = "vmap",
     ):
         self.generator = generator
         self.optimizer = optimizer
@@ -153,7 +213,8 @@ class DPStep:
         self.noise_multiplier = noise_multiplier
         self.expected_batch_size = expected_batch_size
         self.physical_batch_size = physical_batch_size
-        self.per_sample = PerSampleGradients(generator)
+        self.clipper = make_clipper(generator, clip_norm, grad_sample_mode)
+        self.mode = self.clipper.mode
         self.parameters = dict(generator.model.named_parameters())
 
     def noisy_gradient(
@@ -161,7 +222,7 @@ class DPStep:
     ) -> tuple[dict[str, torch.Tensor], DPStepResult]:
         """The privatised gradient for the examples ``indices`` (already Poisson-sampled)."""
         device = next(self.generator.model.parameters()).device
-        total = {n: torch.zeros_like(self.parameters[n]) for n in self.per_sample.names}
+        total = {n: torch.zeros_like(self.parameters[n]) for n in self.clipper.names}
         losses, norms, tokens = [], [], 0
         for start in range(0, len(indices), self.physical_batch_size):
             batch = {
@@ -169,8 +230,7 @@ class DPStep:
                 for k, v in make_batch(indices[start : start + self.physical_batch_size]).items()
             }
             tokens += int((batch["labels"] != -100).sum())
-            per_example, loss = self.per_sample(batch)
-            summed, norm = clip_and_sum(per_example, self.clip_norm)
+            summed, norm, loss = self.clipper.clipped_sum(batch)
             for name, value in summed.items():
                 total[name] += value
             losses.append(loss.detach())

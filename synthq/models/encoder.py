@@ -4,10 +4,14 @@ The paper shares one T5-Base encoder between queries and documents; the embedded
 ``minilm-l6``. Any spec works: a sentence-transformers directory keeps its pooling; a plain
 Hugging Face model (e.g. ``google-t5/t5-base``) gets mean pooling. Saved retrievers are
 sentence-transformers directories, so ``SentenceTransformer(path)`` loads them.
+
+Similarities are cosine similarities divided by a temperature ``T`` (sentence-transformers'
+``scale = 1/T``), the in-batch softmax of Carranza et al., eq. (1).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,14 +33,17 @@ def load_encoder(spec: str | Path, device: str = "cpu"):
     return SentenceTransformer(modules=[transformer, pooling], device=device)
 
 
-def embed(encoder, texts: list[str], max_length: int) -> torch.Tensor:
-    """L2-normalised embeddings with gradients (so dot products are cosine similarities)."""
+def features(encoder, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+    """Tokenised inputs (truncated to ``max_length``) on the encoder's device."""
     encoder.max_seq_length = max_length
     tokenize = getattr(encoder, "preprocess", None) or encoder.tokenize
-    features = tokenize(texts)
     device = next(encoder.parameters()).device
-    features = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
-    return F.normalize(encoder(features)["sentence_embedding"], dim=-1)
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in tokenize(texts).items()}
+
+
+def embed(encoder, texts: list[str], max_length: int) -> torch.Tensor:
+    """L2-normalised embeddings with gradients (so dot products are cosine similarities)."""
+    return F.normalize(encoder(features(encoder, texts, max_length))["sentence_embedding"], dim=-1)
 
 
 def in_batch_softmax_loss(
@@ -69,3 +76,58 @@ def in_batch_softmax_loss(
     if reduction == "none":
         return losses
     return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def training_loss(encoder, temperature: float, mini_batch_size: int | None = None):
+    """sentence-transformers' in-batch softmax for the non-private path: ``MultipleNegatives-
+    RankingLoss`` with ``scale = 1/T`` (equal to :func:`in_batch_softmax_loss`, tested), or with
+    ``mini_batch_size`` its GradCache form ``CachedMultipleNegativesRankingLoss``, which embeds the
+    batch in chunks without a graph, then replays each chunk with gradients: the loss of a batch
+    larger than memory, exactly."""
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
+
+    if mini_batch_size is None:
+        return MultipleNegativesRankingLoss(encoder, scale=1.0 / temperature)
+    return CachedMultipleNegativesRankingLoss(
+        encoder, scale=1.0 / temperature, mini_batch_size=mini_batch_size
+    )
+
+
+def functional_embedding(encoder) -> tuple[dict[str, torch.nn.Parameter], Callable]:
+    """A pure function ``(params, input_ids, attention_mask, token_type_ids) -> embedding`` of ONE
+    unpadded-or-padded text, for ``torch.func`` transforms (per-pair gradients in Logit-DP).
+
+    It runs the backbone with a 4-D additive attention mask (transformers returns a prepared
+    mask as-is; its 2-D mask helpers read tensor values, which ``vmap`` cannot) and mean-pools
+    over real tokens, exactly what the ``Transformer → Pooling(mean) [→ Normalize]`` stack does.
+    Returns the backbone's trainable parameters by name and the function.
+
+    Raises:
+        ValueError: for any other module stack.
+    """
+    from torch.func import functional_call
+
+    kinds = [type(module).__name__ for module in encoder]
+    if kinds[:2] != ["Transformer", "Pooling"] or any(k != "Normalize" for k in kinds[2:]):
+        raise ValueError(f"per-pair gradients need a Transformer → Pooling(mean) encoder, not {kinds}")
+    if encoder[1].pooling_mode != "mean":
+        raise ValueError(f"per-pair gradients need mean pooling, not {encoder[1].pooling_mode!r}")
+    backbone = encoder[0].auto_model
+    params = {name: p for name, p in backbone.named_parameters() if p.requires_grad}
+    frozen = {name: p for name, p in backbone.named_parameters() if not p.requires_grad}
+    buffers = dict(backbone.named_buffers())
+    minimum = torch.finfo(torch.float32).min
+
+    def embedding(params, input_ids, attention_mask, token_type_ids=None):
+        mask = attention_mask.to(torch.float32)
+        additive = ((1.0 - mask) * minimum)[None, None, None, :]
+        kwargs = {"input_ids": input_ids[None], "attention_mask": additive}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids[None]
+        hidden = functional_call(backbone, ({**params, **frozen}, buffers), (), kwargs).last_hidden_state[0]
+        return (hidden * mask[:, None]).sum(0) / mask.sum().clamp(min=1e-9)
+
+    return params, embedding

@@ -1,69 +1,55 @@
-"""Dense retrieval with an on-disk embedding cache, exact chunked search, optional FAISS, and BM25.
+"""Dense top-k search: exact chunked matrix products (CPU or GPU) or FAISS.
 
-Corpus embeddings are cached under ``$SYNTHQ_CACHE/embeddings`` keyed by the sha256 of the
-model (its retriever manifest, or its files) and of the corpus content and encoding length, so a
-second evaluation of the same retriever on the same corpus encodes only the queries, and any
-change to the corpus or the model misses the cache.
+Scores are dot products of L2-normalised embeddings (cosine similarity), as BEIR's
+``DenseRetrievalExactSearch`` with ``score_function="dot"`` on normalised embeddings. The corpus
+is visited in chunks and a running top-k is merged per chunk, so memory stays bounded by
+``queries × chunk_size`` scores whatever the corpus size (the corpus itself may be a
+memory-mapped cache file). ``ignore_identical_ids`` drops a document whose id equals the query's
+id, as BEIR does for ArguAna and Quora, where queries are themselves corpus documents.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-
 import numpy as np
 import torch
 
-from synthq.console import progress
-from synthq.data.pairs import document_text
-from synthq.paths import cache_dir
+Run = dict[str, dict[str, float]]
 
 
-def corpus_fingerprint(corpus: dict[str, dict[str, str]]) -> str:
-    digest = hashlib.sha256()
-    for doc_id in sorted(corpus):
-        digest.update(doc_id.encode() + b"\x00" + document_text(corpus[doc_id]).encode() + b"\x01")
-    return digest.hexdigest()
+def _to_run(
+    scores: torch.Tensor,
+    indices: torch.Tensor,
+    query_ids: list[str],
+    doc_ids: list[str],
+    top_k: int,
+    ignore_identical_ids: bool,
+) -> Run:
+    results = {}
+    for row, query_id in enumerate(query_ids):
+        hits = {}
+        for score, index in zip(scores[row].tolist(), indices[row].tolist(), strict=True):
+            if index < 0:  # FAISS pads with -1 when fewer than k documents exist
+                continue
+            doc_id = doc_ids[index]
+            if ignore_identical_ids and doc_id == query_id:
+                continue
+            hits[doc_id] = float(score)
+            if len(hits) == top_k:
+                break
+        results[query_id] = hits
+    return results
 
 
-def encode_texts(model, texts: list[str], batch_size: int, description: str) -> np.ndarray:
-    """Normalised embeddings in length-sorted batches (little padding), original order kept."""
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    output = np.zeros((len(texts), model.get_embedding_dimension()), dtype=np.float32)
-    with progress() as bar:
-        task = bar.add_task(description, total=len(texts))
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            vectors = model.encode(
-                [texts[i] for i in chunk],
-                batch_size=batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-            )
-            output[chunk] = vectors
-            bar.advance(task, len(chunk))
-    return output
-
-
-def corpus_embeddings(
-    model, model_key: str, corpus: dict[str, dict[str, str]], batch_size: int
-) -> tuple[list[str], np.ndarray, bool]:
-    """(doc ids, embeddings, cache hit)."""
-    doc_ids = sorted(corpus)
-    key = hashlib.sha256(
-        json.dumps([model_key, corpus_fingerprint(corpus), model.max_seq_length]).encode()
-    ).hexdigest()
-    path = cache_dir("embeddings") / f"{key}.npy"
-    if path.is_file():
-        return doc_ids, np.load(path), True
-    embeddings = encode_texts(
-        model, [document_text(corpus[d]) for d in doc_ids], batch_size, "encoding corpus"
-    )
-    tmp = path.with_name(path.stem + f".tmp{os.getpid()}.npy")
-    np.save(tmp, embeddings)
-    os.replace(tmp, path)
-    return doc_ids, embeddings, False
+def _check(query_embeddings: np.ndarray, doc_embeddings: np.ndarray, query_ids, doc_ids, top_k) -> None:
+    if len(query_ids) != query_embeddings.shape[0] or len(doc_ids) != doc_embeddings.shape[0]:
+        raise ValueError("ids and embeddings differ in length")
+    if query_embeddings.shape[1] != doc_embeddings.shape[1]:
+        raise ValueError(
+            f"query and document embeddings differ in width: {query_embeddings.shape[1]} vs "
+            f"{doc_embeddings.shape[1]}"
+        )
+    if top_k < 1:
+        raise ValueError(f"top_k must be ≥ 1, got {top_k}")
 
 
 def exact_search(
@@ -75,70 +61,59 @@ def exact_search(
     ignore_identical_ids: bool = False,
     chunk_size: int = 50_000,
     use_faiss: bool = False,
-) -> dict[str, dict[str, float]]:
-    """Top-k documents per query by dot product (cosine on normalised vectors).
+    device: str = "cpu",
+) -> Run:
+    """The ``top_k`` documents of every query by dot product, best first.
 
-    Chunked over the corpus so memory stays bounded; FAISS (``IndexFlatIP``) on request."""
-    k = min(top_k + (1 if ignore_identical_ids else 0), len(doc_ids))
+    Args:
+        query_embeddings: ``[queries, dim]`` float32.
+        doc_embeddings: ``[documents, dim]`` float32 (a memory-mapped array is fine).
+        query_ids, doc_ids: the ids of the rows.
+        top_k: documents kept per query.
+        ignore_identical_ids: drop the document with the query's own id (one extra is fetched
+            so each query still gets ``top_k``).
+        chunk_size: documents scored per matrix product.
+        use_faiss: search a FAISS ``IndexFlatIP`` instead (:func:`faiss_search`).
+        device: where the matrix products run (``cpu``, ``cuda``, ...).
+    """
+    _check(query_embeddings, doc_embeddings, query_ids, doc_ids, top_k)
     if use_faiss:
-        import faiss
-
-        index = faiss.IndexFlatIP(doc_embeddings.shape[1])
-        index.add(doc_embeddings.astype(np.float32))
-        scores, indices = index.search(query_embeddings.astype(np.float32), k)
-        best_scores, best_indices = torch.from_numpy(scores), torch.from_numpy(indices)
-    else:
-        queries = torch.from_numpy(query_embeddings)
-        best_scores = torch.full((len(query_ids), k), float("-inf"))
-        best_indices = torch.zeros((len(query_ids), k), dtype=torch.long)
-        for start in range(0, len(doc_ids), chunk_size):
-            block = torch.from_numpy(doc_embeddings[start : start + chunk_size])
-            scores = queries @ block.T
-            chunk_scores, chunk_indices = scores.topk(min(k, block.shape[0]), dim=1)
-            merged_scores = torch.cat([best_scores, chunk_scores], dim=1)
-            merged_indices = torch.cat([best_indices, chunk_indices + start], dim=1)
-            best_scores, order = merged_scores.topk(k, dim=1)
-            best_indices = merged_indices.gather(1, order)
-    results = {}
-    for row, query_id in enumerate(query_ids):
-        hits = {}
-        for score, index in zip(best_scores[row].tolist(), best_indices[row].tolist(), strict=True):
-            doc_id = doc_ids[index]
-            if ignore_identical_ids and doc_id == query_id:
-                continue
-            hits[doc_id] = float(score)
-        results[query_id] = dict(list(hits.items())[:top_k])
-    return results
+        return faiss_search(query_embeddings, doc_embeddings, query_ids, doc_ids, top_k, ignore_identical_ids)
+    k = min(top_k + int(ignore_identical_ids), len(doc_ids))
+    queries = torch.as_tensor(np.asarray(query_embeddings, dtype=np.float32), device=device)
+    best_scores = torch.full((len(query_ids), k), float("-inf"), device=device)
+    best_indices = torch.zeros((len(query_ids), k), dtype=torch.long, device=device)
+    for start in range(0, len(doc_ids), chunk_size):
+        # A copy: memory-mapped cache files are read-only and torch wants writable memory.
+        block = torch.from_numpy(np.array(doc_embeddings[start : start + chunk_size], dtype=np.float32))
+        scores = queries @ block.to(device).T
+        chunk_scores, chunk_indices = scores.topk(min(k, block.shape[0]), dim=1)
+        merged_scores = torch.cat([best_scores, chunk_scores], dim=1)
+        merged_indices = torch.cat([best_indices, chunk_indices + start], dim=1)
+        best_scores, order = merged_scores.topk(k, dim=1)
+        best_indices = merged_indices.gather(1, order)
+    return _to_run(best_scores.cpu(), best_indices.cpu(), query_ids, doc_ids, top_k, ignore_identical_ids)
 
 
-def bm25_search(
-    corpus: dict[str, dict[str, str]],
-    queries: dict[str, str],
+def faiss_search(
+    query_embeddings: np.ndarray,
+    doc_embeddings: np.ndarray,
+    query_ids: list[str],
+    doc_ids: list[str],
     top_k: int,
     ignore_identical_ids: bool = False,
-) -> dict[str, dict[str, float]]:
-    """BM25 (Lucene variant, k1 = 1.5, b = 0.75) with the ``bm25s`` package."""
-    import logging
+    chunk_size: int = 50_000,
+) -> Run:
+    """Exact inner-product search with FAISS (``IndexFlatIP``), filled chunk by chunk from a
+    possibly memory-mapped array; same results as :func:`exact_search` up to float rounding."""
+    import faiss
 
-    import bm25s
-
-    logging.getLogger("bm25s").setLevel(logging.WARNING)
-    doc_ids = sorted(corpus)
-    retriever = bm25s.BM25()
-    retriever.index(
-        bm25s.tokenize([document_text(corpus[d]) for d in doc_ids], stopwords="en", show_progress=False),
-        show_progress=False,
+    _check(query_embeddings, doc_embeddings, query_ids, doc_ids, top_k)
+    index = faiss.IndexFlatIP(doc_embeddings.shape[1])
+    for start in range(0, len(doc_ids), chunk_size):
+        index.add(np.ascontiguousarray(doc_embeddings[start : start + chunk_size], dtype=np.float32))
+    k = min(top_k + int(ignore_identical_ids), len(doc_ids))
+    scores, indices = index.search(np.ascontiguousarray(query_embeddings, dtype=np.float32), k)
+    return _to_run(
+        torch.from_numpy(scores), torch.from_numpy(indices), query_ids, doc_ids, top_k, ignore_identical_ids
     )
-    query_ids = sorted(queries)
-    k = min(top_k + (1 if ignore_identical_ids else 0), len(doc_ids))
-    tokens = bm25s.tokenize([queries[q] for q in query_ids], stopwords="en", show_progress=False)
-    indices, scores = retriever.retrieve(tokens, k=k, show_progress=False)
-    results = {}
-    for row, query_id in enumerate(query_ids):
-        hits = {
-            doc_ids[i]: float(s)
-            for i, s in zip(indices[row], scores[row], strict=True)
-            if not (ignore_identical_ids and doc_ids[i] == query_id)
-        }
-        results[query_id] = dict(list(hits.items())[:top_k])
-    return results

@@ -30,13 +30,20 @@ from synthq.config import FinetuneConfig
 from synthq.console import info, progress, warn
 from synthq.data.pairs import training_pairs
 from synthq.data.sources import load_source, resolve_source
-from synthq.dp.lm import DPStep, non_private_step, poisson_batch, prepare_model_for_per_sample_gradients
+from synthq.dp.lm import DPStep, non_private_step, poisson_batch
 from synthq.errors import DataError, SynthqError
 from synthq.models.generator import QueryGenerator
 from synthq.models.resolve import resolve_device
 from synthq.privacy import Guarantee, default_delta, epsilon_for, noise_multiplier_for, validate_budget
 
 STAGE = "finetune-lm"
+PER_SAMPLE_CLIPPING = {
+    "vmap": "torch.func vmap per-example gradients (exact, every trainable parameter)",
+    "hooks": "Opacus hook per-example gradients (exact, every trainable parameter; RMS-norm samplers, "
+    "per-example T5 relative bias, tied embeddings summed)",
+    "ghost": "Opacus ghost clipping (exact per-example norms, every trainable parameter; tied embeddings "
+    "with cross terms, per-example T5 relative bias)",
+}
 CHECKPOINT = "state.pt"
 
 
@@ -136,8 +143,6 @@ def run(config: FinetuneConfig) -> Artifact:
     generator = QueryGenerator.load(config.model, device="cpu", max_source_length=config.max_source_length)
     if config.lora_rank > 0:
         _apply_lora(generator, config.lora_rank, config.lora_alpha)
-    if private:
-        prepare_model_for_per_sample_gradients(generator)
     generator.model.to(device)
     generator.model.train()
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
@@ -162,6 +167,7 @@ def run(config: FinetuneConfig) -> Artifact:
             calibration.noise_multiplier,
             sample_rate * n,
             config.physical_batch_size,
+            config.grad_sample_mode,
         )
         if private
         else None
@@ -170,7 +176,8 @@ def run(config: FinetuneConfig) -> Artifact:
         f"fine-tuning {config.model} ({generator.kind}, {sum(p.numel() for p in trainable):,} trainable) "
         f"on {n} pairs: {steps} steps, q = {sample_rate:.4f}, "
         + (
-            f"σ = {calibration.noise_multiplier:.3f}, C = {config.clip_norm}, target ε = {config.epsilon:g}"
+            f"σ = {calibration.noise_multiplier:.3f}, C = {config.clip_norm}, target ε = {config.epsilon:g}, "
+            f"per-example clipping: {dp_step.mode}"
             if private
             else "non-private (ε = ∞)"
         )
@@ -224,6 +231,8 @@ def run(config: FinetuneConfig) -> Artifact:
                 if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < steps:
                     _save_checkpoint(checkpoint, generator, optimizer, step + 1, rngs, log, order)
         elapsed = time.perf_counter() - started
+        if dp_step is not None:
+            dp_step.clipper.close()  # the saved model carries no Opacus hooks
         generator.model.eval()
         generator.save(writer.dir, generation_defaults={"do_sample": True, "top_p": 0.8})
         with open(writer.dir / "training.jsonl", "w", encoding="utf-8") as handle:
@@ -251,7 +260,7 @@ def run(config: FinetuneConfig) -> Artifact:
                     "expected_batch_size": config.batch_size,
                     "num_examples": n,
                     "target_epsilon": config.epsilon,
-                    "per_sample_gradients": "torch.func vmap (exact, every trainable parameter)",
+                    "per_sample_clipping": PER_SAMPLE_CLIPPING[dp_step.mode],
                     "trainable": "LoRA adapters" if config.lora_rank else "all parameters",
                     "accountant_fallback": final.fallback_reason or calibration.fallback_reason,
                 },

@@ -20,10 +20,19 @@ import json
 import time
 from pathlib import Path
 
-from synthq.artifacts import Artifact, create_artifact, data_input_record, existing_result, open_artifact
+from synthq.artifacts import (
+    Artifact,
+    check_output_free,
+    config_fingerprint,
+    create_artifact,
+    data_input_record,
+    existing_result,
+    find_up_to_date,
+    open_artifact,
+)
 from synthq.config import GenerateConfig
 from synthq.console import info, progress
-from synthq.data.beir_io import read_corpus, read_qrels, write_beir_dir
+from synthq.data.beir_io import read_corpus, read_qrels, read_queries, write_beir_dir
 from synthq.data.pairs import document_text
 from synthq.data.sources import resolve_source
 from synthq.errors import ArtifactError, DataError, SynthqError
@@ -33,6 +42,7 @@ from synthq.models.resolve import resolve_device
 
 STAGE = "generate"
 PROGRESS_FILE = "done.jsonl"
+FINGERPRINT_FILE = "fingerprint.txt"
 
 
 def parse_shard(shard: str | None) -> tuple[int, int]:
@@ -109,6 +119,29 @@ def _generate_for(
     return done
 
 
+def resume_key(config: GenerateConfig, inputs: list[dict]) -> str:
+    """What a resumed run must share with the interrupted one: every setting that changes a
+    query (not the batch size or device: sampling is per document) and the input hashes."""
+    settings = config.model_dump(mode="json", exclude={"batch_size", "device"})
+    return config_fingerprint(settings, inputs)
+
+
+def _resume_state(checkpoint_dir: Path, fingerprint: str) -> dict:
+    """Queries an interrupted run with the same settings and inputs finished; refuses to mix
+    in the log of a run with other settings (say another seed), which would silently change
+    the set."""
+    recorded = checkpoint_dir / FINGERPRINT_FILE
+    log = checkpoint_dir / PROGRESS_FILE
+    if log.is_file() and (
+        not recorded.is_file() or recorded.read_text(encoding="utf-8").strip() != fingerprint
+    ):
+        raise ArtifactError(
+            f"{log}: the interrupted run used other settings or inputs; "
+            "rerun with those settings, or drop --resume to start over"
+        )
+    return _read_log(log)
+
+
 def _read_log(path: Path) -> dict:
     done = {}
     if path.is_file():
@@ -145,7 +178,14 @@ def write_synthetic(directory: Path, corpus: dict[str, dict[str, str]], done: di
 
 
 def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
-    """Merge ``--shard i/n`` artifacts into one synthetic set, equal to an unsharded run."""
+    """Merge ``--shard i/n`` artifacts into one synthetic set, equal to an unsharded run.
+
+    The shards must be exactly ``0/n .. n-1/n`` of one run: same generator and corpus (by
+    hash), same sampling settings (batch size and device may differ; sampling is per
+    document) and the same guarantee, which the merged set keeps (it is the union of
+    post-processing outputs of one generator)."""
+    if not shards:
+        raise SynthqError("--merge needs the shard artifacts to merge")
     artifacts = [open_artifact(path, stage=STAGE) for path in shards]
     configs = [dict(a.config) for a in artifacts]
     shard_ids = sorted(parse_shard(c.get("shard")) for c in configs)
@@ -154,23 +194,26 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
         raise ArtifactError(
             f"shards {[c.get('shard') for c in configs]} are not exactly 0/{count} .. {count - 1}/{count}"
         )
-    comparable = [
-        {k: v for k, v in c.items() if k not in ("shard", "out", "force", "resume")} for c in configs
-    ]
+    free = ("shard", "out", "force", "resume", "batch_size", "device")
+    comparable = [{k: v for k, v in c.items() if k not in free} for c in configs]
     if any(c != comparable[0] for c in comparable):
         raise ArtifactError("the shards were generated with different settings")
+    input_hashes = [sorted(record["sha256"] for record in a.inputs) for a in artifacts]
+    if any(hashes != input_hashes[0] for hashes in input_hashes):
+        raise ArtifactError("the shards were generated from different generators or corpora")
     if len({a.privacy.model_dump_json() for a in artifacts}) != 1:
         raise ArtifactError("the shards carry different privacy guarantees")
-    merged_config = {**configs[0], "shard": None, "out": str(out), "merged_from": count}
+    merged_config = {**comparable[0], "shard": None, "out": str(out), "merged_from": count}
     inputs = [a.input_record() for a in artifacts]
+    if not force and (existing := find_up_to_date(out, STAGE, merged_config, inputs)) is not None:
+        info(f"[green]up to date[/]: {out} ({STAGE}); pass --force to redo it")
+        return existing
+    check_output_free(out, force)
     with create_artifact(out, STAGE, merged_config, inputs) as writer:
         corpus, done = {}, {}
         for artifact in artifacts:
             corpus.update(read_corpus(artifact.path / "corpus.jsonl"))
-            queries = {}
-            for line in (artifact.path / "queries.jsonl").read_text(encoding="utf-8").splitlines():
-                record = json.loads(line)
-                queries[record["_id"]] = record["text"]
+            queries = read_queries(artifact.path / "queries.jsonl")
             for query_id, docs in read_qrels(artifact.path / "qrels" / "train.tsv").items():
                 for doc_id in docs:
                     index = int(query_id.rsplit("-", 1)[1])
@@ -179,6 +222,7 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
         for key in ("resampled", "dropped_degenerate"):
             statistics[key] = sum(a.metrics.get(key, 0) for a in artifacts)
         writer.metrics.update(statistics)
+        writer.timings["shard_generate_seconds"] = [a.timings.get("generate_seconds") for a in artifacts]
         writer.privacy = artifacts[0].privacy
     return open_artifact(out, STAGE)
 
@@ -198,22 +242,26 @@ def run(config: GenerateConfig) -> Artifact:
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
     ) as writer:
         log_path = writer.checkpoint_dir / PROGRESS_FILE
-        done = _read_log(log_path) if config.resume else {}
+        key = resume_key(config, inputs)
+        done = _resume_state(writer.checkpoint_dir, key) if config.resume else {}
+        (writer.checkpoint_dir / FINGERPRINT_FILE).write_text(key, encoding="utf-8")
         if done:
             info(f"resuming: {len(done)} queries already generated")
         started = time.perf_counter()
-        before = len(done)
+        before = set(done)
         _generate_for(generator, texts, config, done, log_path)
         elapsed = time.perf_counter() - started
         statistics = write_synthetic(writer.dir, documents, done)
         writer.metrics.update(statistics)
-        new = len(done) - before
-        words = sum(len(done[key]["query"].split()) for key in done)
+        new = [done[key]["query"] for key in done if key not in before]
+        encoded = generator.tokenizer(new, add_special_tokens=False)["input_ids"] if new else []
+        tokens = sum(len(ids) for ids in encoded)
         writer.timings.update(
             {
                 "generate_seconds": round(elapsed, 3),
-                "queries_per_second": round(new / max(elapsed, 1e-9), 3),
-                "words_per_second": round(words * new / max(len(done), 1) / max(elapsed, 1e-9), 3),
+                "queries_per_second": round(len(new) / max(elapsed, 1e-9), 3),
+                # query tokens kept (cut at the newline/EOS), not the steps generate ran
+                "query_tokens_per_second": round(tokens / max(elapsed, 1e-9), 3),
             }
         )
         writer.privacy = generator_artifact.privacy.inherit(generator_artifact.manifest_hash)

@@ -1,28 +1,44 @@
 """``synthq report``: one README with every evaluation's tables, the privacy-utility plot,
 similarity scores and, when given, the paper's numbers side by side.
 
-The report only re-reads evaluation and similarity artifacts; its guarantee is theirs
-combined (post-processing), so its ε is the largest of its inputs' when they share sources and
-∞ if any input is non-private.
+Args (:class:`synthq.config.ReportConfig`):
+    evals: ``eval`` artifacts; their rows are merged (a reference row or retriever evaluated in
+        several of them on the same dataset appears once).
+    similarity: ``similarity`` artifacts (BLEU, MAUVE) shown with their synthetic set's ε.
+    paper: the paper's rows (``row``, ``epsilon``, ``dataset``, metrics), matched to ours on
+        dataset and ε.
+
+Outputs: ``README.md`` (Tables 3-5 layout, similarity, paper vs ours), ``results.json`` (the
+merged rows) and ``privacy_utility.png``.
+
+Privacy unit and sensitivity:
+    The report only re-reads its inputs (post-processing). It publishes the results of every
+    model in every input, so its guarantee is :func:`synthq.report.combined_guarantee` over those
+    models (one DP release counts once; independent releases compose; a non-private model, or a
+    similarity artifact, which reads the private queries, makes it ε = ∞).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-from synthq.artifacts import Artifact, create_artifact, existing_result, open_artifact
+from synthq.artifacts import Artifact, create_artifact, existing_result, json_safe, open_artifact
 from synthq.config import ReportConfig
 from synthq.console import console
+from synthq.errors import ArtifactError
 from synthq.privacy import Guarantee, format_epsilon
-from synthq.report import paper_comparison, privacy_utility_plot, results_table
+from synthq.report import combined_guarantee, paper_comparison, privacy_utility_plot, results_markdown
 
 STAGE = "report"
 
 
 def _rows(artifact: Artifact) -> list[dict]:
-    rows = json.loads((artifact.path / "results.json").read_text(encoding="utf-8"))
+    path = artifact.path / "results.json"
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ArtifactError(f"{path}: unreadable evaluation results ({error})") from error
     return [{**r, "epsilon": float(r["epsilon"])} for r in rows]
 
 
@@ -44,38 +60,47 @@ def _similarity_table(artifacts: list[Artifact]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merge_rows(evals: list[Artifact]) -> tuple[list[dict], list[tuple[str, Guarantee]]]:
+    """The rows of all evaluations, each (dataset, split, model) once, and the (hash, guarantee)
+    of every model whose results they publish. Two different models with the same name get
+    their hash appended so the tables never mix them up."""
+    rows, seen, names, sources = [], set(), {}, []
+    for artifact in evals:
+        for row in _rows(artifact):
+            model = row.get("model_id") or row["retriever"]
+            key = (row["dataset"], row.get("split"), model)
+            if key in seen:
+                continue
+            seen.add(key)
+            if names.setdefault(row["retriever"], model) != model:
+                row = {**row, "retriever": f"{row['retriever']} [{model.split(':')[-1][:8]}]"}
+            rows.append(row)
+            if "privacy" in row:
+                sources.append((model, Guarantee.from_manifest(row["privacy"])))
+            else:  # results written before rows carried their guarantee: the eval's own
+                sources.append((artifact.manifest_hash, artifact.privacy))
+    return rows, sources
+
+
 def run(config: ReportConfig) -> Artifact:
     evals = [open_artifact(path, stage="eval") for path in config.evals]
     similarities = [open_artifact(path, stage="similarity") for path in config.similarity]
     inputs = [a.input_record() for a in evals + similarities]
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
-    rows, seen = [], set()
-    for artifact in evals:
-        for row in _rows(artifact):
-            key = (row["dataset"], row["retriever"])
-            if key not in seen:  # reference rows appear in several evaluations
-                seen.add(key)
-                rows.append(row)
+    rows, sources = merge_rows(evals)
     with create_artifact(config.out, STAGE, config, inputs) as writer:
-        sections = [f"# {config.title}\n", "Every number is shown with the ε of the model it belongs to.\n"]
-        sections += ["## Retrieval\n", results_table(rows), "![privacy-utility](privacy_utility.png)\n"]
+        sections = [results_markdown(rows, title=config.title), "![privacy-utility](privacy_utility.png)\n"]
         if similarities:
             sections += ["## Synthetic vs original queries\n", _similarity_table(similarities)]
         if config.paper:
             sections += ["## Paper vs ours\n", paper_comparison(rows, config.paper)]
         text = "\n".join(sections)
         (writer.dir / "README.md").write_text(text, encoding="utf-8")
-        serialisable = [
-            {**r, "epsilon": r["epsilon"] if math.isfinite(r["epsilon"]) else "inf"} for r in rows
-        ]
-        (writer.dir / "results.json").write_text(json.dumps(serialisable, indent=2), encoding="utf-8")
+        (writer.dir / "results.json").write_text(json.dumps(json_safe(rows), indent=2), encoding="utf-8")
         privacy_utility_plot(rows, writer.dir / "privacy_utility.png")
-        guarantees = [a.privacy for a in evals + similarities]
-        if any(not g.is_private for g in guarantees):
-            writer.privacy = Guarantee.non_private("includes results of a model trained without DP")
-        else:
-            writer.privacy = max(guarantees, key=lambda g: g.epsilon, default=Guarantee.public())
+        sources += [(a.manifest_hash, a.privacy) for a in similarities]
+        writer.privacy = combined_guarantee(sources)
         writer.metrics["rows"] = len(rows)
     console.print(text)
     return open_artifact(config.out, STAGE)

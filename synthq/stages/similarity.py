@@ -51,13 +51,13 @@ def aligned_pairs(
 
 
 def bleu(hypotheses: list[str], references: list[list[str]]) -> tuple[float, str]:
-    """Corpus BLEU with every hypothesis scored against its own references (sacrebleu needs
-    equally many reference streams, so shorter lists repeat their first reference, which
-    changes neither clipped n-gram counts nor the closest reference length)."""
+    """Corpus BLEU with every hypothesis scored against its own references. Documents have
+    different numbers of original queries; sacrebleu takes that as ``None`` in the shorter
+    reference streams (its signature then reads ``nrefs:var``)."""
     import sacrebleu
 
     width = max(len(r) for r in references)
-    streams = [[refs[k] if k < len(refs) else refs[0] for refs in references] for k in range(width)]
+    streams = [[refs[k] if k < len(refs) else None for refs in references] for k in range(width)]
     metric = sacrebleu.BLEU()
     score = metric.corpus_score(hypotheses, streams)
     return score.score, str(metric.get_signature())

@@ -6,13 +6,15 @@ over a temperature, in-batch negatives (eq. 1). Three ways to train, and what th
 * on a **synthetic** artifact (from ``generate``): non-private training, and the retriever
   inherits the synthetic set's guarantee (DP post-processing);
 * on **private pairs** without ``--dp``: ε = ∞, said loudly;
-* on private pairs with ``--dp sample|batch|group``: direct DP training (the baselines),
-  Poisson sampling at ``q = batch/n``, noise calibrated to the mechanism's sensitivity
-  (:mod:`synthq.dp.contrastive`), ε from the accountant.
+* on private pairs with ``--dp sample|batch|group|logit``: direct DP training (the baselines),
+  Poisson sampling at ``q = batch/n``, noise ``σ × sensitivity`` with the mechanism's own
+  sensitivity (:mod:`synthq.dp.contrastive`), ε from the accountant.
 
-Non-private batches never hold two pairs with the same document; DP batches cannot be built
-that way without making one pair's presence decide another's, so there duplicates are masked
-out of the negatives instead. The artifact is a sentence-transformers directory.
+Non-private training uses sentence-transformers' ``MultipleNegativesRankingLoss`` (scale 1/T), or
+its GradCache form with ``--mini-batch-size``, on batches that never hold two pairs with the same
+document. DP batches cannot be built that way without making one pair's presence decide
+another's, so there duplicates are masked out of the negatives instead (``logit``: kept, see
+its docstring). The artifact is a sentence-transformers directory.
 """
 
 from __future__ import annotations
@@ -35,13 +37,20 @@ from synthq.config import TrainRetrieverConfig
 from synthq.console import info, progress, warn
 from synthq.data.pairs import Pair, training_pairs
 from synthq.data.sources import load_source, resolve_source
-from synthq.dp.contrastive import MECHANISMS, Example, GroupClipping, max_batch_size, privatize
+from synthq.dp.contrastive import Example, build_mechanism, max_batch_size, privatize
+from synthq.dp.contrastive_logit import logit_dp_constants
 from synthq.errors import DataError
-from synthq.models.encoder import embed, in_batch_softmax_loss, load_encoder
+from synthq.models.encoder import embed, features, load_encoder, training_loss
 from synthq.models.resolve import resolve_device
 from synthq.privacy import Guarantee, default_delta, epsilon_for, noise_multiplier_for, validate_budget
 
 STAGE = "train-retriever"
+SENSITIVITY_RULES = {
+    "sample": "(2B-1)C: a pair's own clipped term plus 2C for each other query it is a negative of",
+    "batch": "2C: the clipped batch gradient has norm <= C with or without the pair",
+    "group": "2C: the pair changes only its own group's clipped gradient",
+    "logit": "(G1+G2+(B-1)L)C, Kong et al. Theorem 4.2 with constants for cos/T (logit_dp_constants)",
+}
 
 
 def unique_document_batches(pairs: list[Pair], batch_size: int, rng: random.Random) -> list[list[int]]:
@@ -126,18 +135,28 @@ def run(config: TrainRetrieverConfig) -> Artifact:
     mechanism, calibration, cap, tail = None, None, None, 0.0
     if config.dp is not None:
         calibration = noise_multiplier_for(config.epsilon, delta, sample_rate, steps, config.accountant)
-        cap, tail = max_batch_size(n, sample_rate, steps)
-        if config.dp == "group":
-            mechanism = GroupClipping(
-                config.clip_norm, config.temperature, config.group_size, config.batch_size,
-                config.aug_negatives, config.seed,
-            )  # fmt: skip
-        else:
-            mechanism = MECHANISMS[config.dp](config.clip_norm, config.temperature)
+        if config.dp in ("sample", "logit"):  # sensitivities that grow with the batch need a cap
+            cap, tail = max_batch_size(n, sample_rate, steps)
+        mechanism = build_mechanism(
+            config.dp, clip_norm=config.clip_norm, temperature=config.temperature, model=encoder,
+            group_size=config.group_size, expected_batch_size=config.batch_size,
+            aug_negatives=config.aug_negatives, seed=config.seed, max_query_length=config.max_query_length,
+            max_doc_length=config.max_doc_length, pair_chunk=config.pair_chunk,
+        )  # fmt: skip
+        sensitivity = mechanism.sensitivity(cap)
+        sigma, multiple = calibration.noise_multiplier, sensitivity / config.clip_norm
         info(
-            f"direct DP training ({config.dp}): sensitivity {mechanism.sensitivity(cap):.3g}, "
-            f"σ = {calibration.noise_multiplier:.3f}, q = {sample_rate:.4f}, {steps} steps"
+            f"direct DP training ({config.dp}): sensitivity {multiple:.4g}·C = {sensitivity:.4g} "
+            f"(batch cap {cap or 'none needed'}), σ = {sigma:.3f} → noise std {sigma * sensitivity:.4g}, "
+            f"q = {sample_rate:.4f}, {steps} steps"
         )
+        if config.dp == "logit" and sensitivity >= (2 * cap - 1) * config.clip_norm:
+            warn(
+                f"at temperature {config.temperature} Logit-DP's sensitivity ({multiple:.1f}·C) is no "
+                f"better than per-query clipping's ({2 * cap - 1}·C); it pays off near --temperature 1"
+            )
+    else:
+        loss_function = training_loss(encoder, config.temperature, config.mini_batch_size)
     noise_generator = torch.Generator().manual_seed(config.seed + 1)
     sampling_generator = torch.Generator().manual_seed(config.seed)
     examples = [Example(p.query, p.document, p.doc_id, i) for i, p in enumerate(pairs)]
@@ -153,16 +172,18 @@ def run(config: TrainRetrieverConfig) -> Artifact:
                     if not batches:
                         batches = unique_document_batches(pairs, config.batch_size, rng)
                     batch = [examples[i] for i in batches.pop(0)]
-                    queries = encode([e.query for e in batch], "query")
-                    docs = encode([e.document for e in batch], "doc")
-                    loss = in_batch_softmax_loss(queries, docs, config.temperature, [e.doc_id for e in batch])
+                    inputs = [
+                        features(encoder, [e.query for e in batch], config.max_query_length),
+                        features(encoder, [e.document for e in batch], config.max_doc_length),
+                    ]
+                    loss = loss_function(inputs, None)
                     loss.backward()
                     value = loss.item()
                 else:
                     chosen = torch.nonzero(
                         torch.rand(n, generator=sampling_generator) < sample_rate
                     ).flatten()
-                    if len(chosen) > cap:  # probability ≤ tail, accounted in δ
+                    if cap is not None and len(chosen) > cap:  # probability ≤ tail, accounted in δ
                         chosen = chosen[torch.randperm(len(chosen), generator=sampling_generator)[:cap]]
                     batch = [examples[i] for i in chosen.tolist()]
                     clipped, value = mechanism.clipped_sum(encode, batch, parameters)
@@ -200,12 +221,21 @@ def run(config: TrainRetrieverConfig) -> Artifact:
                     "steps": steps,
                     "clip_norm": config.clip_norm,
                     "sensitivity": mechanism.sensitivity(cap),
+                    "noise_std": calibration.noise_multiplier * mechanism.sensitivity(cap),
+                    "sensitivity_rule": SENSITIVITY_RULES[config.dp],
                     "max_batch_size": cap,
                     "batch_cap_tail_probability": tail,
                     "accountant_delta": delta,
                     "num_examples": n,
                     "target_epsilon": config.epsilon,
                     "group_size": config.group_size if config.dp == "group" else None,
+                    "temperature": config.temperature,
+                    **(
+                        {"logit_dp_constants": logit_dp_constants(cap, config.temperature)}
+                        if config.dp == "logit"
+                        else {}
+                    ),
+                    **({"one_backward_pass": mechanism.one_pass} if config.dp == "group" else {}),
                 },
                 note="privacy unit: one (query, document) pair; δ includes the batch-cap tail",
             )

@@ -1,5 +1,5 @@
-"""Direct-DP contrastive mechanisms: the loss, per-example gradients, and each stated
-sensitivity checked on real neighbouring batches."""
+"""Direct-DP contrastive mechanisms: per-example and per-group gradients against ground truth,
+and each stated sensitivity checked on real neighbouring batches."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from synthq.dp.contrastive import (
     BatchClipping,
@@ -15,9 +16,12 @@ from synthq.dp.contrastive import (
     GroupClipping,
     SampleClipping,
     _norm,
+    build_mechanism,
+    clip,
     max_batch_size,
     privatize,
 )
+from synthq.dp.contrastive_per_group import PerGroupGradients, UnsupportedLayer
 from synthq.models.encoder import embed, in_batch_softmax_loss, load_encoder
 from tests.helpers import TRAIN_QUERIES, corpus_records
 
@@ -40,6 +44,10 @@ def encode_with(encoder):
     return lambda texts, side: embed(encoder, texts, 64)
 
 
+def trainable(encoder):
+    return [p for p in encoder.parameters() if p.requires_grad]
+
+
 def test_in_batch_loss_matches_an_independent_computation():
     rng = np.random.default_rng(0)
     queries = rng.normal(size=(4, 8))
@@ -59,7 +67,7 @@ def test_in_batch_loss_matches_an_independent_computation():
 
 
 def test_sample_mode_per_example_gradients_match_a_loop(encoder):
-    parameters = [p for p in encoder.parameters() if p.requires_grad]
+    parameters = trainable(encoder)
     batch = EXAMPLES[:4]
     encode = encode_with(encoder)
     gradients, _ = SampleClipping(1.0, 0.05).per_example_gradients(encode, batch, parameters)
@@ -74,31 +82,108 @@ def test_sample_mode_per_example_gradients_match_a_loop(encoder):
             )
 
 
-@pytest.mark.parametrize("mode", ["batch", "group", "sample"])
+def test_one_pass_group_gradients_equal_one_backward_per_group(encoder):
+    """The book-keeping engine (one forward, one backward for all groups) gives each group's
+    gradient exactly, including augmented negatives and position embeddings shared by broadcast."""
+    parameters = trainable(encoder)
+    encode = encode_with(encoder)
+    batch = EXAMPLES[:10]
+    one_pass = GroupClipping(1.0, 0.05, 3, 10, aug_negatives=1, seed=4, model=encoder)
+    loop = GroupClipping(1.0, 0.05, 3, 10, aug_negatives=1, seed=4)
+    groups = one_pass.groups(batch)
+    assert len(groups) > 1
+    _engine(one_pass, parameters)
+    per_group, losses = one_pass._one_pass(encode, groups)
+    expected, expected_losses = loop._per_group_passes(encode, groups, parameters)
+    assert losses == pytest.approx(expected_losses, rel=1e-5)
+    for got, want in zip(per_group, expected, strict=True):
+        assert float(_norm(want)) > 0
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    # the clipped sums agree as well, and the one-pass path really ran
+    total, _ = one_pass.clipped_sum(encode, batch, parameters)
+    reference, _ = loop.clipped_sum(encode, batch, parameters)
+    assert one_pass.one_pass and float(_norm([a - b for a, b in zip(total, reference, strict=True)])) < 1e-5
+
+
+def _engine(mechanism, parameters):
+    from synthq.dp.contrastive_per_group import PerGroupGradients
+
+    mechanism._engine = PerGroupGradients(mechanism.model, parameters)
+    return True
+
+
+def test_per_group_engine_sums_to_the_batch_gradient(encoder):
+    parameters = trainable(encoder)
+    engine = PerGroupGradients(encoder, parameters)
+    try:
+        rows = torch.tensor([0, 1, 2, 0, 1])
+        with engine.record(rows):
+            queries = embed(encoder, [e.query for e in EXAMPLES[:5]], 64)
+        with engine.record(rows):
+            docs = embed(encoder, [e.document for e in EXAMPLES[:5]], 64)
+        loss = sum(
+            in_batch_softmax_loss(queries[rows == g], docs[rows == g], 0.05, reduction="sum")
+            for g in range(3)
+        )
+        per_group = engine.gradients(loss, 3)
+    finally:
+        engine.close()
+    queries = embed(encoder, [e.query for e in EXAMPLES[:5]], 64)
+    docs = embed(encoder, [e.document for e in EXAMPLES[:5]], 64)
+    loss = sum(
+        in_batch_softmax_loss(queries[rows == g], docs[rows == g], 0.05, reduction="sum") for g in range(3)
+    )
+    full = torch.autograd.grad(loss, parameters, allow_unused=True)
+    for k, want in enumerate(full):
+        got = sum(group[k] for group in per_group)
+        torch.testing.assert_close(got, torch.zeros_like(got) if want is None else want, atol=1e-5, rtol=1e-4)
+
+
+def test_per_group_engine_refuses_unknown_layers():
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.factor = torch.nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return x * self.factor
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), Scale())
+    with pytest.raises(UnsupportedLayer, match="Scale"):
+        PerGroupGradients(model, list(model.parameters()))
+    assert not model[0]._forward_hooks  # hooks already registered were removed
+
+
+@pytest.mark.parametrize("mode", ["batch", "group", "group-loop", "sample"])
 def test_neighbouring_batches_differ_by_at_most_the_sensitivity(encoder, mode):
     """Remove each pair of a batch in turn: the clipped sum moves by no more than the claimed
     sensitivity (a small C makes every term hit the clip, the worst case for the bound)."""
-    clip = 1e-3
-    parameters = [p for p in encoder.parameters() if p.requires_grad]
+    clip_norm = 1e-3
+    parameters = trainable(encoder)
     encode = encode_with(encoder)
     batch = EXAMPLES[:8]
     differences = []
     for removed in range(len(batch)):
         mechanisms = []
         for _ in range(2):
-            if mode == "group":
-                mechanisms.append(GroupClipping(clip, 0.05, group_size=3, expected_batch_size=8, seed=1))
+            if mode.startswith("group"):
+                model = encoder if mode == "group" else None
+                mechanisms.append(
+                    GroupClipping(clip_norm, 0.05, group_size=3, expected_batch_size=8, seed=1, model=model)
+                )
             else:
-                mechanisms.append({"batch": BatchClipping, "sample": SampleClipping}[mode](clip, 0.05))
+                mechanisms.append({"batch": BatchClipping, "sample": SampleClipping}[mode](clip_norm, 0.05))
         full, _ = mechanisms[0].clipped_sum(encode, batch, parameters)
         neighbour, _ = mechanisms[1].clipped_sum(encode, batch[:removed] + batch[removed + 1 :], parameters)
         differences.append(float(_norm([a - b for a, b in zip(full, neighbour, strict=True)])))
     sensitivity = mechanisms[0].sensitivity(len(batch))
     assert max(differences) <= sensitivity * (1 + 1e-4)
+    assert max(differences) > (0.5 * clip_norm if mode != "batch" else 0)  # not vacuous
     if mode == "sample":
-        assert sensitivity == (2 * 8 + 1) * clip
+        assert sensitivity == (2 * 8 - 1) * clip_norm
     else:
-        assert sensitivity == 2 * clip
+        assert sensitivity == 2 * clip_norm
 
 
 def test_group_assignment_does_not_depend_on_other_pairs():
@@ -109,15 +194,31 @@ def test_group_assignment_does_not_depend_on_other_pairs():
     assert all(where[e.index] == k for k, group in fewer.items() for e in group)
 
 
+def test_clip_bounds_the_norm():
+    vectors = [torch.full((3,), 2.0), torch.full((4,), -1.0)]
+    assert float(_norm(clip(vectors, 0.5))) == pytest.approx(0.5)
+    assert float(_norm(clip(vectors, 100.0))) == pytest.approx(float(_norm(vectors)))
+
+
 def test_noise_scale_is_sigma_times_sensitivity():
     zeros = [torch.zeros(200, 100)]
     noisy = privatize(
         zeros, sensitivity=0.2, noise_multiplier=1.5, generator=torch.Generator().manual_seed(0)
     )
     assert noisy[0].std().item() == pytest.approx(0.3, rel=0.02)
+    assert noisy[0].mean().item() == pytest.approx(0.0, abs=0.01)
 
 
 def test_batch_cap_tail():
     cap, tail = max_batch_size(1000, 0.032, 100)
-    assert cap > 32 and tail <= 1e-10
-    assert math.isclose(max_batch_size(10, 1.0, 5)[0], 10)
+    # the cap covers the larger neighbour (n + 1 pairs), and is the smallest that does
+    assert 100 * stats.binom(1001, 0.032).sf(cap) == pytest.approx(tail) and tail <= 1e-10
+    assert 100 * stats.binom(1001, 0.032).sf(cap - 1) > 1e-10
+    assert math.isclose(max_batch_size(10, 1.0, 5)[0], 11)
+
+
+def test_build_mechanism_knows_every_mode(encoder):
+    for mode in ("sample", "batch", "group", "logit"):
+        assert build_mechanism(mode, clip_norm=1.0, temperature=1.0, model=encoder).name == mode
+    with pytest.raises(ValueError, match="unknown DP mode"):
+        build_mechanism("pair", clip_norm=1.0, temperature=1.0)

@@ -1,119 +1,246 @@
-"""synthq eval: metrics vs pytrec_eval and BEIR's own evaluator, cache, identical ids, outputs."""
+"""synthq eval: agreement with BEIR's own search and evaluator, the embedding cache, dataset
+resolution (msmarco -> dev, identical ids, sub-datasets), outputs with ε, and bad input."""
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
+from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from synthq.artifacts import create_artifact, open_artifact
+from synthq.artifacts import create_artifact
 from synthq.config import EvalConfig
 from synthq.data import load_beir_dir
+from synthq.data.pairs import document_text
 from synthq.errors import ArtifactError, DataError
 from synthq.privacy import Guarantee
-from synthq.retrieval.metrics import evaluate as metrics
-from synthq.retrieval.search import exact_search
+from synthq.retrieval.metrics import METRICS
 from synthq.stages import evaluate
+from tests.helpers import tiny_retriever_artifact, write_tiny_beir
 
 
 @pytest.fixture(scope="module")
 def retriever(tmp_path_factory, tiny_encoder_dir):
     out = tmp_path_factory.mktemp("ret") / "ret-dp"
-    with create_artifact(out, "train-retriever", {"encoder": "tiny", "dp": "group"}) as writer:
-        shutil.copytree(tiny_encoder_dir, writer.dir, dirs_exist_ok=True)
-        writer.privacy = Guarantee(epsilon=4.0, delta=1e-5, mechanism="dp-group", accountant="rdp")
-    return open_artifact(out)
+    privacy = Guarantee(epsilon=4.0, delta=1e-5, mechanism="dp-group", accountant="rdp")
+    return tiny_retriever_artifact(out, tiny_encoder_dir, privacy, {"encoder": "tiny", "dp": "group"})
 
 
-def test_metrics_by_hand():
-    qrels = {"q1": {"a": 1}, "q2": {"b": 1, "c": 1}}
-    run = {"q1": {"x": 3.0, "a": 2.0}, "q2": {"b": 5.0, "y": 4.0, "c": 1.0}}
-    result = metrics(qrels, run)
-    ndcg_q1 = 1 / math.log2(3)
-    ideal_q2 = 1 + 1 / math.log2(3)
-    ndcg_q2 = (1 + 1 / math.log2(4)) / ideal_q2
-    assert result["ndcg@10"] == pytest.approx((ndcg_q1 + ndcg_q2) / 2, abs=1e-6)
-    assert result["recall@10"] == pytest.approx(1.0)
-    assert result["mrr@10"] == pytest.approx((0.5 + 1.0) / 2)
-    assert result["ndcg@1"] == pytest.approx(0.5)
+def _rows(artifact) -> list[dict]:
+    return json.loads((artifact.path / "results.json").read_text())
 
 
-def test_agrees_with_beir(tmp_path, retriever, tiny_beir):
+def test_agrees_with_beir_search_and_evaluator(tmp_path, retriever, tiny_beir):
     from beir.retrieval.evaluation import EvaluateRetrieval
     from beir.retrieval.search.dense import DenseRetrievalExactSearch
     from sentence_transformers import SentenceTransformer
 
     artifact = evaluate.run(
         EvalConfig(
-            retrievers=[str(retriever.path)], datasets=[str(tiny_beir)], out=tmp_path / "eval", bm25=False
+            retrievers=[str(retriever.path)], datasets=[str(tiny_beir)], out=tmp_path / "e", bm25=False
         )
     )
-    ours = json.loads((artifact.path / "results.json").read_text())[0]["metrics"]
+    (row,) = _rows(artifact)
+    ours = row["metrics"]
     model = SentenceTransformer(str(retriever.path))
 
-    class Wrapper:  # BEIR's dense search interface over the same model
+    class Wrapper:  # BEIR's dense-search interface over the same model
         def encode_queries(self, queries, batch_size=16, **kwargs):
             return model.encode(queries, batch_size=batch_size, normalize_embeddings=True)
 
         def encode_corpus(self, corpus, batch_size=16, **kwargs):
-            texts = [(f"{d['title']}. {d['text']}" if d.get("title") else d["text"]) for d in corpus]
+            texts = [document_text(d) for d in corpus]
             return model.encode(texts, batch_size=batch_size, normalize_embeddings=True)
 
     dataset = load_beir_dir(tiny_beir)
-    queries = dataset.split_queries("test")
     search = DenseRetrievalExactSearch(Wrapper(), batch_size=16, corpus_chunk_size=5)
-    results = search.search(dataset.corpus, queries, top_k=100, score_function="dot")
-    ndcg, _map, recall, _precision = EvaluateRetrieval.evaluate(dataset.qrels["test"], results, [10])
-    assert ours["ndcg@10"] == pytest.approx(ndcg["NDCG@10"], abs=1e-4)
-    assert ours["recall@10"] == pytest.approx(recall["Recall@10"], abs=1e-4)
+    results = search.search(dataset.corpus, dataset.split_queries("test"), top_k=100, score_function="dot")
+    qrels = dataset.qrels["test"]
+    ndcg, _map, recall, _ = EvaluateRetrieval.evaluate(qrels, results, [1, 3, 5, 10, 100])
+    mrr = EvaluateRetrieval.evaluate_custom(qrels, results, [10], metric="mrr")
+    for k in (1, 3, 5, 10, 100):
+        assert ours[f"ndcg@{k}"] == pytest.approx(ndcg[f"NDCG@{k}"], abs=1e-4)
+    for k in (10, 100):
+        assert ours[f"recall@{k}"] == pytest.approx(recall[f"Recall@{k}"], abs=1e-4)
+    assert ours["mrr@10"] == pytest.approx(mrr["MRR@10"], abs=1e-4)
+    assert list(ours) == list(METRICS)  # headline pair first
+    assert row["split"] == "test" and row["queries"] == 4 and row["documents"] == 12
 
 
-def test_cache_hit_then_invalidated_by_corpus_change(tmp_path, retriever, tiny_beir):
-    first = evaluate.run(
-        EvalConfig(retrievers=[str(retriever.path)], datasets=[str(tiny_beir)], out=tmp_path / "1")
-    )
-    second = evaluate.run(
-        EvalConfig(retrievers=[str(retriever.path)], datasets=[str(tiny_beir)], out=tmp_path / "2")
-    )
-    assert first.timings["cache_hits"] == 0 or second.timings["cache_hits"] == 1
-    assert second.timings["cache_hits"] == 1
-    changed = tmp_path / "changed"
-    shutil.copytree(tiny_beir, changed)
-    with open(changed / "corpus.jsonl", "a") as handle:
-        handle.write(json.dumps({"_id": "new", "title": "", "text": "a brand new document"}) + "\n")
-    third = evaluate.run(
-        EvalConfig(retrievers=[str(retriever.path)], datasets=[str(changed)], out=tmp_path / "3")
-    )
-    assert third.timings["cache_hits"] == 0
+def test_cache_hit_then_invalidated_by_corpus_change(tmp_path, retriever, tiny_beir, monkeypatch):
+    monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
+
+    def run(dataset, name):
+        config = EvalConfig(
+            retrievers=[str(retriever.path)], datasets=[str(dataset)], out=tmp_path / name, bm25=False
+        )
+        return evaluate.run(config)
+
+    source = tmp_path / "corpus-a"
+    shutil.copytree(tiny_beir, source)
+    first, second = run(source, "1"), run(source, "2")
+    assert (first.timings["cache_hits"], first.timings["cache_misses"]) == (0, 1)
+    assert (second.timings["cache_hits"], second.timings["cache_misses"]) == (1, 0)
+    assert first.timings["encode_docs_per_second"] > 0 and second.timings["encode_docs_per_second"] is None
+    assert _rows(first)[0]["metrics"] == _rows(second)[0]["metrics"]
+    # The key is the content, not the path: a copy of the same corpus hits too.
+    shutil.copytree(source, tmp_path / "corpus-b")
+    assert run(tmp_path / "corpus-b", "copy").timings["cache_hits"] == 1
+    # One document's text changes: a different corpus, so the cache must miss.
+    corpus = (source / "corpus.jsonl").read_text().replace("nine minutes", "ten minutes")
+    (source / "corpus.jsonl").write_text(corpus)
+    third = run(source, "3")
+    assert (third.timings["cache_hits"], third.timings["cache_misses"]) == (0, 1)
 
 
-def test_outputs_show_epsilon_and_reference_rows(tmp_path, retriever, tiny_beir):
+def test_outputs_show_epsilon_and_public_reference_rows(tmp_path, retriever, tiny_beir, tiny_encoder_dir):
     artifact = evaluate.run(
-        EvalConfig(retrievers=[str(retriever.path)], datasets=[str(tiny_beir)], out=tmp_path / "e", bm25=True)
+        EvalConfig(
+            retrievers=[str(retriever.path)],
+            untrained=[str(tiny_encoder_dir)],
+            datasets=[str(tiny_beir)],
+            out=tmp_path / "e",
+        )
     )
-    rows = json.loads((artifact.path / "results.json").read_text())
-    assert {r["retriever"] for r in rows} == {"BM25", "ret-dp"}
+    rows = {r["retriever"]: r for r in _rows(artifact)}
+    assert set(rows) == {"BM25", "ret-dp", f"untrained {tiny_encoder_dir.name}"}
+    assert rows["ret-dp"]["epsilon"] == 4.0 and rows["ret-dp"]["privacy"]["mechanism"] == "dp-group"
+    assert rows["BM25"]["privacy"]["mechanism"] == "public" and rows["BM25"]["epsilon"] == 0.0
+    assert rows[f"untrained {tiny_encoder_dir.name}"]["privacy"]["mechanism"] == "public"
+    # The untrained encoder is the same network as the retriever's copy: same numbers.
+    assert rows[f"untrained {tiny_encoder_dir.name}"]["metrics"] == rows["ret-dp"]["metrics"]
     table = (artifact.path / "results.md").read_text()
-    assert "| ret-dp | direct DP (group), tiny | 4.00 |" in table and "| BM25 | bm25 | 0.00 |" in table
-    assert (artifact.path / "privacy_utility.png").stat().st_size > 1000
-    assert artifact.privacy.epsilon == 4.0
-
-
-def test_identical_ids_are_dropped():
-    import numpy as np
-
-    vectors = np.eye(3, dtype=np.float32)
-    kept = exact_search(
-        vectors, vectors, ["a", "b", "c"], ["a", "b", "c"], top_k=2, ignore_identical_ids=True
+    ndcg = rows["ret-dp"]["metrics"]["ndcg@10"]
+    assert f"| ret-dp | direct DP (group), tiny | 4.00 | {ndcg:.4f} |" in table
+    assert (
+        "| BM25 | bm25 | 0 (public) |" in table
+        and "| untrained encoder | untrained, encoder | 0 (public) |" in table
     )
-    assert all(q not in hits for q, hits in kept.items()) and all(len(h) == 2 for h in kept.values())
-    plain = exact_search(vectors, vectors, ["a", "b", "c"], ["a", "b", "c"], top_k=2)
-    assert next(iter(plain["a"])) == "a"
+    assert (artifact.path / "privacy_utility.png").stat().st_size > 1000
+    assert artifact.privacy.epsilon == 4.0 and retriever.manifest_hash in artifact.privacy.derived_from
+    assert artifact.metrics["tiny-beir0/ret-dp"]["epsilon"] == 4.0
+    per_run = artifact.timings["per_run"][f"{tiny_beir.name}/ret-dp"]
+    assert per_run["search_queries_per_second"] > 0 and per_run["encode_queries_per_second"] > 0
 
 
-def test_bad_input(tmp_path, tiny_beir):
+def test_msmarco_is_evaluated_on_dev(tmp_path, retriever, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SYNTHQ_CACHE", str(cache))
+    write_tiny_beir(cache / "beir" / "msmarco")  # where `msmarco` is downloaded to
+    artifact = evaluate.run(
+        EvalConfig(retrievers=[str(retriever.path)], datasets=["msmarco"], out=tmp_path / "e")
+    )
+    rows = _rows(artifact)
+    assert {(r["dataset"], r["split"], r["queries"]) for r in rows} == {("msmarco", "dev", 2)}
+    explicit = evaluate.run(
+        EvalConfig(retrievers=[str(retriever.path)], datasets=["msmarco"], split="test", out=tmp_path / "t")
+    )
+    assert {(r["split"], r["queries"]) for r in _rows(explicit)} == {("test", 4)}
+
+
+def _self_retrieval_beir(root: Path) -> Path:
+    """Queries that are corpus documents (same id and text), each judged relevant to itself: only
+    the query's own document can score, so dropping identical ids must give 0."""
+    root = write_tiny_beir(root)
+    corpus = [json.loads(line) for line in (root / "corpus.jsonl").read_text().splitlines()]
+    with open(root / "queries.jsonl", "w") as handle:
+        for doc in corpus[:4]:
+            handle.write(json.dumps({"_id": doc["_id"], "text": doc["text"]}) + "\n")
+    (root / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{d['_id']}\t{d['_id']}\t1\n" for d in corpus[:4])
+    )
+    for split in ("train", "dev"):
+        (root / "qrels" / f"{split}.tsv").unlink()
+    return root
+
+
+def test_identical_ids_are_dropped_for_arguana_and_quora(tmp_path, retriever):
+    kept = evaluate.run(
+        EvalConfig(
+            retrievers=[str(retriever.path)],
+            datasets=[str(_self_retrieval_beir(tmp_path / "self"))],
+            out=tmp_path / "a",
+        )
+    )
+    dropped = evaluate.run(
+        EvalConfig(
+            retrievers=[str(retriever.path)],
+            datasets=[str(_self_retrieval_beir(tmp_path / "arguana"))],
+            out=tmp_path / "b",
+        )
+    )
+    for row in _rows(kept):  # a document's own text is its best match
+        assert row["metrics"]["ndcg@1"] == 1.0, row["retriever"]
+    for row in _rows(dropped):
+        assert row["dataset"] == "arguana" and row["metrics"]["recall@100"] == 0.0, row["retriever"]
+
+
+def test_sub_datasets_are_averaged_like_cqadupstack(tmp_path, retriever, tiny_beir):
+    forum = tmp_path / "cqadupstack"
+    shutil.copytree(tiny_beir, forum / "android")
+    write_tiny_beir(forum / "gaming")
+    (forum / "gaming" / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\ntest-egg-0\tegg-0\t1\ntest-tax-1\ttax-2\t1\n"
+    )
+    whole = evaluate.run(
+        EvalConfig(retrievers=[str(retriever.path)], datasets=[str(forum)], out=tmp_path / "w")
+    )
+    parts = {
+        name: {
+            r["retriever"]: r["metrics"]
+            for r in _rows(
+                evaluate.run(
+                    EvalConfig(
+                        retrievers=[str(retriever.path)], datasets=[str(forum / name)], out=tmp_path / name
+                    )
+                )
+            )
+        }  # fmt: skip
+        for name in ("android", "gaming")
+    }
+    for row in _rows(whole):
+        assert row["dataset"] == "cqadupstack" and set(row["parts"]) == {"android", "gaming"}
+        assert row["queries"] == 6
+        for metric, value in row["metrics"].items():
+            expected = (
+                parts["android"][row["retriever"]][metric] + parts["gaming"][row["retriever"]][metric]
+            ) / 2
+            assert value == pytest.approx(expected, abs=2e-6)
+
+
+def test_guarantee_composes_independent_releases(tmp_path, tiny_encoder_dir, tiny_beir, monkeypatch):
+    monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
+    direct = tiny_retriever_artifact(
+        tmp_path / "ret-direct", tiny_encoder_dir, Guarantee(epsilon=2.0, delta=1e-6, mechanism="dp-sample")
+    )
+    generator_hash = "a" * 64  # a synthetic retriever inherits a generator's guarantee
+    synthetic = tiny_retriever_artifact(
+        tmp_path / "ret-syn",
+        tiny_encoder_dir,
+        Guarantee(
+            epsilon=3.0, delta=1e-6, mechanism="dp-adam+post-processing", derived_from=[generator_hash]
+        ),
+    )
+    config = EvalConfig(
+        retrievers=[str(direct.path), str(synthetic.path)],
+        datasets=[str(tiny_beir)],
+        bm25=False,
+        out=tmp_path / "e",
+    )
+    artifact = evaluate.run(config)
+    assert artifact.privacy.epsilon == pytest.approx(5.0) and artifact.privacy.delta == pytest.approx(2e-6)
+    # Identical weights in two artifacts: the cache key is their content, so one encoding serves both.
+    assert (artifact.timings["cache_misses"], artifact.timings["cache_hits"]) == (1, 1)
+    assert {direct.manifest_hash, synthetic.manifest_hash, generator_hash} <= set(
+        artifact.privacy.derived_from
+    )
+    table = (artifact.path / "results.md").read_text()
+    assert "| ret-direct |" in table and "| 2.00 |" in table and "| 3.00 |" in table
+
+
+def test_bad_input(tmp_path, tiny_beir, retriever, tiny_encoder_dir):
     wrong = tmp_path / "wrong"
     with create_artifact(wrong, "generate", {}) as writer:
         (writer.dir / "x").write_text("x")
@@ -121,11 +248,61 @@ def test_bad_input(tmp_path, tiny_beir):
     with pytest.raises(ArtifactError, match="expected 'train-retriever'"):
         evaluate.run(EvalConfig(retrievers=[str(wrong)], datasets=[str(tiny_beir)], out=tmp_path / "o"))
     with pytest.raises(DataError, match="unknown BEIR dataset"):
-        evaluate.run(EvalConfig(retrievers=[], datasets=["beir:nonsense"], out=tmp_path / "o"))
+        evaluate.run(EvalConfig(datasets=["beir:nonsense"], out=tmp_path / "o"))
+    with pytest.raises(DataError, match="not a directory or known source"):
+        evaluate.run(EvalConfig(datasets=[str(tmp_path / "missing")], out=tmp_path / "o"))
     with pytest.raises(DataError, match="nothing to evaluate"):
-        evaluate.run(EvalConfig(retrievers=[], datasets=[str(tiny_beir)], bm25=False, out=tmp_path / "o"))
+        evaluate.run(EvalConfig(datasets=[str(tiny_beir)], bm25=False, out=tmp_path / "o"))
     empty = tmp_path / "empty"
     shutil.copytree(tiny_beir, empty)
     (empty / "corpus.jsonl").write_text("")
     with pytest.raises(DataError, match="corpus is empty"):
-        evaluate.run(EvalConfig(retrievers=[], datasets=[str(empty)], out=tmp_path / "o"))
+        evaluate.run(EvalConfig(datasets=[str(empty)], out=tmp_path / "o"))
+    with pytest.raises(DataError, match="no qrels for split 'validation'"):
+        evaluate.run(EvalConfig(datasets=[str(tiny_beir)], split="validation", out=tmp_path / "o"))
+    unjudged = tmp_path / "unjudged"
+    shutil.copytree(tiny_beir, unjudged)
+    rows = (unjudged / "qrels" / "test.tsv").read_text().replace("\t1\n", "\t0\n")
+    (unjudged / "qrels" / "test.tsv").write_text(rows)
+    with pytest.raises(DataError, match="no query with a relevant document"):
+        evaluate.run(EvalConfig(datasets=[str(unjudged)], out=tmp_path / "o"))
+    with pytest.raises(ValidationError, match="top_k"):
+        EvalConfig(datasets=[str(tiny_beir)], top_k=10, out=tmp_path / "o")
+    twin = tiny_retriever_artifact(tmp_path / "other" / "ret-dp", tiny_encoder_dir, Guarantee.public())
+    with pytest.raises(DataError, match="share the name 'ret-dp'"):
+        evaluate.run(
+            EvalConfig(
+                retrievers=[str(retriever.path), str(twin.path)],
+                datasets=[str(tiny_beir)],
+                out=tmp_path / "o",
+            )
+        )
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_prints_metrics_with_epsilon(tmp_path, retriever, tiny_beir):
+    from typer.testing import CliRunner
+
+    from synthq.cli import app
+
+    runner = CliRunner()
+    args = [
+        "eval",
+        "--retriever",
+        str(retriever.path),
+        "--datasets",
+        str(tiny_beir),
+        "--out",
+        str(tmp_path / "e"),
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "NDCG@10" in result.output and "Recall@10" in result.output
+    assert "| ret-dp | direct DP (group), tiny | 4.00 |" in result.output and "ε=4.00" in result.output
+    report = runner.invoke(app, ["report", str(tmp_path / "e"), "--out", str(tmp_path / "r")])
+    assert report.exit_code == 0, report.output
+    assert "report written" in report.output and "ε=4.00" in report.output
+    bad = runner.invoke(
+        app, ["eval", "--datasets", str(tiny_beir), "--top-k", "5", "--out", str(tmp_path / "x")]
+    )
+    assert bad.exit_code != 0 and "top_k" in str(bad.exception)

@@ -36,6 +36,7 @@ def test_dp_run_reports_an_epsilon_an_independent_accountant_reproduces(
     accountant.history = [(details["noise_multiplier"], details["sample_rate"], details["steps"])]
     assert guarantee.epsilon == pytest.approx(accountant.get_epsilon(delta=guarantee.delta))
     assert guarantee.epsilon <= 8.0 and guarantee.unit == "example"
+    assert details["per_sample_clipping"].startswith("Opacus ghost clipping")  # auto picks ghost
     # a Hugging Face directory any tool loads, and the training curve
     generator = QueryGenerator.load(artifact.path)
     assert generator.kind == ("seq2seq" if model_fixture == "tiny_t5_dir" else "causal")

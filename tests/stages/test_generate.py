@@ -1,28 +1,71 @@
-"""synthq generate on a tiny generator: reproducibility, batching, shards, resume, privacy, errors."""
+"""synthq generate on tiny generators: reproducibility, batching, padding per model kind, shards,
+resume, degenerate resampling, privacy, errors.
+
+The generators are tiny T5 / Llama models trained for a few seconds with plain Adam on the tiny
+pairs (so greedy outputs are real, varied queries), saved with ``QueryGenerator.save`` and
+wrapped as ``finetune-lm`` artifacts carrying a DP guarantee; the finetune stage is not needed.
+"""
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 
 import pytest
+import torch
 
 from synthq.artifacts import create_artifact, open_artifact, partial_dir
-from synthq.config import FinetuneConfig, GenerateConfig
+from synthq.config import GenerateConfig
 from synthq.errors import ArtifactError, DataError, SynthqError
-from synthq.generation import Request, sample_queries, top_p_filter
+from synthq.generation import (
+    PerRowSampler,
+    Request,
+    nucleus_draw,
+    sample_queries,
+    stop_token_ids,
+    top_p_filter,
+)
 from synthq.models.generator import QueryGenerator
 from synthq.privacy import Guarantee
-from synthq.stages import finetune_lm, generate
+from synthq.stages import generate
+from tests import helpers
+
+GUARANTEE = Guarantee(epsilon=8.0, delta=1e-5, unit="example", mechanism="dp-adam", accountant="rdp")
+
+
+def tiny_generator_artifact(model_dir, out, steps: int):
+    records = helpers.corpus_records()
+    pairs = [(records[d]["text"], q) for d, qs in helpers.TRAIN_QUERIES.items() for q in qs]
+    generator = QueryGenerator.load(model_dir)
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(generator.model.parameters(), lr=1e-2)
+    batch = generator.training_batch([d for d, _ in pairs], [q for _, q in pairs])
+    generator.model.train()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        generator.model(**batch).loss.backward()
+        optimizer.step()
+    generator.model.eval()
+    with create_artifact(out, "finetune-lm", {"model": str(model_dir), "steps": steps}) as writer:
+        generator.save(writer.dir)
+        writer.privacy = GUARANTEE
+    return open_artifact(out, stage="finetune-lm")
 
 
 @pytest.fixture(scope="module")
-def trained_generator(tmp_path_factory, tiny_beir, tiny_causal_dir):
-    out = tmp_path_factory.mktemp("gen") / "generator"
-    config = FinetuneConfig(
-        data=str(tiny_beir), model=str(tiny_causal_dir), out=out, epsilon="inf",
-        batch_size=8, epochs=15, physical_batch_size=8, lr=1e-2,
-    )  # fmt: skip
-    return finetune_lm.run(config)
+def causal_generator(tmp_path_factory, tiny_causal_dir):
+    return tiny_generator_artifact(tiny_causal_dir, tmp_path_factory.mktemp("gen") / "causal", steps=60)
+
+
+@pytest.fixture(scope="module")
+def t5_generator(tmp_path_factory, tiny_t5_dir):
+    return tiny_generator_artifact(tiny_t5_dir, tmp_path_factory.mktemp("gen") / "t5", steps=80)
+
+
+@pytest.fixture(params=["causal", "t5"])
+def any_generator(request):
+    return request.getfixturevalue(f"{request.param}_generator")
 
 
 def make(tmp_path, artifact, corpus, name, **options):
@@ -35,60 +78,117 @@ def read(artifact) -> str:
     return (artifact.path / "queries.jsonl").read_text(encoding="utf-8")
 
 
-def test_output_is_a_beir_dir_and_inherits_the_guarantee(tmp_path, trained_generator, tiny_beir):
+def documents() -> list[Request]:
+    return [Request(doc_id, doc["text"], 0) for doc_id, doc in helpers.corpus_records().items()]
+
+
+def test_output_is_a_beir_dir_and_inherits_the_guarantee(tmp_path, causal_generator, tiny_beir):
     from beir.datasets.data_loader import GenericDataLoader
 
-    synthetic = make(tmp_path, trained_generator, tiny_beir, "syn", num_queries=2, batch_size=4)
+    synthetic = make(tmp_path, causal_generator, tiny_beir, "syn", num_queries=2, batch_size=4)
     corpus, queries, qrels = GenericDataLoader(str(synthetic.path)).load(split="train")
     assert len(corpus) == 12 and len(queries) == 24
-    assert all(qid.startswith(f"syn-{next(iter(docs))}-") for qid, docs in qrels.items())
-    assert synthetic.privacy.epsilon == trained_generator.privacy.epsilon
-    assert synthetic.privacy.derived_from == [trained_generator.manifest_hash]
-    assert synthetic.inputs[0]["sha256"] == trained_generator.manifest_hash
+    for query_id, docs in qrels.items():
+        (doc_id,) = docs
+        assert query_id in (f"syn-{doc_id}-0", f"syn-{doc_id}-1") and docs[doc_id] == 1
+    assert synthetic.privacy.epsilon == 8.0 and synthetic.privacy.delta == 1e-5
+    assert synthetic.privacy.mechanism == "dp-adam+post-processing"
+    assert synthetic.privacy.derived_from == [causal_generator.manifest_hash]
+    assert synthetic.inputs[0]["sha256"] == causal_generator.manifest_hash
+    assert synthetic.metrics["queries"] == 24 and synthetic.timings["query_tokens_per_second"] > 0
 
 
-def test_sampling_is_reproducible_and_independent_of_batch_plan(tmp_path, trained_generator, tiny_beir):
-    first = make(tmp_path, trained_generator, tiny_beir, "a", batch_size=4, seed=3)
-    again = make(tmp_path, trained_generator, tiny_beir, "b", batch_size=1, seed=3)
-    other = make(tmp_path, trained_generator, tiny_beir, "c", batch_size=4, seed=4)
+def test_sampling_is_reproducible_and_independent_of_batch_plan(tmp_path, any_generator, tiny_beir):
+    first = make(tmp_path, any_generator, tiny_beir, "a", batch_size=4, seed=3, num_queries=2)
+    again = make(tmp_path, any_generator, tiny_beir, "b", batch_size=1, seed=3, num_queries=2)
+    other = make(tmp_path, any_generator, tiny_beir, "c", batch_size=4, seed=4, num_queries=2)
     assert read(first) == read(again)
     assert read(first) != read(other)
+    queries = [json.loads(line)["text"] for line in read(first).splitlines()]
+    assert len(set(queries)) > 6  # real, varied sampled queries, not one degenerate string
 
 
-def test_greedy_batched_equals_one_at_a_time(trained_generator):
-    generator = QueryGenerator.load(trained_generator.path)
-    requests = [
-        Request(f"d{i}", text, 0) for i, text in enumerate(["boil eggs nine minutes", "git stash saves"])
-    ]
-    together = sample_queries(generator, requests, 0, 0.8, 1.0, 8, greedy=True)
-    alone = [sample_queries(generator, [r], 0, 0.8, 1.0, 8, greedy=True)[0] for r in requests]
+def test_greedy_batched_equals_one_at_a_time(any_generator):
+    """Padding on the wrong side (or positions shifted by left padding) changes greedy outputs."""
+    generator = QueryGenerator.load(any_generator.path)
+    requests = documents()
+    together = sample_queries(generator, requests, 0, 0.8, 1.0, 24, greedy=True)
+    alone = [sample_queries(generator, [r], 0, 0.8, 1.0, 24, greedy=True)[0] for r in requests]
     assert together == alone
+    assert len(set(together)) >= 8 and all(together)
+    expected_side = "left" if generator.kind == "causal" else "right"
+    batch = generator.generation_batch([r.document for r in requests])
+    padded = batch["attention_mask"][:, 0 if expected_side == "left" else -1]
+    assert 0 in padded.tolist()
 
 
-def test_top_p_keeps_the_smallest_nucleus():
-    import torch
+def test_nucleus_draw_follows_the_top_p_distribution():
+    """With uniforms on a fine grid, inverse-CDF draws hit each token in proportion to its
+    renormalised nucleus probability (top_p_filter + softmax, computed independently)."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50) * 2
+    grid = 20_000
+    uniforms = (torch.arange(grid, dtype=torch.float64) + 0.5) / grid
+    for top_p in (0.3, 0.8, 1.0):
+        expected = top_p_filter(logits, top_p).softmax(-1)
+        for row in range(3):
+            for candidates in (4, 256):  # 4 forces the full-sort path for wide nuclei
+                chosen = nucleus_draw(logits[row].expand(grid, -1), uniforms, top_p, candidates=candidates)
+                counts = torch.bincount(chosen, minlength=50).double() / grid
+                assert torch.allclose(counts, expected[row].double(), atol=2 / grid)
 
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    kept = torch.isfinite(top_p_filter(logits, 0.8))
-    assert kept.tolist() == [[True, True, False, False]]
-    assert torch.isfinite(top_p_filter(logits, 0.1)).sum() == 1  # the top token always stays
+
+def test_each_row_draws_from_its_own_stream():
+    torch.manual_seed(0)
+    scores = torch.randn(4, 30)
+    seeds = [11, 22, 33, 44]
+    together = PerRowSampler(seeds, 0.9, 1.0)(None, scores.clone()).argmax(-1)
+    alone = [PerRowSampler([s], 0.9, 1.0)(None, scores[i : i + 1].clone()).argmax(-1).item() for i, s in
+             enumerate(seeds)]  # fmt: skip
+    assert together.tolist() == alone
 
 
-def test_shards_merge_into_the_unsharded_set(tmp_path, trained_generator, tiny_beir):
-    whole = make(tmp_path, trained_generator, tiny_beir, "whole", num_queries=2, batch_size=3)
+def test_stopping_at_a_newline_changes_no_query(causal_generator, tiny_causal_dir):
+    generator = QueryGenerator.load(causal_generator.path)
+    stops = stop_token_ids(generator)
+    texts = generator.tokenizer.batch_decode([[i] for i in range(len(generator.tokenizer))])
+    assert set(stops) == {generator.tokenizer.eos_token_id} | {i for i, t in enumerate(texts) if "\n" in t}
+    assert len(stops) > 1
+    # An untrained model at high temperature emits newlines mid-query: cut queries must not change.
+    untrained = QueryGenerator.load(tiny_causal_dir)
+    requests = [Request(r.doc_id, r.document, k) for r in documents() for k in range(4)]
+    stopped = sample_queries(untrained, requests, 0, 1.0, 3.0, 24)
+    full = sample_queries(untrained, requests, 0, 1.0, 3.0, 24, stop_at_newline=False)
+    assert stopped == full
+
+
+def test_shards_merge_into_the_unsharded_set(tmp_path, causal_generator, tiny_beir):
+    whole = make(tmp_path, causal_generator, tiny_beir, "whole", num_queries=2, batch_size=3)
     shards = [
-        make(tmp_path, trained_generator, tiny_beir, f"shard{i}", num_queries=2, batch_size=5, shard=f"{i}/3")
+        make(tmp_path, causal_generator, tiny_beir, f"shard{i}", num_queries=2, batch_size=5, shard=f"{i}/3")
         for i in range(3)
     ]
+    assert sum(s.metrics["documents"] for s in shards) == 12
     merged = generate.merge([s.path for s in shards], tmp_path / "merged")
     assert read(merged) == read(whole)
-    assert merged.privacy.epsilon == whole.privacy.epsilon
+    assert (merged.path / "qrels" / "train.tsv").read_text() == (
+        whole.path / "qrels" / "train.tsv"
+    ).read_text()
+    assert (merged.path / "corpus.jsonl").read_text() == (whole.path / "corpus.jsonl").read_text()
+    assert merged.privacy == whole.privacy
+    assert generate.merge([s.path for s in shards], tmp_path / "merged").manifest_hash == merged.manifest_hash
     with pytest.raises(ArtifactError, match="not exactly"):
         generate.merge([s.path for s in shards[:2]], tmp_path / "incomplete")
+    other_seed = make(tmp_path, causal_generator, tiny_beir, "s2", num_queries=2, shard="2/3", seed=9)
+    with pytest.raises(ArtifactError, match="different settings"):
+        generate.merge([shards[0].path, shards[1].path, other_seed.path], tmp_path / "mixed")
+    with pytest.raises(ArtifactError, match="--force"):
+        generate.merge([s.path for s in shards], whole.path)
+    assert read(generate.merge([s.path for s in shards], whole.path, force=True)) == read(whole)
 
 
-def test_resume_skips_finished_documents(tmp_path, trained_generator, tiny_beir, monkeypatch):
-    reference = make(tmp_path, trained_generator, tiny_beir, "reference", batch_size=2)
+def test_resume_skips_finished_documents(tmp_path, causal_generator, tiny_beir, monkeypatch):
+    reference = make(tmp_path, causal_generator, tiny_beir, "reference", batch_size=2)
     calls = {"n": 0}
     original = generate.sample_queries
 
@@ -100,26 +200,85 @@ def test_resume_skips_finished_documents(tmp_path, trained_generator, tiny_beir,
 
     monkeypatch.setattr(generate, "sample_queries", flaky)
     config = GenerateConfig(
-        generator=trained_generator.path, corpus=str(tiny_beir), out=tmp_path / "r", batch_size=2
+        generator=causal_generator.path, corpus=str(tiny_beir), out=tmp_path / "r", batch_size=2
     )
     with pytest.raises(KeyboardInterrupt):
         generate.run(config)
     assert not config.out.exists() and partial_dir(config.out).exists()
+    with pytest.raises(ArtifactError, match="other settings"):
+        generate.run(config.model_copy(update={"resume": True, "seed": 5}))
     calls["n"] = -100
-    resumed = generate.run(config.model_copy(update={"resume": True}))
-    assert calls["n"] == -100 + 4  # only the 4 unfinished batches of 2 documents ran
+    # A different batch size is fine: sampling is per document.
+    resumed = generate.run(config.model_copy(update={"resume": True, "batch_size": 3}))
+    assert calls["n"] == -100 + 3  # only the 8 unfinished documents ran, in batches of 3
     assert read(resumed) == read(reference)
 
 
-def test_bad_input(tmp_path, trained_generator, tiny_beir):
+def test_degenerate_queries_are_resampled_and_counted(tmp_path, causal_generator, tiny_beir, monkeypatch):
+    original = generate.sample_queries
+
+    def punctuation_first(generator, requests, *args, **kwargs):
+        texts = original(generator, requests, *args, **kwargs)
+        return [
+            "?!" if r.attempt < 2 and r.doc_id.startswith("egg") else t
+            for r, t in zip(requests, texts, strict=True)
+        ]
+
+    monkeypatch.setattr(generate, "sample_queries", punctuation_first)
+    fixed = make(tmp_path, causal_generator, tiny_beir, "fixed", max_resample=3)
+    assert fixed.metrics["resampled"] == 3 and fixed.metrics["dropped_degenerate"] == 0
+    assert "?!" not in read(fixed)
+    dropped = make(tmp_path, causal_generator, tiny_beir, "dropped", max_resample=1)
+    assert dropped.metrics["dropped_degenerate"] == 3 and dropped.metrics["queries"] == 9
+    assert "syn-egg" not in read(dropped)
+
+
+def test_private_queries_are_never_read(tmp_path, causal_generator, tiny_beir):
+    """Only corpus.jsonl and the split's qrels are opened: unreadable query text changes nothing."""
+    public = shutil.copytree(tiny_beir, tmp_path / "public-data")
+    (public / "queries.jsonl").write_bytes(b"\xff\xfe not json, not utf-8 \x00")
+    reference = make(tmp_path, causal_generator, tiny_beir, "reference")
+    assert read(make(tmp_path, causal_generator, public, "public")) == read(reference)
+
+
+def test_split_and_all_select_documents(tmp_path, causal_generator, tiny_beir):
+    test_split = make(tmp_path, causal_generator, tiny_beir, "test", split="test")
+    queries = [json.loads(line)["_id"] for line in read(test_split).splitlines()]
+    assert queries == sorted(f"syn-{d}-0" for d in helpers.TEST_QUERIES)
+    everything = make(tmp_path, causal_generator, tiny_beir, "all", split=None, limit=5)
+    assert everything.metrics["documents"] == 5
+
+
+def test_cli_shards_and_merge(tmp_path, causal_generator, tiny_beir):
+    from typer.testing import CliRunner
+
+    from synthq.cli import app
+
+    runner = CliRunner()
+    common = ["generate", "--generator", str(causal_generator.path), "--corpus", str(tiny_beir)]
+    for i in range(2):
+        result = runner.invoke(app, [*common, "--shard", f"{i}/2", "--out", str(tmp_path / f"s{i}")])
+        assert result.exit_code == 0, result.output
+    result = runner.invoke(
+        app, ["generate", "--merge", str(tmp_path / "s0"), "--merge", str(tmp_path / "s1"), "--out",
+              str(tmp_path / "m")]
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "12 synthetic queries for 12 documents" in result.output and "ε=8.00" in result.output
+    assert read(open_artifact(tmp_path / "m")) == read(make(tmp_path, causal_generator, tiny_beir, "whole"))
+
+
+def test_bad_input(tmp_path, causal_generator, tiny_beir):
     with pytest.raises(ArtifactError, match="no such artifact"):
         make(tmp_path, type("A", (), {"path": tmp_path / "nope"})(), tiny_beir, "x")
     with pytest.raises(SynthqError, match="i/n"):
-        make(tmp_path, trained_generator, tiny_beir, "x", shard="two")
+        make(tmp_path, causal_generator, tiny_beir, "x", shard="two")
     with pytest.raises(SynthqError, match="0 <= i < n"):
-        make(tmp_path, trained_generator, tiny_beir, "x", shard="3/3")
+        make(tmp_path, causal_generator, tiny_beir, "x", shard="3/3")
     with pytest.raises(DataError, match="no qrels for split 'nope'"):
-        make(tmp_path, trained_generator, tiny_beir, "x", split="nope")
+        make(tmp_path, causal_generator, tiny_beir, "x", split="nope")
+    with pytest.raises(SynthqError, match="needs the shard"):
+        generate.merge([], tmp_path / "x")
     wrong_stage = tmp_path / "wrong"
     with create_artifact(wrong_stage, "eval", {}) as writer:
         (writer.dir / "x").write_text("x")

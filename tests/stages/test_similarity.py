@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -35,22 +36,42 @@ def synthetic_artifact(tmp_path, beir, name, rewrite):
 UNRELATED = ["purple elephant orbit", "quantum lasagna rules", "seventeen violins", "moss on granite walls"]
 
 
+def independent_pairs(synthetic_dir, beir):
+    """Synthetic query -> original queries of its document, read from the raw files."""
+
+    def jsonl(path):
+        return {r["_id"]: r["text"] for r in map(json.loads, path.read_text(encoding="utf-8").splitlines())}
+
+    def tsv(path):
+        return [line.split("\t")[:2] for line in path.read_text(encoding="utf-8").splitlines()[1:]]
+
+    originals, by_doc = jsonl(beir / "queries.jsonl"), {}
+    for query_id, doc_id in tsv(beir / "qrels" / "train.tsv"):
+        by_doc.setdefault(doc_id, []).append(originals[query_id])
+    synthetic = jsonl(synthetic_dir / "queries.jsonl")
+    pairs = sorted(tsv(synthetic_dir / "qrels" / "train.tsv"))
+    return [synthetic[q] for q, _ in pairs], [by_doc[d] for _, d in pairs]
+
+
 def test_bleu_equals_sacrebleu_and_the_ledger_is_honest(tmp_path, tiny_beir):
     artifact = synthetic_artifact(tmp_path, tiny_beir, "syn", lambda q, i: q.replace("how", "what") + " now")
     config = SimilarityConfig(
         synthetic=artifact.path, original=str(tiny_beir), out=tmp_path / "sim", min_samples=5, mauve_seeds=2
     )
     result = similarity.run(config)
-    hypotheses, references = similarity.aligned_pairs(
-        artifact, load_beir_dir(tiny_beir).queries, load_beir_dir(tiny_beir).qrels["train"]
-    )
-    width = max(len(r) for r in references)
-    streams = [[refs[k] if k < len(refs) else refs[0] for refs in references] for k in range(width)]
-    assert result.metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, streams).score)
-    assert "nrefs:2" in result.metrics["bleu_signature"]
+    hypotheses, references = independent_pairs(artifact.path, tiny_beir)
+    assert max(map(len, references)) == 2 and min(map(len, references)) == 1
+    with_none = [[r[k] if k < len(r) else None for r in references] for k in range(2)]
+    expected = sacrebleu.corpus_bleu(hypotheses, with_none).score
+    assert result.metrics["bleu"] == pytest.approx(expected)
+    # Repeating a reference changes neither clipped counts nor the closest length: same score.
+    repeated = [[r[k] if k < len(r) else r[0] for r in references] for k in range(2)]
+    assert sacrebleu.corpus_bleu(hypotheses, repeated).score == pytest.approx(expected)
+    assert 0 < expected < 100 and result.metrics["bleu_signature"].startswith("nrefs:var|")
     assert math.isinf(result.privacy.epsilon)  # the scores read the private queries
     assert result.metrics["synthetic_epsilon"] == 8.0
-    assert 0 < result.metrics["mauve_mean"] <= 1 + 1e-9
+    assert "| syn | 8.00 |" in (result.path / "similarity.md").read_text(encoding="utf-8")
+    assert 0 < result.metrics["mauve_mean"] <= 1 + 1e-9 and len(result.metrics["mauve_runs"]) == 2
 
 
 def test_mauve_of_a_set_against_itself_is_high_and_against_unrelated_text_low(tmp_path, tiny_beir):

@@ -12,6 +12,7 @@ from sentence_transformers import SentenceTransformer
 from synthq.artifacts import create_artifact, open_artifact
 from synthq.config import TrainRetrieverConfig
 from synthq.data import load_beir_dir, training_pairs, write_beir_dir
+from synthq.dp.contrastive_logit import logit_dp_constants
 from synthq.errors import ArtifactError, DataError
 from synthq.privacy import Guarantee
 from synthq.retrieval.metrics import evaluate
@@ -52,10 +53,11 @@ def test_private_pairs_without_dp_are_epsilon_infinity(tmp_path, tiny_beir, tiny
     assert SentenceTransformer(str(artifact.path)).encode(["egg"]).shape == (1, 32)
 
 
-@pytest.mark.parametrize("mode", ["batch", "group", "sample"])
+@pytest.mark.parametrize("mode", ["batch", "group", "sample", "logit"])
 def test_direct_dp_reports_its_own_accounted_epsilon(tmp_path, tiny_beir, tiny_encoder_dir, mode):
+    options = {"temperature": 1.0, "batch_size": 4} if mode == "logit" else {}
     artifact = train_retriever.run(
-        config(tmp_path, tiny_beir, tiny_encoder_dir, mode, dp=mode, epsilon=6, epochs=1)
+        config(tmp_path, tiny_beir, tiny_encoder_dir, mode, dp=mode, epsilon=6, epochs=1, **options)
     )
     details = artifact.privacy.details
     accountant = RDPAccountant()
@@ -63,12 +65,48 @@ def test_direct_dp_reports_its_own_accounted_epsilon(tmp_path, tiny_beir, tiny_e
     assert artifact.privacy.epsilon == pytest.approx(
         accountant.get_epsilon(delta=details["accountant_delta"])
     )
-    assert artifact.privacy.epsilon <= 6
-    expected = 2 * 1.0 if mode != "sample" else (2 * details["max_batch_size"] + 1) * 1.0
-    assert details["sensitivity"] == expected and details["mode"] == mode
+    assert artifact.privacy.epsilon <= 6 and artifact.privacy.unit == "example"
+    cap = details["max_batch_size"]
+    if mode in ("batch", "group"):  # 2C holds for any batch: no cap, nothing added to δ
+        assert cap is None and details["batch_cap_tail_probability"] == 0
+        expected = 2.0
+    else:
+        expected = 2 * cap - 1.0 if mode == "sample" else logit_dp_constants(cap, 1.0)["multiplier"]
+    assert details["sensitivity"] == pytest.approx(expected) and details["mode"] == mode
+    assert details["noise_std"] == pytest.approx(details["noise_multiplier"] * details["sensitivity"])
+    assert details["sample_rate"] == pytest.approx(options.get("batch_size", 8) / 17)
     assert artifact.privacy.delta == pytest.approx(
         details["accountant_delta"] + details["batch_cap_tail_probability"]
     )
+    if mode == "group":
+        assert details["one_backward_pass"] is True
+    assert SentenceTransformer(str(artifact.path)).encode(["egg"]).shape == (1, 32)
+
+
+def test_dp_noise_is_sigma_times_sensitivity_in_the_update(
+    tmp_path, tiny_beir, tiny_encoder_dir, monkeypatch
+):
+    """The stage hands privatize() the mechanism's own sensitivity and the accountant's σ."""
+    seen = []
+    original = train_retriever.privatize
+
+    def spy(clipped, sensitivity, noise_multiplier, generator):
+        seen.append((sensitivity, noise_multiplier))
+        return original(clipped, sensitivity, noise_multiplier, generator)
+
+    monkeypatch.setattr(train_retriever, "privatize", spy)
+    artifact = train_retriever.run(
+        config(tmp_path, tiny_beir, tiny_encoder_dir, "spy", dp="sample", epsilon=4, max_steps=2)
+    )
+    details = artifact.privacy.details
+    assert seen == [(details["sensitivity"], details["noise_multiplier"])] * 2
+
+
+def test_gradcache_training_runs_and_matches_the_ledger(tmp_path, tiny_beir, tiny_encoder_dir):
+    artifact = train_retriever.run(
+        config(tmp_path, tiny_beir, tiny_encoder_dir, "cached", mini_batch_size=3, max_steps=2)
+    )
+    assert math.isinf(artifact.privacy.epsilon) and artifact.metrics["steps"] == 2
 
 
 def test_synthetic_input_inherits_the_generator_guarantee(tmp_path, tiny_beir, tiny_encoder_dir):
@@ -110,3 +148,63 @@ def test_bad_input(tmp_path, tiny_beir, tiny_encoder_dir):
         train_retriever.run(config(tmp_path, wrong, tiny_encoder_dir, "x"))
     with pytest.raises(DataError, match="no qrels for split 'dev2'"):
         train_retriever.run(config(tmp_path, tiny_beir, tiny_encoder_dir, "x", split="dev2"))
+
+
+def pytrec_ndcg10(model, beir, split) -> float:
+    """NDCG@10 with pytrec_eval directly (not synthq's eval code)."""
+    import pytrec_eval
+
+    dataset = load_beir_dir(beir)
+    doc_ids = sorted(dataset.corpus)
+    docs = model.encode([dataset.corpus[d]["text"] for d in doc_ids], normalize_embeddings=True)
+    queries = dataset.split_queries(split)
+    query_ids = sorted(queries)
+    scores = model.encode([queries[q] for q in query_ids], normalize_embeddings=True) @ docs.T
+    run = {
+        q: {doc_ids[j]: float(scores[i, j]) for j in scores[i].argsort()[::-1][:100]}
+        for i, q in enumerate(query_ids)
+    }
+    qrels = {q: {d: int(r) for d, r in rel.items()} for q, rel in dataset.qrels[split].items()}
+    per_query = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(run)
+    return sum(v["ndcg_cut_10"] for v in per_query.values()) / len(per_query)
+
+
+@pytest.mark.slow
+def test_training_on_the_embedded_train_split_improves_dev_ndcg(tmp_path, tiny_encoder_dir):
+    """The tiny random encoder learns retrieval from the embedded private pairs (non-private)."""
+    from synthq.data.sources import resolve_source
+
+    embedded = resolve_source("embedded")
+    before = pytrec_ndcg10(SentenceTransformer(str(tiny_encoder_dir)), embedded, "dev")
+    artifact = train_retriever.run(
+        TrainRetrieverConfig(
+            data="embedded", encoder=str(tiny_encoder_dir), out=tmp_path / "embedded", batch_size=32,
+            epochs=3, lr=2e-3, max_query_length=32, max_doc_length=96, temperature=0.05,
+        )
+    )  # fmt: skip
+    after = pytrec_ndcg10(SentenceTransformer(str(artifact.path)), embedded, "dev")
+    print(f"embedded dev NDCG@10 {before:.4f} -> {after:.4f}")
+    assert after > before + 0.1, (before, after)
+
+
+def test_command_line(tmp_path, tiny_beir, tiny_encoder_dir, capsys):
+    from typer.testing import CliRunner
+
+    from synthq.cli import app
+
+    runner = CliRunner()
+    common = ["--data", str(tiny_beir), "--encoder", str(tiny_encoder_dir), "--batch-size", "4"]
+    common += ["--max-doc-length", "32", "--max-query-length", "16", "--max-steps", "1"]
+    result = runner.invoke(app, ["train-retriever", *common, "--out", str(tmp_path / "raw")])
+    output = result.output + capsys.readouterr().out
+    assert result.exit_code == 0, output
+    assert "WITHOUT differential privacy" in output and "ε=∞" in output
+    result = runner.invoke(
+        app, ["train-retriever", *common, "--out", str(tmp_path / "dp"), "--dp", "group", "--epsilon", "8"]
+    )
+    output = result.output + capsys.readouterr().out
+    assert result.exit_code == 0, output
+    assert "--dp group: sensitivity 2" in output
+    assert open_artifact(tmp_path / "dp").privacy.epsilon <= 8
+    result = runner.invoke(app, ["train-retriever", *common, "--out", str(tmp_path / "x"), "--dp", "pair"])
+    assert result.exit_code == 2

@@ -1,0 +1,384 @@
+"""Opacus hook-based per-example clipping for query generators: ``hooks`` and ``ghost`` modes.
+
+Both produce the same thing as :class:`synthq.dp.lm.VmapClipper` — the sum over a micro-batch
+of each example's gradient clipped to ``C`` — with less memory or time:
+
+* ``hooks`` (:class:`HookClipper`): Opacus ``GradSampleModule``. One forward and one backward;
+  each layer's hook builds the per-example gradients ``[b, *param.shape]``; they are clipped
+  and summed. Memory grows with ``b ×`` the trainable parameters.
+* ``ghost`` (:class:`GhostClipper`): ghost clipping with book-keeping (Li et al., 2022; Bu et
+  al., 2023) on the hooks of Opacus ``GradSampleModuleFastGradientClipping``. One backward pass
+  that computes layer output gradients only (no parameter gradients) gives each example's
+  gradient *norm*, layer by layer, from activations and output gradients
+  (``‖Σ_s g_s a_sᵀ‖² = Σ_{s,s'} (g_s·g_s')(a_s·a_s')`` for a linear layer) without ever forming
+  a per-example gradient; the clipped sum ``Σ_i min(1, C/‖∇ℓ_i‖) ∇ℓ_i`` is then one weighted
+  matrix product per layer from the same records (``Σ_{i,s} c_i g_{is} a_{is}ᵀ``) — no second
+  backward. Memory: the output gradients of every trainable layer are kept until the update.
+
+Exactness for T5 and Llama-style models (see :mod:`synthq.dp.lm_grad_samplers`): RMS norms get
+a registered grad sampler, T5's shared relative attention bias is looked up per example, and a
+parameter used by several modules (tied input/output embeddings: T5's ``shared`` used by the
+encoder, the decoder and ``lm_head``; SmolLM2's ``embed_tokens`` and ``lm_head``) is handled in
+both modes: hooks sum the per-example contributions; ghost keeps each use in factored form
+(activations and output gradients) and computes the norm of their *sum*, cross terms included
+(:func:`tied_squared_norms`), where Opacus itself refuses tied parameters.
+
+Privacy unit and sensitivity are those of :mod:`synthq.dp.lm` (one pair; ``C``): the clipped
+sum is the same quantity, computed differently.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter, defaultdict
+
+import torch
+from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
+from opacus.grad_sample.functorch import ft_compute_per_sample_gradient
+from opacus.utils.module_utils import requires_grad
+from torch import nn
+
+from synthq.dp.lm_grad_samplers import batch_relative_attention_bias, register_rms_norm_grad_samplers
+from synthq.models.generator import QueryGenerator
+
+# Embedding lookups have no input gradient, so their hooks fire on output gradients: expected.
+warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
+
+
+def prepare_model_for_hooks(model: nn.Module) -> None:
+    """Grad samplers for the model's RMS norms and a per-example T5 relative attention bias."""
+    register_rms_norm_grad_samplers(model)
+    batch_relative_attention_bias(model)
+
+
+def tied_parameters(model: nn.Module) -> dict[int, nn.Parameter]:
+    """Trainable parameters owned by more than one module (tied embeddings), by ``id``."""
+    owners: Counter[int] = Counter()
+    by_id = {}
+    for module in model.modules():
+        for parameter in module.parameters(recurse=False):
+            if parameter.requires_grad:
+                owners[id(parameter)] += 1
+                by_id[id(parameter)] = parameter
+    return {key: by_id[key] for key, count in owners.items() if count > 1}
+
+
+def unsupported_for_ghost(model: nn.Module) -> list[str]:
+    """Reasons ghost clipping cannot run exactly on ``model`` (empty = it can)."""
+    tied = tied_parameters(model)
+    problems = []
+    for name, module in model.named_modules():
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        if not any(id(p) in tied for p in own):
+            continue
+        if type(module) not in (nn.Linear, nn.Embedding) or len(own) != 1:
+            problems.append(f"{name} ({type(module).__name__}) shares a parameter")
+    return problems
+
+
+def _factor(module: nn.Module, activation: torch.Tensor, backprop: torch.Tensor) -> tuple:
+    """One use of a tied weight ``W [rows, cols]`` as per-example factors of its gradient.
+
+    Linear ``y = x Wᵀ``: ``∇W = Σ_s g_s ⊗ x_s`` -> ``("linear", g [b,S,rows], x [b,S,cols])``.
+    Embedding ``y = W[ids]``: ``∇W = Σ_t e_{ids_t} ⊗ g_t`` -> ``("embedding", ids [b,T], g [b,T,cols])``.
+    """
+    batch = backprop.shape[0]
+    if isinstance(module, nn.Embedding):
+        return "embedding", activation.reshape(batch, -1), backprop.reshape(batch, -1, backprop.shape[-1])
+    return (
+        "linear",
+        backprop.reshape(batch, -1, backprop.shape[-1]),
+        activation.to(backprop.dtype).reshape(batch, -1, activation.shape[-1]),
+    )
+
+
+def _inner(first: tuple, second: tuple) -> torch.Tensor:
+    """Per-example Frobenius inner product ``⟨∇W¹_i, ∇W²_i⟩`` of two factored uses."""
+    if first[0] == "embedding" and second[0] == "linear":
+        first, second = second, first
+    if first[0] == "linear" and second[0] == "linear":
+        _, grad_a, act_a = first
+        _, grad_b, act_b = second
+        return (
+            torch.einsum("bsv,btv->bst", grad_a, grad_b) * torch.einsum("bsd,btd->bst", act_a, act_b)
+        ).sum((1, 2))
+    if first[0] == "linear":  # linear × embedding: Σ_{s,t} g_s[ids_t] (x_s · h_t)
+        _, grad, act = first
+        _, ids, emb_grad = second
+        picked = grad.gather(2, ids[:, None, :].expand(-1, grad.shape[1], -1))
+        return (picked * torch.einsum("bsd,btd->bst", act, emb_grad)).sum((1, 2))
+    _, ids_a, grad_a = first
+    _, ids_b, grad_b = second
+    same_row = ids_a[:, :, None] == ids_b[:, None, :]
+    return (same_row * torch.einsum("btd,bud->btu", grad_a, grad_b)).sum((1, 2))
+
+
+def tied_squared_norms(factors: list[tuple]) -> torch.Tensor:
+    """``‖Σ_u ∇W^u_i‖²`` per example, exactly, from the factored uses (cross terms included)."""
+    total = None
+    for i, first in enumerate(factors):
+        for j in range(i, len(factors)):
+            term = _inner(first, factors[j]) * (1.0 if i == j else 2.0)
+            total = term if total is None else total + term
+    return total.clamp(min=0)
+
+
+class TiedGhostClipping(GradSampleModuleFastGradientClipping):
+    """Opacus' ghost-clipping hooks with book-keeping and exact norms for tied parameters.
+
+    During the single backward pass each trainable layer's hook computes its per-example
+    gradient norms (Opacus' norm samplers for ``Linear``/``Embedding``, grad samplers for small
+    layers, :func:`tied_squared_norms` for shared weights) and keeps its input activations and
+    output gradients. :meth:`clipped_gradients` then forms ``Σ_i c_i ∇_W ℓ_i`` layer by layer
+    from those records (book-keeping, Bu et al. 2023), so no second backward pass is needed."""
+
+    def __init__(self, model: nn.Module, max_grad_norm: float):
+        self._tied = tied_parameters(model)
+        self._tied_modules = {
+            id(m) for m in model.modules() for p in m.parameters(recurse=False) if id(p) in self._tied
+        }
+        self._factors: dict[int, list[tuple]] = defaultdict(list)
+        self._records: list[tuple[nn.Module, list[torch.Tensor], torch.Tensor]] = []
+        super().__init__(
+            model,
+            batch_first=True,
+            loss_reduction="sum",
+            strict=False,
+            max_grad_norm=max_grad_norm,
+            use_ghost_clipping=True,
+        )
+
+    def reset(self) -> None:
+        self._factors.clear()
+        self._records.clear()
+        for parameter in self.trainable_parameters:
+            parameter._norm_sample = None
+
+    def capture_activations_hook(self, module, forward_input, forward_output):
+        if not (requires_grad(module) and module.training and torch.is_grad_enabled() and self.hooks_enabled):
+            return
+        if not hasattr(module, "activations"):
+            module.activations = []
+        module.activations.append([t.detach() for t in forward_input])
+
+    def capture_backprops_hook(self, module, forward_input, forward_output, loss_reduction, batch_first):
+        if not self.hooks_enabled:
+            return
+        activations, backprops = self.rearrange_grad_samples(
+            module=module,
+            backprops=forward_output[0].detach(),
+            loss_reduction=loss_reduction,
+            batch_first=batch_first,
+        )
+        if not module.activations and hasattr(module, "max_batch_len"):
+            del module.max_batch_len
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            # autograd gives the padding row no gradient; the norms and the update must agree
+            keep = (activations[0] != module.padding_idx).unsqueeze(-1)
+            backprops = backprops * keep.to(backprops.dtype)
+        self._records.append((module, activations, backprops))
+        if id(module) in self._tied_modules:
+            (parameter,) = [p for p in module.parameters(recurse=False) if p.requires_grad]
+            self._factors[id(parameter)].append(_factor(module, activations[0], backprops))
+            return
+        if type(module) in self.NORM_SAMPLERS:
+            norms = self.NORM_SAMPLERS[type(module)](module, activations, backprops)
+        else:
+            sampler = self.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
+            norms = {
+                p: g.flatten(1).norm(2, dim=1) for p, g in sampler(module, activations, backprops).items()
+            }
+        for parameter, norm in norms.items():
+            if not parameter.requires_grad:
+                continue
+            if getattr(parameter, "_norm_sample", None) is not None:
+                raise NotImplementedError(
+                    f"{type(module).__name__} ran twice in one forward pass; use --grad-sample-mode hooks"
+                )
+            parameter._norm_sample = norm
+
+    def get_norm_sample(self) -> torch.Tensor:
+        for key, parameter in self._tied.items():
+            factors = self._factors.pop(key, [])
+            if factors:
+                parameter._norm_sample = tied_squared_norms(factors).sqrt()
+        missing = [p for p in self.trainable_parameters if getattr(p, "_norm_sample", None) is None]
+        if missing:
+            raise RuntimeError(f"ghost clipping saw no gradient for {len(missing)} trainable parameters")
+        norms = super().get_norm_sample()
+        for parameter in self.trainable_parameters:
+            parameter._norm_sample = None
+        return norms
+
+    def clipped_gradients(self, factors: torch.Tensor) -> dict[int, torch.Tensor]:
+        """``{id(param): Σ_i factors_i · ∇ℓ_i}`` from the records of the last backward pass."""
+        summed: dict[int, torch.Tensor] = {}
+
+        def add(parameter: nn.Parameter, value: torch.Tensor) -> None:
+            if parameter.requires_grad:
+                key = id(parameter)
+                summed[key] = value if key not in summed else summed[key] + value
+
+        for module, activations, backprops in self._records:
+            scaled = backprops * factors.to(backprops.dtype).view(-1, *[1] * (backprops.dim() - 1))
+            if isinstance(module, nn.Linear):
+                flat = scaled.reshape(-1, scaled.shape[-1])
+                add(module.weight, flat.T @ activations[0].to(flat.dtype).reshape(flat.shape[0], -1))
+                if module.bias is not None:
+                    add(module.bias, flat.sum(0))
+            elif type(module) is nn.Embedding:
+                weight = module.weight
+                value = torch.zeros_like(weight).index_add_(
+                    0, activations[0].reshape(-1), scaled.reshape(-1, weight.shape[1]).to(weight.dtype)
+                )
+                add(weight, value)
+            else:
+                sampler = self.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
+                for parameter, grads in sampler(module, activations, scaled).items():
+                    add(parameter, grads.sum(0))
+        self._records.clear()
+        return summed
+
+
+def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _forward_losses(generator: QueryGenerator, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    from synthq.dp.lm import model_inputs, per_sequence_loss
+
+    logits = generator.model(**model_inputs(generator.kind, batch)).logits
+    return per_sequence_loss(generator.kind, logits, batch["labels"])
+
+
+class PaddingAwareGradSampleModule(GradSampleModule):
+    """Opacus' ``GradSampleModule`` whose embedding hooks give ``padding_idx`` rows no gradient,
+    as autograd does (SmolLM2 pads with its EOS token, so that row is a real parameter)."""
+
+    def capture_backprops_hook(self, module, forward_input, forward_output, loss_reduction, batch_first):
+        if (
+            self.hooks_enabled
+            and isinstance(module, nn.Embedding)
+            and module.padding_idx is not None
+            and getattr(module, "activations", None)
+        ):
+            ids = module.activations[-1][0]  # the lookup this backward belongs to (popped next)
+            keep = (ids != module.padding_idx).unsqueeze(-1).to(forward_output[0].dtype)
+            forward_output = (forward_output[0] * keep, *forward_output[1:])
+        return super().capture_backprops_hook(
+            module, forward_input, forward_output, loss_reduction, batch_first
+        )
+
+
+class HookClipper:
+    """Per-example gradients from Opacus' layer hooks, then clipped and summed (``hooks`` mode).
+
+    Args:
+        generator: the model being trained; must be in ``train()`` mode (hooks skip eval mode).
+        clip_norm: ``C``.
+    """
+
+    mode = "hooks"
+
+    def __init__(self, generator: QueryGenerator, clip_norm: float):
+        self.generator = generator
+        self.clip_norm = clip_norm
+        prepare_model_for_hooks(generator.model)
+        self.names = [n for n, _ in _trainable(generator.model)]
+        self.module = PaddingAwareGradSampleModule(
+            generator.model, batch_first=True, loss_reduction="sum", strict=False
+        )
+
+    def per_sample_gradients(self, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """``{name: [b, *shape]}`` for every trainable parameter, and the per-example losses."""
+        losses = _forward_losses(self.generator, batch)
+        losses.sum().backward()
+        grads = {}
+        for name, parameter in _trainable(self.generator.model):
+            grads[name] = parameter.grad_sample
+            parameter.grad_sample = None
+            parameter.grad = None
+        return grads, losses.detach()
+
+    def clipped_sum(self, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        from synthq.dp.lm import clip_and_sum
+
+        grads, losses = self.per_sample_gradients(batch)
+        summed, norms = clip_and_sum(grads, self.clip_norm)
+        return summed, norms, losses
+
+    def close(self) -> None:
+        self.module._close()
+
+
+class GhostClipper:
+    """Ghost clipping with book-keeping: per-example norms without per-example gradients, then
+    the clipped sum from the recorded activations and output gradients (``ghost`` mode).
+
+    Args:
+        generator: the model being trained, in ``train()`` mode.
+        clip_norm: ``C``.
+
+    Requirements:
+        Parameters shared by several modules must be plain ``nn.Linear`` / ``nn.Embedding``
+        weights (tied embeddings); :func:`unsupported_for_ghost` says when they are not.
+    """
+
+    mode = "ghost"
+
+    def __init__(self, generator: QueryGenerator, clip_norm: float):
+        problems = unsupported_for_ghost(generator.model)
+        if problems:
+            raise NotImplementedError("ghost clipping: " + "; ".join(problems))
+        self.generator = generator
+        self.clip_norm = clip_norm
+        prepare_model_for_hooks(generator.model)
+        self.names = [n for n, _ in _trainable(generator.model)]
+        self.module = TiedGhostClipping(generator.model, max_grad_norm=clip_norm)
+        self._roots: list[torch.Tensor] = []
+        self._root_hooks = [
+            m.register_forward_hook(self._record_root)
+            for m in generator.model.modules()
+            if any(p.requires_grad for p in m.parameters(recurse=False))
+        ]
+
+    def _record_root(self, module: nn.Module, inputs: tuple, output) -> None:
+        """Keep the outputs of trainable layers fed only by data (embedding lookups): the norm
+        pass differentiates with respect to these, so autograd computes every layer's output
+        gradient (what the ghost norms need) and no parameter gradient (which it would discard)."""
+        if not (self.module.hooks_enabled and module.training and torch.is_grad_enabled()):
+            return
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+            return
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            self._roots.append(output)
+
+    def _norms(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        self.module.enable_hooks()
+        self.module.reset()  # records of forward passes that never reached a norm pass
+        self._roots.clear()
+        losses = _forward_losses(self.generator, batch)
+        roots, self._roots = self._roots, []
+        # Every layer's backward hook lies between the loss and these roots, so all of them fire.
+        torch.autograd.grad(losses.sum(), roots, allow_unused=True)
+        norms = self.module.get_norm_sample()
+        return losses.detach(), norms.detach()
+
+    def per_sample_norms(self, batch: dict) -> torch.Tensor:
+        _, norms = self._norms(batch)
+        self.module.reset()
+        return norms
+
+    def clipped_sum(self, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        losses, norms = self._norms(batch)
+        factors = (self.clip_norm / (norms + 1e-6)).clamp(max=1.0)
+        by_id = self.module.clipped_gradients(factors)
+        summed = {}
+        for name, parameter in _trainable(self.generator.model):
+            summed[name] = by_id.get(id(parameter), torch.zeros_like(parameter))
+        return summed, norms, losses
+
+    def close(self) -> None:
+        for handle in self._root_hooks:
+            handle.remove()
+        self.module._close()

@@ -1,0 +1,131 @@
+"""Encoding with an on-disk corpus-embedding cache keyed by content hashes.
+
+A corpus is encoded once per (model, corpus): the embeddings live in
+``$SYNTHQ_CACHE/embeddings/<key>.npy`` where ``key`` is the sha256 of the model's identity (a
+retriever's manifest hash, which covers every weight file, or the tree hash of an encoder
+directory), the corpus content (ids, titles and texts, in id order), the encoder's maximum
+sequence length and the cache format. A second evaluation of the same retriever on the same
+corpus therefore encodes only the queries, and any change to the model, the corpus or the
+truncation length misses the cache.
+
+Embeddings are written straight into a memory-mapped ``.npy`` (renamed into place when
+complete, so an interrupted encoding never looks like a cache hit) and read back memory-mapped,
+so a corpus larger than RAM can be encoded and searched in chunks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from synthq.console import progress
+from synthq.data.pairs import document_text
+from synthq.errors import DataError
+from synthq.paths import cache_dir
+
+# Bump when what is stored changes meaning (e.g. normalisation), so old files are not reused.
+CACHE_FORMAT = 1
+# Texts handed to one ``model.encode`` call: large enough that per-call overhead vanishes,
+# small enough that the progress bar moves.
+TEXTS_PER_CALL = 1024
+
+
+def corpus_fingerprint(corpus: dict[str, dict[str, str]]) -> str:
+    """sha256 over every document's id and the exact text the encoder sees, in id order."""
+    digest = hashlib.sha256()
+    for doc_id in sorted(corpus):
+        digest.update(doc_id.encode() + b"\x00" + document_text(corpus[doc_id]).encode() + b"\x01")
+    return digest.hexdigest()
+
+
+def embedding_dimension(model) -> int:
+    getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    return int(getter())
+
+
+def encode_texts(
+    model, texts: list[str], batch_size: int, description: str, out: np.ndarray | None = None
+) -> np.ndarray:
+    """L2-normalised embeddings of ``texts`` (row i = text i), written into ``out`` if given.
+
+    Texts are encoded longest first, as BEIR does, so batches hold texts of similar length and
+    little padding; ``model.encode`` is called on blocks of :data:`TEXTS_PER_CALL` texts so the
+    progress bar advances while the call overhead stays negligible."""
+    if out is None:
+        out = np.zeros((len(texts), embedding_dimension(model)), dtype=np.float32)
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    block = max(TEXTS_PER_CALL, batch_size)
+    with progress() as bar:
+        task = bar.add_task(description, total=len(texts))
+        for start in range(0, len(order), block):
+            chunk = order[start : start + block]
+            vectors = model.encode(
+                [texts[i] for i in chunk],
+                batch_size=batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+            out[chunk] = vectors
+            bar.advance(task, len(chunk))
+    return out
+
+
+@dataclass
+class CorpusEmbeddings:
+    """Embeddings of a corpus in sorted-id order (row i = ``doc_ids[i]``)."""
+
+    doc_ids: list[str]
+    embeddings: np.ndarray  # float32, memory-mapped from the cache file
+    cache_hit: bool
+    path: Path
+    encode_seconds: float  # 0 on a cache hit
+
+
+def cache_key(model_key: str, corpus: dict[str, dict[str, str]], max_seq_length: int | None) -> str:
+    payload = [CACHE_FORMAT, model_key, corpus_fingerprint(corpus), max_seq_length, "l2-normalised"]
+    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
+
+
+def corpus_embeddings(
+    model, model_key: str, corpus: dict[str, dict[str, str]], batch_size: int
+) -> CorpusEmbeddings:
+    """The corpus embeddings of ``model``, from the cache when present, else encoded and cached.
+
+    Args:
+        model: a ``SentenceTransformer``.
+        model_key: a content hash identifying the model's weights (see the module docstring).
+        corpus: ``{doc_id: {"title", "text"}}``; documents are encoded as ``title. text``.
+        batch_size: encoding batch size.
+    """
+    if not corpus:
+        raise DataError("the corpus is empty: nothing to encode")
+    doc_ids = sorted(corpus)
+    key = cache_key(model_key, corpus, getattr(model, "max_seq_length", None))
+    path = cache_dir("embeddings") / f"{key}.npy"
+    if path.is_file():
+        cached = np.load(path, mmap_mode="r")
+        if cached.shape == (len(doc_ids), embedding_dimension(model)):
+            return CorpusEmbeddings(doc_ids, cached, True, path, 0.0)
+        path.unlink()  # a file of the wrong shape cannot be this corpus: encode again
+    started = time.perf_counter()
+    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npy")
+    shape = (len(doc_ids), embedding_dimension(model))
+    target = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
+    try:
+        encode_texts(
+            model, [document_text(corpus[d]) for d in doc_ids], batch_size, "encoding corpus", target
+        )
+        target.flush()
+        del target
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    seconds = time.perf_counter() - started
+    return CorpusEmbeddings(doc_ids, np.load(path, mmap_mode="r"), False, path, seconds)

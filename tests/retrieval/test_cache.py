@@ -1,0 +1,74 @@
+"""The corpus-embedding cache: hits, misses on any content change, and atomic writes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from synthq.data.pairs import document_text
+from synthq.errors import DataError
+from synthq.retrieval import cache
+from synthq.retrieval.cache import corpus_embeddings
+from tests.helpers import corpus_records
+
+
+@pytest.fixture
+def model(tiny_encoder_dir):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(tiny_encoder_dir), device="cpu")
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
+
+
+def test_hit_returns_what_the_model_encodes(model, tmp_path):
+    corpus = corpus_records()
+    first = corpus_embeddings(model, "model-a", corpus, batch_size=5)
+    second = corpus_embeddings(model, "model-a", corpus, batch_size=5)
+    assert (first.cache_hit, second.cache_hit) == (False, True)
+    assert first.doc_ids == second.doc_ids == sorted(corpus)
+    direct = model.encode([document_text(corpus[d]) for d in first.doc_ids], normalize_embeddings=True)
+    np.testing.assert_allclose(second.embeddings, direct, atol=1e-5)
+    assert [p.name for p in (tmp_path / "cache" / "embeddings").iterdir()] == [first.path.name]
+
+
+def test_any_change_misses(model):
+    corpus = corpus_records()
+    base = corpus_embeddings(model, "model-a", corpus, batch_size=8)
+    edited = {**corpus, "egg-0": {**corpus["egg-0"], "text": corpus["egg-0"]["text"] + " Or ten."}}
+    retitled = {**corpus, "egg-0": {**corpus["egg-0"], "title": "eggs"}}
+    smaller = {k: v for k, v in corpus.items() if k != "git-2"}
+    for changed in (edited, retitled, smaller):
+        result = corpus_embeddings(model, "model-a", changed, batch_size=8)
+        assert not result.cache_hit and result.path != base.path
+    assert not corpus_embeddings(model, "model-b", corpus, batch_size=8).cache_hit
+    model.max_seq_length = 16  # truncation changes the embeddings
+    assert not corpus_embeddings(model, "model-a", corpus, batch_size=8).cache_hit
+
+
+def test_interrupted_encoding_leaves_no_cache_entry(model, monkeypatch, tmp_path):
+    corpus = corpus_records()
+
+    def fail(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache, "encode_texts", fail)
+    with pytest.raises(KeyboardInterrupt):
+        corpus_embeddings(model, "model-a", corpus, batch_size=8)
+    assert list((tmp_path / "cache" / "embeddings").iterdir()) == []
+    monkeypatch.undo()
+    monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
+    assert not corpus_embeddings(model, "model-a", corpus, batch_size=8).cache_hit
+
+
+def test_wrong_shape_file_is_re_encoded_and_empty_corpus_refused(model):
+    corpus = corpus_records()
+    first = corpus_embeddings(model, "model-a", corpus, batch_size=8)
+    np.save(first.path, np.zeros((3, 2), dtype=np.float32))
+    again = corpus_embeddings(model, "model-a", corpus, batch_size=8)
+    assert not again.cache_hit and again.embeddings.shape == (len(corpus), 32)
+    with pytest.raises(DataError, match="corpus is empty"):
+        corpus_embeddings(model, "model-a", {}, batch_size=8)
