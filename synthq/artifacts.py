@@ -257,6 +257,9 @@ class ArtifactWriter:
     extra: dict = field(default_factory=dict)
     # Sub-directories of ``dir`` that hold resumable state and are removed before finishing.
     scratch: list[str] = field(default_factory=lambda: ["checkpoints"])
+    # False on the ranks other than 0 of a torchrun job, whose writer is thrown away
+    # (synthq.distributed.artifact_on_main): large saves may be skipped there.
+    primary: bool = True
 
     @property
     def checkpoint_dir(self) -> Path:

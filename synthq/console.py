@@ -22,6 +22,12 @@ def set_verbosity(level: int) -> None:
     console.quiet = level == 0
 
 
+def follow_main_process() -> None:
+    """On torchrun ranks other than 0: no progress bars or info lines (rank 0 shows them);
+    warnings and errors still print."""
+    _state["verbosity"] = 0
+
+
 def verbosity() -> int:
     return _state["verbosity"]
 

@@ -166,9 +166,10 @@ def tiny_causal(directory: Path) -> Path:
     return directory
 
 
-def tiny_sentence_encoder(directory: Path) -> Path:
+def tiny_sentence_encoder(directory: Path, dropout: float = 0.1) -> Path:
     """A 2-layer BERT with mean pooling saved as a sentence-transformers directory, using the
-    packaged MiniLM vocabulary (so tokenisation is realistic)."""
+    packaged MiniLM vocabulary (so tokenisation is realistic). ``dropout = 0`` makes training
+    deterministic across process layouts (the torchrun tests compare weights)."""
     import torch
     from sentence_transformers import SentenceTransformer, models
     from transformers import AutoTokenizer, BertConfig, BertModel
@@ -187,6 +188,8 @@ def tiny_sentence_encoder(directory: Path) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         max_position_embeddings=512,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     BertModel(config).save_pretrained(backbone_dir)
     transformer = models.Transformer(str(backbone_dir), max_seq_length=64)

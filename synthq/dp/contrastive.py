@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from scipy import stats
 
+from synthq import distributed
 from synthq.console import warn
 from synthq.dp.contrastive_per_group import PerGroupGradients, UnsupportedLayer
 from synthq.models.encoder import in_batch_softmax_loss
@@ -107,10 +108,17 @@ class BatchClipping:
     ) -> tuple[list[torch.Tensor], float]:
         if not batch:
             return [torch.zeros_like(p) for p in parameters], math.nan
-        queries = encode([e.query for e in batch], "query")
-        docs = encode([e.document for e in batch], "doc")
-        loss = in_batch_softmax_loss(queries, docs, self.temperature, [e.doc_id for e in batch], "sum")
-        return clip(_gradient(loss, parameters), self.clip_norm), loss.item() / len(batch)
+        # Each rank encodes its share; the batch loss is computed on the gathered embeddings, so
+        # every rank holds the same loss and sends each embedding's gradient back to its rank.
+        local = distributed.shard(batch)
+        ranks = distributed.topology().world_size
+        ordered = [e for r in range(ranks) for e in batch[r::ranks]]  # the gathered row order
+        queries = distributed.gather_rows(encode([e.query for e in local], "query"), with_grad=True)
+        docs = distributed.gather_rows(encode([e.document for e in local], "doc"), with_grad=True)
+        loss = in_batch_softmax_loss(queries, docs, self.temperature, [e.doc_id for e in ordered], "sum")
+        gradient = _gradient(loss / ranks, parameters)
+        distributed.all_reduce_sum(gradient)  # the whole batch's gradient, then one clip
+        return clip(gradient, self.clip_norm), loss.item() / len(batch)
 
 
 def augment(text: str, rng: random.Random, drop: float = 0.2) -> str:
@@ -220,6 +228,18 @@ class GroupClipping:
         if not groups:
             self.step += 1
             return [torch.zeros_like(p) for p in parameters], math.nan
+        # Under torchrun each rank takes its share of the groups (none when ranks outnumber them).
+        mine = dict(distributed.shard(list(groups.items())))
+        per_group, losses = self._group_gradients(encode, mine, parameters) if mine else ([], [])
+        total = [torch.zeros_like(p) for p in parameters]
+        for gradient in per_group:
+            _add(total, clip(gradient, self.clip_norm))
+        distributed.all_reduce_sum(total)  # the clipped groups of every rank
+        self.step += 1
+        return total, distributed.mean_over_ranks(losses)
+
+    def _group_gradients(self, encode: Encode, groups: dict[int, list[Example]], parameters: list):
+        """Every group's gradient and mean loss: one pass for all groups where the layers allow."""
         if self.one_pass and self._engine is None:
             try:
                 self._engine = PerGroupGradients(self.model, parameters)
@@ -228,19 +248,13 @@ class GroupClipping:
                 self.one_pass = False
         if self.one_pass:
             try:
-                per_group, losses = self._one_pass(encode, groups)
+                return self._one_pass(encode, groups)
             except UnsupportedLayer as error:
                 self._engine.discard()
                 self._engine.close()
                 warn(f"group clipping: {error}; one backward pass per group instead")
                 self.one_pass = False
-        if not self.one_pass:
-            per_group, losses = self._per_group_passes(encode, groups, parameters)
-        total = [torch.zeros_like(p) for p in parameters]
-        for gradient in per_group:
-            _add(total, clip(gradient, self.clip_norm))
-        self.step += 1
-        return total, sum(losses) / len(losses)
+        return self._per_group_passes(encode, groups, parameters)
 
     def _one_pass(self, encode: Encode, groups: dict[int, list[Example]]):
         query_texts, query_rows, doc_texts, doc_rows, spans = [], [], [], [], []
@@ -328,13 +342,15 @@ class SampleClipping:
         return (2 * max_batch_size - 1) * self.clip_norm
 
     def per_example_gradients(
-        self, encode: Encode, batch: list[Example], parameters: list
+        self, encode: Encode, batch: list[Example], parameters: list, rows: list[int] | None = None
     ) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
+        """The gradients of the losses of queries ``rows`` (default: all), and every loss."""
         queries = encode([e.query for e in batch], "query")
         docs = encode([e.document for e in batch], "doc")
         losses = in_batch_softmax_loss(queries, docs, self.temperature, [e.doc_id for e in batch], "none")
+        rows = list(range(len(batch))) if rows is None else rows
         return [
-            _gradient(losses[i], parameters, retain_graph=i < len(batch) - 1) for i in range(len(batch))
+            _gradient(losses[i], parameters, retain_graph=k < len(rows) - 1) for k, i in enumerate(rows)
         ], losses
 
     def clipped_sum(
@@ -343,9 +359,14 @@ class SampleClipping:
         total = [torch.zeros_like(p) for p in parameters]
         if not batch:
             return total, math.nan
-        gradients, losses = self.per_example_gradients(encode, batch, parameters)
+        # Under torchrun every rank builds the whole batch's graph (each loss reads every
+        # document) and back-propagates only its share of the queries: the B backward passes,
+        # the cost of this mode, are split over the ranks.
+        rows = distributed.shard(range(len(batch)))
+        gradients, losses = self.per_example_gradients(encode, batch, parameters, rows)
         for gradient in gradients:
             _add(total, clip(gradient, self.clip_norm))
+        distributed.all_reduce_sum(total)
         return total, losses.mean().item()
 
 

@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from synthq import distributed
 from synthq.dp.contrastive import Encode, Example
 from synthq.models.encoder import features, functional_embedding
 
@@ -181,7 +182,8 @@ class LogitClipping:
                         len(batch), device=logits.device
                     )  # ∂ℓ_i/∂Z_ij
                     loss = F.cross_entropy(logits, target).item()
-                pairs = [(i, j) for i in range(len(batch)) for j in range(len(batch))]
+                # under torchrun each rank takes its share of the n² pairs
+                pairs = distributed.shard([(i, j) for i in range(len(batch)) for j in range(len(batch))])
                 for start in range(0, len(pairs), self.pair_chunk):
                     chunk = pairs[start : start + self.pair_chunk]
                     gradients = self.per_pair_gradients(queries, docs, chunk)
@@ -194,4 +196,5 @@ class LogitClipping:
                             total[k].add_(torch.tensordot(scale.to(g.dtype), g, dims=1))
         finally:
             self.model.train(training)
+        distributed.all_reduce_sum(total)
         return total, loss

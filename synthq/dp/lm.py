@@ -31,6 +31,10 @@ clipped sum by at most ``C`` (its own clipped gradient; the loss of every other 
 depend on it), so the sensitivity is ``C`` and the accountant's noise multiplier is ``σ``.
 The loss is reduced per sequence (mean over the query's tokens) *before* clipping, so the unit
 really is the pair and not a token. Protecting the pair implies protecting its query.
+
+Under ``torchrun`` (:mod:`synthq.distributed`) every rank draws the same global Poisson batch,
+clips its own share, the clipped sums are all-reduced, and every rank adds the same seeded noise
+once: the update, and so the accounting, is the single-process one.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call, grad_and_value, vmap
 
+from synthq import distributed
 from synthq.models.generator import QueryGenerator
 
 
@@ -224,28 +229,29 @@ class DPStep:
         device = next(self.generator.model.parameters()).device
         total = {n: torch.zeros_like(self.parameters[n]) for n in self.clipper.names}
         losses, norms, tokens = [], [], 0
-        for start in range(0, len(indices), self.physical_batch_size):
-            batch = {
-                k: v.to(device)
-                for k, v in make_batch(indices[start : start + self.physical_batch_size]).items()
-            }
+        local = distributed.shard(indices)  # this rank's share of the global Poisson batch
+        for start in range(0, len(local), self.physical_batch_size):
+            chunk = local[start : start + self.physical_batch_size]
+            batch = {k: v.to(device) for k, v in make_batch(chunk).items()}
             tokens += int((batch["labels"] != -100).sum())
             summed, norm, loss = self.clipper.clipped_sum(batch)
             for name, value in summed.items():
                 total[name] += value
             losses.append(loss.detach())
             norms.append(norm.detach())
+        # Clipped sums from every rank; then the same seeded noise on every rank, added once.
+        distributed.all_reduce_sum(list(total.values()))
         std = self.noise_multiplier * self.clip_norm
         for name, value in total.items():
             noise = torch.normal(0.0, std, size=value.shape, generator=noise_generator).to(value.device)
             total[name] = (value + noise) / self.expected_batch_size
-        all_losses = torch.cat(losses) if losses else torch.empty(0)
-        all_norms = torch.cat(norms) if norms else torch.empty(0)
+        all_losses = torch.cat(losses).tolist() if losses else []
+        all_norms = torch.cat(norms).tolist() if norms else []
         return total, DPStepResult(
-            loss=float(all_losses.mean()) if len(all_losses) else math.nan,
+            loss=distributed.mean_over_ranks(all_losses),
             examples=len(indices),
-            tokens=tokens,
-            mean_grad_norm=float(all_norms.mean()) if len(all_norms) else math.nan,
+            tokens=sum(distributed.gather_objects(tokens)),
+            mean_grad_norm=distributed.mean_over_ranks(all_norms),
         )
 
     def step(
@@ -266,21 +272,31 @@ def non_private_step(
     indices: list[int],
     physical_batch_size: int,
 ) -> DPStepResult:
-    """The ε = ∞ step: the same per-sequence loss, averaged over the batch, no clipping or noise."""
+    """The ε = ∞ step: the same per-sequence loss, averaged over the batch, no clipping or noise.
+    Under torchrun each rank takes its share of ``indices`` and the gradients are summed."""
     device = next(generator.model.parameters()).device
     losses, tokens = [], 0
-    for start in range(0, len(indices), physical_batch_size):
-        chunk = indices[start : start + physical_batch_size]
+    local = distributed.shard(indices)
+    for start in range(0, len(local), physical_batch_size):
+        chunk = local[start : start + physical_batch_size]
         batch = {k: v.to(device) for k, v in make_batch(chunk).items()}
         tokens += int((batch["labels"] != -100).sum())
         logits = generator.model(**model_inputs(generator.kind, batch)).logits
         loss = per_sequence_loss(generator.kind, logits, batch["labels"])
         (loss.sum() / len(indices)).backward()
         losses.append(loss.detach())
+    trainable = [p for p in generator.model.parameters() if p.requires_grad]
+    for parameter in trainable:
+        if parameter.grad is None:  # a rank whose share was empty
+            parameter.grad = torch.zeros_like(parameter)
+    distributed.all_reduce_sum([p.grad for p in trainable])
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return DPStepResult(
-        loss=float(torch.cat(losses).mean()), examples=len(indices), tokens=tokens, mean_grad_norm=math.nan
+        loss=distributed.mean_over_ranks(torch.cat(losses).tolist() if losses else []),
+        examples=len(indices),
+        tokens=sum(distributed.gather_objects(tokens)),
+        mean_grad_norm=math.nan,
     )
 
 

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from synthq import distributed
 from synthq.console import progress
 from synthq.data.pairs import document_text
 from synthq.errors import DataError
@@ -60,19 +62,28 @@ def encode_texts(
     if out is None:
         out = np.zeros((len(texts), embedding_dimension(model)), dtype=np.float32)
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    block = max(TEXTS_PER_CALL, batch_size)
+    ranks = distributed.topology().world_size
+    block = max(TEXTS_PER_CALL, batch_size) * ranks
     with progress() as bar:
         task = bar.add_task(description, total=len(texts))
         for start in range(0, len(order), block):
             chunk = order[start : start + block]
-            vectors = model.encode(
-                [texts[i] for i in chunk],
-                batch_size=batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
+            # Under torchrun each rank encodes every N-th text of the block (similar lengths on
+            # every rank) and the vectors are gathered, so every rank holds the whole result.
+            mine = distributed.shard(chunk)
+            vectors = (
+                model.encode(
+                    [texts[i] for i in mine],
+                    batch_size=batch_size,
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
+                if mine
+                else np.zeros((0, out.shape[1]), dtype=np.float32)
             )
-            out[chunk] = vectors
+            gathered = distributed.gather_rows(torch.from_numpy(np.ascontiguousarray(vectors, np.float32)))
+            out[[i for rank in range(ranks) for i in chunk[rank::ranks]]] = gathered.numpy()
             bar.advance(task, len(chunk))
     return out
 

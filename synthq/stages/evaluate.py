@@ -41,16 +41,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from synthq import distributed
 from synthq.artifacts import (
     Artifact,
-    create_artifact,
     data_input_record,
     existing_result,
     json_safe,
     open_artifact,
 )
 from synthq.config import EvalConfig
-from synthq.console import console, info
+from synthq.console import console, info, verbosity
 from synthq.data.beir_io import load_beir_dir
 from synthq.data.sources import IDENTICAL_ID_DATASETS, default_eval_split, resolve_source, source_name
 from synthq.errors import ArtifactError, DataError
@@ -242,8 +242,9 @@ def _score_dense(
 
 
 def run(config: EvalConfig) -> Artifact:
-    from synthq.models.resolve import resolve_device, resolve_model
+    from synthq.models.resolve import resolve_model
 
+    distributed.setup(config.device)
     if not config.retrievers and not config.untrained and not config.bm25:
         raise DataError("nothing to evaluate: give --retriever, --untrained or --bm25")
     if not config.datasets:
@@ -259,15 +260,15 @@ def run(config: EvalConfig) -> Artifact:
         + list(untrained.values())
         + [data_input_record(root, name=spec) for spec, root in roots.items()]
     )
-    if (done := existing_result(STAGE, config, inputs)) is not None:
+    if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
         return done
-    device = resolve_device(config.device)
+    device = distributed.device_for(config.device)
     models = _dense_models(config, retrievers, untrained, device)
     bm25_privacy = Guarantee.public("BM25 statistics of the public evaluation corpus only")
     rows, timings = [], {"per_run": {}}
     totals = {"documents_encoded": 0, "encode_seconds": 0.0, "queries": 0, "query_seconds": 0.0}
     cache = {"hits": 0, "misses": 0}
-    with create_artifact(config.out, STAGE, config, inputs) as writer:
+    with distributed.artifact_on_main(config.out, STAGE, config, inputs) as writer:
         for spec, root in roots.items():
             name = source_name(spec)
             split = config.split or default_eval_split(spec)
@@ -329,6 +330,7 @@ def run(config: EvalConfig) -> Artifact:
         )
         writer.timings.update(timings)
         writer.privacy = combined_guarantee([(r.manifest_hash, r.privacy) for r in retrievers])
-    console.print(results_table(rows))
+    if verbosity() >= 1:  # rank 0 only under torchrun
+        console.print(results_table(rows))
     info(f"evaluation written to {config.out}")
-    return open_artifact(config.out, STAGE)
+    return distributed.on_main(open_artifact, config.out, STAGE)

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from rich.progress import TextColumn
 
-from synthq.artifacts import Artifact, create_artifact, data_input_record, existing_result, open_artifact
+from synthq import distributed
+from synthq.artifacts import Artifact, data_input_record, existing_result, open_artifact
 from synthq.config import FinetuneConfig
 from synthq.console import info, progress, warn
 from synthq.data.pairs import training_pairs
@@ -33,7 +34,6 @@ from synthq.data.sources import load_source, resolve_source
 from synthq.dp.lm import DPStep, non_private_step, poisson_batch
 from synthq.errors import DataError, SynthqError
 from synthq.models.generator import QueryGenerator
-from synthq.models.resolve import resolve_device
 from synthq.privacy import Guarantee, default_delta, epsilon_for, noise_multiplier_for, validate_budget
 
 STAGE = "finetune-lm"
@@ -102,8 +102,11 @@ def _save_checkpoint(
     os.replace(tmp, path)
 
 
-def _load_checkpoint(path: Path, generator, optimizer, rngs: dict) -> tuple[int, list[dict], list[int]]:
-    state = torch.load(path, map_location="cpu", weights_only=False)
+def _read_checkpoint(path: Path) -> dict | None:
+    return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else None
+
+
+def _load_checkpoint(state: dict, generator, optimizer, rngs: dict) -> tuple[int, list[dict], list[int]]:
     parameters = dict(generator.model.named_parameters())
     with torch.no_grad():
         for name, value in state["trainable"].items():
@@ -115,9 +118,10 @@ def _load_checkpoint(path: Path, generator, optimizer, rngs: dict) -> tuple[int,
 
 
 def run(config: FinetuneConfig) -> Artifact:
+    place = distributed.setup(config.device)
     source = resolve_source(config.data)
     inputs = [data_input_record(source, name=config.data)]
-    if (done := existing_result(STAGE, config, inputs)) is not None:
+    if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
         return done
     dataset = load_source(config.data, splits=[config.split])
     pairs = training_pairs(dataset, config.split)
@@ -139,11 +143,12 @@ def run(config: FinetuneConfig) -> Artifact:
 
     torch.manual_seed(config.seed)
     random.seed(config.seed)
-    device = resolve_device(config.device)
+    device = distributed.device_for(config.device)
     generator = QueryGenerator.load(config.model, device="cpu", max_source_length=config.max_source_length)
     if config.lora_rank > 0:
         _apply_lora(generator, config.lora_rank, config.lora_alpha)
     generator.model.to(device)
+    distributed.broadcast_parameters(generator.model)  # identical replicas from the first step
     generator.model.train()
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
     optimizer = _optimizer(config, trainable)
@@ -181,14 +186,16 @@ def run(config: FinetuneConfig) -> Artifact:
             if private
             else "non-private (ε = ∞)"
         )
+        + (f"; {place.world_size} ranks ({place.backend})" if place.world_size > 1 else "")
     )
-    with create_artifact(
+    with distributed.artifact_on_main(
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
     ) as writer:
         checkpoint = writer.checkpoint_dir / CHECKPOINT
         start_step, log, order = 0, [], []
-        if config.resume and checkpoint.is_file():
-            start_step, log, order = _load_checkpoint(checkpoint, generator, optimizer, rngs)
+        state = distributed.on_main(_read_checkpoint, checkpoint) if config.resume else None
+        if state is not None:
+            start_step, log, order = _load_checkpoint(state, generator, optimizer, rngs)
             info(f"resuming at step {start_step} of {steps}")
         examples_seen, tokens_seen, started = 0, 0, time.perf_counter()
         columns = (
@@ -228,13 +235,19 @@ def run(config: FinetuneConfig) -> Artifact:
                     eps="∞" if math.isinf(spent) else f"{spent:.2f}",
                     rate=f"{examples_seen / max(elapsed, 1e-9):.1f}",
                 )
-                if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < steps:
+                if (
+                    writer.primary
+                    and config.checkpoint_every
+                    and (step + 1) % config.checkpoint_every == 0
+                    and step + 1 < steps
+                ):
                     _save_checkpoint(checkpoint, generator, optimizer, step + 1, rngs, log, order)
         elapsed = time.perf_counter() - started
         if dp_step is not None:
             dp_step.clipper.close()  # the saved model carries no Opacus hooks
         generator.model.eval()
-        generator.save(writer.dir, generation_defaults={"do_sample": True, "top_p": 0.8})
+        if writer.primary:
+            generator.save(writer.dir, generation_defaults={"do_sample": True, "top_p": 0.8})
         with open(writer.dir / "training.jsonl", "w", encoding="utf-8") as handle:
             for row in log:
                 handle.write(
@@ -285,4 +298,4 @@ def run(config: FinetuneConfig) -> Artifact:
                 "seconds_per_step": round(elapsed / max(steps - start_step, 1), 4),
             }
         )
-    return open_artifact(config.out, STAGE)
+    return distributed.on_main(open_artifact, config.out, STAGE)

@@ -20,6 +20,7 @@ import json
 import time
 from pathlib import Path
 
+from synthq import distributed
 from synthq.artifacts import (
     Artifact,
     check_output_free,
@@ -38,7 +39,6 @@ from synthq.data.sources import resolve_source
 from synthq.errors import ArtifactError, DataError, SynthqError
 from synthq.generation import Request, is_degenerate, length_sorted_batches, sample_queries
 from synthq.models.generator import QueryGenerator
-from synthq.models.resolve import resolve_device
 
 STAGE = "generate"
 PROGRESS_FILE = "done.jsonl"
@@ -227,7 +227,28 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
     return open_artifact(out, STAGE)
 
 
+def run_over_ranks(config: GenerateConfig) -> Artifact:
+    """Under torchrun: rank ``r`` of ``N`` generates shard ``r/N`` (its own resumable artifact in
+    ``.<out>.shards/``), then rank 0 merges the shards into ``out``, equal to a one-process run.
+
+    After a worker dies, rerunning the same command skips the finished shards, resumes the
+    unfinished ones from their last logged document, and merges; a rerun after success only
+    verifies that everything is up to date."""
+    place = distributed.topology()
+    out = Path(config.out)
+    shard_root = out.parent / f".{out.name}.shards"
+    shard_paths = [shard_root / f"shard-{rank}-of-{place.world_size}" for rank in range(place.world_size)]
+    mine = config.model_copy(
+        update={"shard": f"{place.rank}/{place.world_size}", "out": shard_paths[place.rank], "resume": True}
+    )
+    run(mine)
+    distributed.barrier()
+    return distributed.on_main(merge, shard_paths, out, force=config.force)
+
+
 def run(config: GenerateConfig) -> Artifact:
+    if distributed.setup(config.device).world_size > 1 and config.shard is None:
+        return run_over_ranks(config)
     generator_artifact = open_artifact(config.generator, stage="finetune-lm")
     root = resolve_source(config.corpus)
     inputs = [generator_artifact.input_record(), data_input_record(root, name=config.corpus)]
@@ -235,8 +256,7 @@ def run(config: GenerateConfig) -> Artifact:
         return done_artifact
     documents = select_documents(config, root)
     texts = {doc_id: document_text(doc) for doc_id, doc in documents.items()}
-    device = resolve_device(config.device)
-    generator = QueryGenerator.load(generator_artifact.path, device=device)
+    generator = QueryGenerator.load(generator_artifact.path, device=distributed.device_for(config.device))
     generator.model.eval()
     with create_artifact(
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True

@@ -24,10 +24,11 @@ import random
 import time
 
 import torch
+import torch.nn.functional as F
 
+from synthq import distributed
 from synthq.artifacts import (
     Artifact,
-    create_artifact,
     data_input_record,
     existing_result,
     is_artifact,
@@ -39,9 +40,8 @@ from synthq.data.pairs import Pair, training_pairs
 from synthq.data.sources import load_source, resolve_source
 from synthq.dp.contrastive import Example, build_mechanism, max_batch_size, privatize
 from synthq.dp.contrastive_logit import logit_dp_constants
-from synthq.errors import DataError
-from synthq.models.encoder import embed, features, load_encoder, training_loss
-from synthq.models.resolve import resolve_device
+from synthq.errors import DataError, SynthqError
+from synthq.models.encoder import features, load_encoder, training_loss
 from synthq.privacy import Guarantee, default_delta, epsilon_for, noise_multiplier_for, validate_budget
 
 STAGE = "train-retriever"
@@ -86,11 +86,50 @@ def _inputs_and_guarantee(config: TrainRetrieverConfig):
     return dataset, data_input_record(root, name=config.data), guarantee, False
 
 
+def _embed_rows(encoder, texts: list[str], max_length: int) -> torch.Tensor:
+    """Embeddings with gradients; ``[0, dim]`` for no texts (a rank whose share is empty)."""
+    if not texts:
+        device = next(encoder.parameters()).device
+        return torch.zeros(0, encoder.get_sentence_embedding_dimension(), device=device)
+    return encoder(features(encoder, texts, max_length))["sentence_embedding"]
+
+
+def _in_batch_loss(encoder, loss_function, batch: list[Example], config: TrainRetrieverConfig):
+    """sentence-transformers' in-batch softmax over the WHOLE batch, and its gradient.
+
+    Each rank embeds its share of the batch; the embeddings are gathered with their graph, so
+    every query sees every rank's documents as negatives (as large-batch contrastive training
+    does) and every rank computes the same loss. Backward sends each embedding's gradient to
+    the rank that made it (``world ×`` over, hence the division); summing parameter gradients
+    over ranks gives the single-process gradient of the same batch."""
+    local = distributed.shard(batch)
+    ranks = distributed.topology().world_size
+    queries = _embed_rows(encoder, [e.query for e in local], config.max_query_length)
+    docs = _embed_rows(encoder, [e.document for e in local], config.max_doc_length)
+    queries = distributed.gather_rows(queries, with_grad=True)
+    docs = distributed.gather_rows(docs, with_grad=True)
+    loss = loss_function.compute_loss_from_embeddings([queries, docs], None)
+    (loss / ranks).backward()
+    return loss
+
+
+def _grad(parameter: torch.nn.Parameter) -> torch.Tensor:
+    if parameter.grad is None:  # unused on this rank (e.g. its share of the batch was empty)
+        parameter.grad = torch.zeros_like(parameter)
+    return parameter.grad
+
+
 def run(config: TrainRetrieverConfig) -> Artifact:
+    place = distributed.setup(config.device)
     dataset, record, base_guarantee, synthetic = _inputs_and_guarantee(config)
     inputs = [record]
-    if (done := existing_result(STAGE, config, inputs)) is not None:
+    if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
         return done
+    if config.mini_batch_size is not None and place.world_size > 1:
+        raise SynthqError(
+            "--mini-batch-size (GradCache) runs in one process; under torchrun each rank already "
+            "embeds only its share of the batch"
+        )
     pairs = training_pairs(dataset, config.split)
     if config.limit is not None:
         pairs = pairs[: config.limit]
@@ -107,15 +146,16 @@ def run(config: TrainRetrieverConfig) -> Artifact:
         )
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
-    device = resolve_device(config.device)
+    device = distributed.device_for(config.device)
     encoder = load_encoder(config.encoder, device=device)
+    distributed.broadcast_parameters(encoder)
     encoder.train()
     parameters = [p for p in encoder.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr)
 
     def encode(texts: list[str], side: str) -> torch.Tensor:
         length = config.max_query_length if side == "query" else config.max_doc_length
-        return embed(encoder, texts, length)
+        return F.normalize(_embed_rows(encoder, texts, length), dim=-1)
 
     delta = config.delta if config.delta is not None else default_delta(n)
     sample_rate = config.batch_size / n
@@ -160,7 +200,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
     noise_generator = torch.Generator().manual_seed(config.seed + 1)
     sampling_generator = torch.Generator().manual_seed(config.seed)
     examples = [Example(p.query, p.document, p.doc_id, i) for i, p in enumerate(pairs)]
-    with create_artifact(config.out, STAGE, config, inputs) as writer:
+    with distributed.artifact_on_main(config.out, STAGE, config, inputs) as writer:
         started, seen, losses = time.perf_counter(), 0, []
         batches: list[list[int]] = []
         with progress() as bar:
@@ -172,12 +212,16 @@ def run(config: TrainRetrieverConfig) -> Artifact:
                     if not batches:
                         batches = unique_document_batches(pairs, config.batch_size, rng)
                     batch = [examples[i] for i in batches.pop(0)]
-                    inputs = [
-                        features(encoder, [e.query for e in batch], config.max_query_length),
-                        features(encoder, [e.document for e in batch], config.max_doc_length),
-                    ]
-                    loss = loss_function(inputs, None)
-                    loss.backward()
+                    if config.mini_batch_size is None:
+                        loss = _in_batch_loss(encoder, loss_function, batch, config)
+                        distributed.all_reduce_sum([_grad(p) for p in parameters])
+                    else:  # GradCache: chunks without a graph, then replayed with one
+                        features_pair = [
+                            features(encoder, [e.query for e in batch], config.max_query_length),
+                            features(encoder, [e.document for e in batch], config.max_doc_length),
+                        ]
+                        loss = loss_function(features_pair, None)
+                        loss.backward()
                     value = loss.item()
                 else:
                     chosen = torch.nonzero(
@@ -201,7 +245,8 @@ def run(config: TrainRetrieverConfig) -> Artifact:
                 bar.update(task, advance=1, description=f"train-retriever loss {value:.3f}")
         elapsed = time.perf_counter() - started
         encoder.eval()
-        encoder.save(str(writer.dir))
+        if writer.primary:
+            encoder.save(str(writer.dir))
         if mechanism is None:
             writer.privacy = base_guarantee
         else:
@@ -264,4 +309,4 @@ def run(config: TrainRetrieverConfig) -> Artifact:
                 "seconds_per_step": round(elapsed / max(steps, 1), 4),
             }
         )
-    return open_artifact(config.out, STAGE)
+    return distributed.on_main(open_artifact, config.out, STAGE)

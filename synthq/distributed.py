@@ -1,0 +1,232 @@
+"""torchrun / torch.distributed for every heavy stage: the one module that knows about ranks.
+
+A stage calls :func:`setup` first. Launched by ``torchrun`` (or anything that sets the same
+variables: SLURM with ``srun torchrun``, Kubernetes' PyTorchJob, ``accelerate launch``), it joins
+the process group that ``WORLD_SIZE`` / ``RANK`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` describe —
+NCCL on GPUs, gloo on CPUs. Launched plainly, it is a world of one and every helper here is a
+no-op, so a stage has one code path whatever the world size:
+
+* :func:`shard` — this rank's share of a list (``items[rank::world]``);
+* :func:`all_reduce_sum` — sum tensors over ranks, in place;
+* :func:`gather_rows` — concatenate every rank's rows (uneven counts allowed), optionally
+  keeping the autograd graph so that in-batch negatives from other ranks pass gradients back;
+* :func:`broadcast` / :func:`gather_objects` — Python objects (decisions, logs, checkpoints);
+* :func:`artifact_on_main` — only rank 0 creates the artifact; the others get a scratch writer
+  that is thrown away, and every rank leaves the block only when rank 0 has finished it.
+
+Privacy: DP stages draw their Poisson batch and their Gaussian noise from generators seeded the
+same way on every rank. Each rank clips its own share of the batch; the clipped sums are
+all-reduced; every rank then adds the *same* noise vector once to that global sum. The update is
+therefore exactly the single-process update (noise once per logical step, not once per rank),
+the replicas stay identical without further communication, and the accountant sees the global
+sampling rate ``q = batch / n``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits: ``rank`` of ``world_size``, ``local_rank`` on its node."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def describe(self) -> dict:
+        return {"world_size": self.world_size, "backend": self.backend}
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def topology() -> Topology:
+    """The current process' place in the process group (a world of one when there is none)."""
+    if dist.is_available() and dist.is_initialized():
+        return Topology(
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+            local_rank=_env_int("LOCAL_RANK", 0),
+            backend=str(dist.get_backend()),
+        )
+    return Topology()
+
+
+def setup(device: str = "auto") -> Topology:
+    """Join the process group torchrun describes, once (idempotent); a world of one otherwise.
+
+    ``device`` picks the backend: NCCL when the stage runs on CUDA, gloo on CPU (``--device cpu``
+    under torchrun gives CPU ranks, which is how the tests run two ranks on one machine).
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    if world_size > 1 and dist.is_available() and not dist.is_initialized():
+        use_cuda = torch.cuda.is_available() and device in ("auto", "cuda") or device.startswith("cuda:")
+        if use_cuda:
+            torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        if dist.get_rank() != 0:
+            from synthq.console import follow_main_process
+
+            follow_main_process()
+    return topology()
+
+
+def device_for(choice: str = "auto") -> str:
+    """The torch device of this rank: ``auto`` -> ``cuda:LOCAL_RANK`` when GPUs are visible."""
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and topology().world_size > 1:
+        return f"cuda:{topology().local_rank}"
+    return choice
+
+
+def shard(items: Sequence[T]) -> list[T]:
+    """This rank's share of ``items``: every ``world_size``-th item from position ``rank``."""
+    place = topology()
+    return list(items[place.rank :: place.world_size])
+
+
+def _to_backend(tensor: torch.Tensor) -> torch.Tensor:
+    """NCCL moves CUDA tensors only; gloo takes CPU (and CUDA) tensors as they are."""
+    if topology().backend == "nccl" and not tensor.is_cuda:
+        return tensor.to(f"cuda:{topology().local_rank}")
+    return tensor
+
+
+def all_reduce_sum(tensors: Sequence[torch.Tensor]) -> None:
+    """Sum every tensor over all ranks, in place (one flattened collective)."""
+    if topology().world_size == 1 or not tensors:
+        return
+    flat = _to_backend(torch.cat([t.reshape(-1) for t in tensors]))
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for tensor in tensors:
+        tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor).to(tensor.device))
+        offset += tensor.numel()
+
+
+def gather_rows(tensor: torch.Tensor, with_grad: bool = False) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along dimension 0, in rank order.
+
+    Ranks may hold different numbers of rows (the last batch of an epoch rarely divides evenly):
+    each pads to the largest count, gathers, and drops the padding. With ``with_grad`` the
+    result stays in the autograd graph (``torch.distributed.nn.all_gather``): a loss computed on
+    it sends gradients back to the rank that produced each row.
+    """
+    if topology().world_size == 1:
+        return tensor
+    home = tensor.device
+    tensor = _to_backend(tensor)
+    counts = [None] * topology().world_size
+    dist.all_gather_object(counts, int(tensor.shape[0]))
+    largest = max(counts)
+    padded = tensor
+    if tensor.shape[0] < largest:
+        filler = tensor.new_zeros((largest - tensor.shape[0], *tensor.shape[1:]))
+        padded = torch.cat([tensor, filler])
+    if with_grad:
+        import torch.distributed.nn as dist_nn
+
+        pieces = list(dist_nn.all_gather(padded))
+    else:
+        pieces = [torch.empty_like(padded) for _ in counts]
+        dist.all_gather(pieces, padded.contiguous())
+    return torch.cat([piece[:count] for piece, count in zip(pieces, counts, strict=True)]).to(home)
+
+
+def broadcast(value: T, source: int = 0) -> T:
+    """``value`` as held by rank ``source``, on every rank (any picklable object)."""
+    if topology().world_size == 1:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=source)
+    return holder[0]
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order, on every rank."""
+    if topology().world_size == 1:
+        return [value]
+    values = [None] * topology().world_size
+    dist.all_gather_object(values, value)
+    return values
+
+
+def mean_over_ranks(values: Sequence[float]) -> float:
+    """The mean of all ranks' ``values`` together (NaN when nobody has any)."""
+    everything = [v for part in gather_objects(list(values)) for v in part]
+    return sum(everything) / len(everything) if everything else float("nan")
+
+
+def on_main(function, *args, **kwargs):
+    """``function(*args, **kwargs)`` run on rank 0 only, its result handed to every rank (for
+    decisions that must agree, such as "this artifact is up to date, skip the stage")."""
+    return broadcast(function(*args, **kwargs) if topology().is_main else None)
+
+
+def broadcast_parameters(module: torch.nn.Module, source: int = 0) -> None:
+    """Make every rank's copy of ``module`` equal to rank ``source``'s (parameters and buffers)."""
+    if topology().world_size == 1:
+        return
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.data, src=source)
+
+
+def barrier() -> None:
+    if topology().world_size > 1:
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def artifact_on_main(out, stage: str, config: Any, inputs: Sequence[dict] = (), **options) -> Iterator:
+    """:func:`synthq.artifacts.create_artifact` on rank 0; a throwaway writer elsewhere.
+
+    Every rank runs the same stage code inside the block; only rank 0's output becomes the
+    artifact (``writer.primary`` tells a stage whether a large save is worth doing). The world
+    size is recorded in the manifest. All ranks wait for rank 0 to finish the artifact before
+    leaving, so a caller can open it next.
+    """
+    from synthq.artifacts import ArtifactWriter, config_fingerprint, create_artifact
+
+    place = topology()
+    if place.is_main:
+        with create_artifact(out, stage, config, inputs, **options) as writer:
+            writer.extra["distributed"] = place.describe()
+            yield writer
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix=f"synthq-rank{place.rank}-"))
+        try:
+            yield ArtifactWriter(
+                path=Path(out),
+                dir=scratch,
+                stage=stage,
+                config={},
+                inputs=list(inputs),
+                fingerprint=config_fingerprint(config, list(inputs)),
+                primary=False,
+            )
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    barrier()
