@@ -12,7 +12,6 @@ from scipy import stats
 
 from synthq.dp.contrastive import (
     BatchClipping,
-    Example,
     GroupClipping,
     SampleClipping,
     _norm,
@@ -22,22 +21,8 @@ from synthq.dp.contrastive import (
     privatize,
 )
 from synthq.dp.contrastive_per_group import PerGroupGradients, UnsupportedLayer
-from synthq.models.encoder import embed, in_batch_softmax_loss, load_encoder
-from tests.helpers import TRAIN_QUERIES, corpus_records
-
-CORPUS = corpus_records()
-EXAMPLES = [
-    Example(query, CORPUS[doc]["text"], doc, index)
-    for index, (doc, query) in enumerate((d, q) for d, qs in TRAIN_QUERIES.items() for q in qs)
-]
-
-
-@pytest.fixture(scope="module")
-def encoder(tiny_encoder_dir):
-    torch.manual_seed(0)
-    model = load_encoder(tiny_encoder_dir)
-    model.eval()  # no dropout: neighbouring batches must see the same function
-    return model
+from synthq.models.encoder import embed, in_batch_softmax_loss
+from tests.dp.conftest import EXAMPLES
 
 
 def encode_with(encoder):

@@ -10,24 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from synthq.dp.contrastive import Example, _norm
+from synthq.dp.contrastive import _norm
 from synthq.dp.contrastive_logit import LogitClipping, logit_dp_constants
-from synthq.models.encoder import embed, load_encoder
-from tests.helpers import TRAIN_QUERIES, corpus_records
-
-CORPUS = corpus_records()
-EXAMPLES = [
-    Example(query, CORPUS[doc]["text"], doc, index)
-    for index, (doc, query) in enumerate((d, q) for d, qs in TRAIN_QUERIES.items() for q in qs)
-]
-
-
-@pytest.fixture(scope="module")
-def encoder(tiny_encoder_dir):
-    torch.manual_seed(0)
-    model = load_encoder(tiny_encoder_dir)
-    model.eval()
-    return model
+from synthq.models.encoder import embed
+from tests.dp.conftest import EXAMPLES
 
 
 def softmax_rows(z):
