@@ -11,7 +11,8 @@ never opened, so the artifact inherits the generator's guarantee by post-process
 
 Sampling is reproducible per document (see :mod:`synthq.generation`), so ``--shard i/n`` runs
 merged with ``--merge`` equal one unsharded run, and ``--resume`` continues from the documents
-already finished.
+already finished. Under ``torchrun`` one command does both: each rank generates its shard and
+rank 0 merges them (:func:`run_over_ranks`).
 """
 
 from __future__ import annotations
