@@ -149,6 +149,7 @@ def run(config: FinetuneConfig) -> Artifact:
         _apply_lora(generator, config.lora_rank, config.lora_alpha)
     generator.model.to(device)
     distributed.broadcast_parameters(generator.model)  # identical replicas from the first step
+    torch.manual_seed(config.seed + place.rank)  # under torchrun, each rank its own dropout masks
     generator.model.train()
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
     optimizer = _optimizer(config, trainable)

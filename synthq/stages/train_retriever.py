@@ -149,6 +149,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
     device = distributed.device_for(config.device)
     encoder = load_encoder(config.encoder, device=device)
     distributed.broadcast_parameters(encoder)
+    torch.manual_seed(config.seed + place.rank)  # under torchrun, each rank its own dropout masks
     encoder.train()
     parameters = [p for p in encoder.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr)
