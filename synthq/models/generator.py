@@ -207,10 +207,7 @@ class QueryGenerator:
         logits = self.model(**{k: v for k, v in batch.items() if k != "labels"}, labels=labels).logits
         if self.kind == "causal":
             logits, labels = logits[:, :-1], labels[:, 1:]
-        mask = labels != -100
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
-        picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        return (picked * mask).sum(dim=-1)
+        return _label_log_likelihood(logits, labels)
 
     @torch.no_grad()
     def query_log_likelihood(
@@ -225,3 +222,77 @@ class QueryGenerator:
             )
             values.append(self.sequence_log_likelihood({k: v.to(device) for k, v in batch.items()}).cpu())
         return torch.cat(values) if values else torch.empty(0)
+
+    @torch.no_grad()
+    def candidate_log_likelihoods(
+        self, document: str, queries: list[str], batch_size: int = 32, max_target_length: int = 128
+    ) -> torch.Tensor:
+        """:meth:`query_log_likelihood` of many candidate queries for ONE document, computing what
+        they share once (the canary audit's candidates differ only in the secret).
+
+        Seq2seq: the encoder runs once; the decoder scores every candidate. Causal: the prompt and
+        the candidates' longest common token prefix run once with a KV cache; only each
+        candidate's remaining tokens run per candidate, on a copy of that cache."""
+        device = next(self.model.parameters()).device
+        prompt = self._prompt_ids([document])[0]
+        targets = self._query_ids(queries, max_target_length)
+        if not targets:
+            return torch.empty(0)
+        if self.kind == "seq2seq":
+            source = torch.tensor([prompt], device=device)
+            encoded = self.model.get_encoder()(input_ids=source, attention_mask=torch.ones_like(source))
+            values = []
+            for start in range(0, len(targets), batch_size):
+                chunk = targets[start : start + batch_size]
+                width = max(len(t) for t in chunk)
+                labels = torch.tensor([t + [-100] * (width - len(t)) for t in chunk], device=device)
+                hidden = encoded.last_hidden_state.expand(len(chunk), -1, -1)
+                logits = self.model(
+                    encoder_outputs=(hidden,), attention_mask=torch.ones_like(source).expand(len(chunk), -1),
+                    labels=labels,
+                ).logits  # fmt: skip
+                values.append(_label_log_likelihood(logits, labels).cpu())
+            return torch.cat(values)
+        return self._causal_candidates(prompt, targets, batch_size, device)
+
+    def _causal_candidates(self, prompt: list[int], targets: list[list[int]], batch_size: int, device):
+        import copy
+
+        shared = 0
+        while all(len(t) > shared + 1 for t in targets) and len({t[shared] for t in targets}) == 1:
+            shared += 1  # every candidate keeps ≥ 1 token of its own (EOS at least)
+        prefix = torch.tensor([prompt + targets[0][:shared]], device=device)
+        out = self.model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True)
+        log_probs = torch.log_softmax(out.logits[0].float(), dim=-1)
+        # the shared query tokens, predicted from the position before each
+        common = sum(float(log_probs[len(prompt) + k - 1, targets[0][k]]) for k in range(shared))
+        first = log_probs[-1]  # predicts each candidate's first own token
+        values = []
+        for start in range(0, len(targets), batch_size):
+            rest = [t[shared:] for t in targets[start : start + batch_size]]
+            width = max(len(r) for r in rest)
+            ids = torch.tensor([r + [r[-1]] * (width - len(r)) for r in rest], device=device)
+            mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rest], device=device)
+            cache = copy.deepcopy(out.past_key_values)
+            cache.batch_repeat_interleave(len(rest))
+            full_mask = torch.cat(
+                [torch.ones(len(rest), prefix.shape[1], device=device, dtype=mask.dtype), mask], 1
+            )
+            positions = prefix.shape[1] + torch.arange(width, device=device).expand(len(rest), -1)
+            logits = self.model(
+                input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache
+            ).logits
+            labels = torch.where(mask.bool(), ids, torch.full_like(ids, -100))
+            # logits at position t predict token t + 1 of the candidate's own part
+            own = _label_log_likelihood(logits[:, :-1], labels[:, 1:]).cpu() if width > 1 else 0.0
+            heads = first[ids[:, 0]].cpu()
+            values.append(common + heads + own)
+        return torch.cat(values)
+
+
+def _label_log_likelihood(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Σ log p(label) per row over the positions whose label is not −100 (logits aligned to labels)."""
+    mask = labels != -100
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (picked * mask).sum(dim=-1)

@@ -67,18 +67,16 @@ def _augmented_dataset(config: CanaryAuditConfig, canaries: list[Canary], root: 
 
 
 def _score_canaries(generator, canaries: list[Canary], batch_size: int) -> list[dict]:
-    """Rank and exposure of every canary under one generator (log-perplexity = −log-likelihood)."""
-    documents, candidates = [], []
+    """Rank and exposure of every canary under one generator (log-perplexity = −log-likelihood).
+
+    A canary's candidates share the document and the query up to the secret, so they are scored
+    with that shared part computed once (:meth:`QueryGenerator.candidate_log_likelihoods`)."""
+    results = []
     for canary in canaries:
-        for secret in [canary.secret, *canary.reference_secrets]:
-            documents.append(canary.document)
-            candidates.append(canary.query_with(secret))
-    log_likelihoods = generator.query_log_likelihood(documents, candidates, batch_size=batch_size).tolist()
-    results, offset = [], 0
-    for canary in canaries:
-        count = 1 + len(canary.reference_secrets)
-        scores = [-value for value in log_likelihoods[offset : offset + count]]
-        offset += count
+        candidates = [canary.query_with(secret) for secret in [canary.secret, *canary.reference_secrets]]
+        log_likelihoods = generator.candidate_log_likelihoods(canary.document, candidates, batch_size)
+        count = len(candidates)
+        scores = [-value for value in log_likelihoods.tolist()]
         rank = rank_of(scores[0], scores[1:])
         results.append(
             {

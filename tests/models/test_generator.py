@@ -75,3 +75,16 @@ def test_save_and_reload_round_trip(generator, tmp_path):
         again.query_log_likelihood(DOCS, QUERIES), generator.query_log_likelihood(DOCS, QUERIES), atol=1e-5
     )
     assert again.model.generation_config.top_p == 0.8
+
+
+def test_shared_prefix_scoring_equals_scoring_each_pair(generator):
+    """The canary audit's fast path (encoder / common prefix once) gives every candidate the same
+    log-likelihood as scoring each (document, query) pair on its own."""
+    document = "the moon orbits the earth and its phases follow a cycle of about a month"
+    candidates = [f"moon phase code {secret}" for secret in ("4759382421", "9538433184", "0000000001")]
+    candidates += ["moon phase", "a different query entirely"]  # a prefix of others; no shared prefix
+    expected = generator.query_log_likelihood([document] * len(candidates), candidates, batch_size=1)
+    shared = generator.candidate_log_likelihoods(document, candidates, batch_size=2)
+    torch.testing.assert_close(shared, expected, rtol=1e-4, atol=1e-4)
+    only_secrets = generator.candidate_log_likelihoods(document, candidates[:3], batch_size=3)
+    torch.testing.assert_close(only_secrets, expected[:3], rtol=1e-4, atol=1e-4)
