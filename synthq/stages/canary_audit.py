@@ -24,6 +24,7 @@ import json
 import math
 import shutil
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -241,7 +242,7 @@ def run(config: CanaryAuditConfig) -> Artifact:
             ),
             encoding="utf-8",
         )
-        rows, proven, guarantees = [], {}, []
+        rows, proven, guarantees, phases = [], {}, [], {}
         for epsilon in config.epsilons:
             key = format_epsilon(epsilon)
             info(f"[bold]canary audit[/]: fine-tuning at ε = {key} on {private_pairs} + {inserted} canaries")
@@ -254,12 +255,15 @@ def run(config: CanaryAuditConfig) -> Artifact:
             }
             options.update(epsilon=epsilon, seed=config.seed, out=scratch / f"generator-eps{name}")
             options["resume"] = config.resume
+            started = time.perf_counter()
             generator_artifact = finetune_lm.run(FinetuneConfig(**options))
+            phases[f"train_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
             guarantee = generator_artifact.privacy
             guarantees.append(guarantee)
             proven[key] = guarantee.epsilon
             generator = QueryGenerator.load(generator_artifact.path, device=resolve_device())
             generator.model.eval()
+            started = time.perf_counter()
             with progress() as bar:
                 task = bar.add_task(f"scoring canaries (ε = {key})", total=len(canaries))
                 scored = []
@@ -267,9 +271,12 @@ def run(config: CanaryAuditConfig) -> Artifact:
                     chunk = canaries[start : start + 4]
                     scored.extend(_score_canaries(generator, chunk, batch_size=config.batch_size))
                     bar.advance(task, len(chunk))
+            phases[f"score_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
+            started = time.perf_counter()
             leaks = _leaks(
                 generator, canaries, config.leak_samples, config.top_p, config.max_new_tokens, config.seed
             )
+            phases[f"leak_sampling_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
             for row, leaked in zip(scored, leaks, strict=True):
                 rows.append({**row, "epsilon": key, "leaked": leaked})
             del generator
@@ -291,6 +298,7 @@ def run(config: CanaryAuditConfig) -> Artifact:
             )
         else:
             writer.privacy = Guarantee.non_private("the audit includes a generator trained without DP")
+        writer.timings.update(phases)
         writer.metrics.update(
             {
                 f"eps={r['epsilon']}/rep={r['repetitions']}/{r['shape']}": {

@@ -72,3 +72,5 @@ def test_audit_detects_memorisation_without_dp_and_not_with_heavy_noise(tmp_path
     assert math.isinf(artifact.privacy.epsilon)  # the audit includes a non-private generator
     assert (artifact.path / "audit.md").read_text().count("|") > 20
     assert (artifact.path / "exposure.png").stat().st_size > 1000
+    phases = artifact.timings
+    assert {"train_seconds[eps=∞]", "score_seconds[eps=∞]", "leak_sampling_seconds[eps=∞]"} <= set(phases)
