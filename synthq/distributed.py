@@ -94,8 +94,9 @@ def setup(device: str = "auto") -> Topology:
 
 def device_for(choice: str = "auto") -> str:
     """The torch device of this rank: ``auto`` -> ``cuda:LOCAL_RANK`` when GPUs are visible."""
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    from synthq.models.resolve import resolve_device
+
+    choice = resolve_device(choice)
     if choice == "cuda" and topology().world_size > 1:
         return f"cuda:{topology().local_rank}"
     return choice

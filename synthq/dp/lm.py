@@ -245,14 +245,7 @@ class DPStep:
         for name, value in total.items():
             noise = torch.normal(0.0, std, size=value.shape, generator=noise_generator).to(value.device)
             total[name] = (value + noise) / self.expected_batch_size
-        all_losses = torch.cat(losses).tolist() if losses else []
-        all_norms = torch.cat(norms).tolist() if norms else []
-        return total, DPStepResult(
-            loss=distributed.mean_over_ranks(all_losses),
-            examples=len(indices),
-            tokens=sum(distributed.gather_objects(tokens)),
-            mean_grad_norm=distributed.mean_over_ranks(all_norms),
-        )
+        return total, _step_result(len(indices), losses, norms, tokens)
 
     def step(
         self, make_batch: Callable[[list[int]], dict], indices: list[int], noise_generator: torch.Generator
@@ -292,11 +285,26 @@ def non_private_step(
     distributed.all_reduce_sum([p.grad for p in trainable])
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return _step_result(len(indices), losses, [], tokens)
+
+
+def _step_result(
+    examples: int, losses: list[torch.Tensor], norms: list[torch.Tensor], tokens: int
+) -> DPStepResult:
+    """Losses, gradient norms and tokens of every rank's share, gathered in one collective."""
+    mine = (
+        torch.cat(losses).tolist() if losses else [],
+        torch.cat(norms).tolist() if norms else [],
+        tokens,
+    )
+    shares = distributed.gather_objects(mine)
+    all_losses = [value for share in shares for value in share[0]]
+    all_norms = [value for share in shares for value in share[1]]
     return DPStepResult(
-        loss=distributed.mean_over_ranks(torch.cat(losses).tolist() if losses else []),
-        examples=len(indices),
-        tokens=sum(distributed.gather_objects(tokens)),
-        mean_grad_norm=math.nan,
+        loss=sum(all_losses) / len(all_losses) if all_losses else math.nan,
+        examples=examples,
+        tokens=sum(share[2] for share in shares),
+        mean_grad_norm=sum(all_norms) / len(all_norms) if all_norms else math.nan,
     )
 
 
