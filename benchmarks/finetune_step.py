@@ -18,9 +18,10 @@ from benchmarks._measure import measure, report  # noqa: E402
 def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: int):
     import torch
 
+    from synthq.dp.engine import PrivacyPlan, SecretRandomness
     from synthq.dp.lm import DPStep, non_private_step
     from synthq.models.generator import QueryGenerator
-    from synthq.stages.finetune_lm import _apply_lora
+    from synthq.models.generator import apply_lora as _apply_lora
 
     torch.manual_seed(0)
     if model_spec == "t5-small-shape":
@@ -48,9 +49,10 @@ def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: 
 
     indices = list(range(batch))
     if mode is not None:
-        dp = DPStep(generator, optimizer, 0.1, 1.0, batch, batch, grad_sample_mode=mode)
-        noise = torch.Generator().manual_seed(0)
-        return lambda: dp.step(make_batch, indices, noise)
+        plan = PrivacyPlan.with_noise(1.0, 0.1, expected_batch_size=batch)
+        dp = DPStep(generator, optimizer, plan, 0.1, batch, grad_sample_mode=mode)
+        randomness = SecretRandomness(seed=0)
+        return lambda: dp.step(make_batch, indices, [1.0] * len(indices), randomness)
     return lambda: non_private_step(generator, optimizer, make_batch, indices, batch)
 
 

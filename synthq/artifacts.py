@@ -41,6 +41,11 @@ STAGES = (
 )
 # Fields that never change what a stage computes, so they are left out of its fingerprint.
 VOLATILE_CONFIG_KEYS = frozenset({"out", "force", "resume"})
+DIAGNOSTICS = "diagnostics"
+DIAGNOSTICS_NOTE = (
+    "computed from the private data without noise (ε = ∞): for the data owner only; "
+    "`synthq export` leaves it out of a release"
+)
 
 
 def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
@@ -174,7 +179,8 @@ class Artifact:
 
     def file(self, relative: str) -> Path:
         """The path of a payload file, which must be listed in the manifest."""
-        if relative not in self.manifest.get("files", {}) and not (self.path / relative).is_dir():
+        listed = {**self.manifest.get("files", {}), **self.manifest.get("private_files", {})}
+        if relative not in listed and not (self.path / relative).is_dir():
             raise ArtifactError(f"{self.path}: artifact has no payload file {relative!r}")
         return self.path / relative
 
@@ -222,13 +228,29 @@ def open_artifact(
                 f"{path}: is a {manifest.get('stage')!r} artifact, expected {' or '.join(map(repr, wanted))}"
             )
     if verify:
-        for relative, expected in manifest.get("files", {}).items():
+        listed = {**manifest.get("files", {}), **manifest.get("private_files", {})}
+        for relative, expected in listed.items():
             file_path = path / relative
             if not file_path.is_file():
                 raise ArtifactError(f"{file_path}: payload file listed in the manifest is missing")
             if sha256_file(file_path) != expected:
                 raise ArtifactError(f"{file_path}: payload file was altered or truncated (sha256 mismatch)")
+        _check_privacy(manifest, path)
     return Artifact(path=path, manifest=manifest)
+
+
+def _check_privacy(manifest: dict, path: Path) -> None:
+    """The recorded ε must be what the recorded mechanism parameters give (an edited manifest is
+    refused, not trusted)."""
+    from synthq.errors import PrivacyError
+    from synthq.privacy import check_recorded_epsilon
+
+    for key in ("privacy", "own_privacy"):
+        if key in manifest:
+            try:
+                check_recorded_epsilon(Guarantee.from_manifest(manifest[key]), f"{path / MANIFEST} ({key})")
+            except PrivacyError as error:
+                raise ArtifactError(str(error)) from error
 
 
 def is_artifact(path: str | Path) -> bool:
@@ -255,6 +277,13 @@ class ArtifactWriter:
     metrics: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    # Statistics computed from private data without noise (losses, batch sizes, timings of
+    # private batches): ε = ∞. Written to ``diagnostics/metrics.json``, listed apart from the
+    # payload, shown as private by ``synthq info`` and left out by ``synthq export``.
+    diagnostics: dict = field(default_factory=dict)
+    # True for stages whose run time depends on private data (DP training: the Poisson batch
+    # sizes): their timings are diagnostics too.
+    timings_are_private: bool = False
     # Sub-directories of ``dir`` that hold resumable state and are removed before finishing.
     scratch: list[str] = field(default_factory=lambda: ["checkpoints"])
     # False on the ranks other than 0 of a torchrun job, whose writer is thrown away
@@ -264,6 +293,13 @@ class ArtifactWriter:
     @property
     def checkpoint_dir(self) -> Path:
         path = self.dir / "checkpoints"
+        path.mkdir(exist_ok=True)
+        return path
+
+    @property
+    def diagnostics_dir(self) -> Path:
+        """Where private diagnostic files go (ε = ∞; never part of a release)."""
+        path = self.dir / DIAGNOSTICS
         path.mkdir(exist_ok=True)
         return path
 
@@ -288,6 +324,8 @@ def current_input_hash(record: dict) -> str | None:
     path = Path(record["path"])
     if record.get("kind") == "artifact":
         return sha256_file(path / MANIFEST) if (path / MANIFEST).is_file() else None
+    if path.is_file():  # a single input file, e.g. a public document list
+        return sha256_file(path)
     return sha256_tree(path) if path.is_dir() else None
 
 
@@ -375,6 +413,9 @@ def create_artifact(
         if writer.privacy is None:
             raise ArtifactError(f"stage {stage} finished without recording a privacy guarantee")
         writer.timings.setdefault("wall_seconds", round(time.perf_counter() - started, 3))
+        if writer.timings_are_private:
+            writer.diagnostics["timings"] = writer.timings
+            writer.timings = {}
         _finish(writer)
     except BaseException:
         if tmp.exists() and not keep_partial_on_error:
@@ -385,11 +426,18 @@ def create_artifact(
 def _finish(writer: ArtifactWriter) -> None:
     for name in writer.scratch:
         shutil.rmtree(writer.dir / name, ignore_errors=True)
-    files = {
+    if writer.diagnostics:
+        (writer.diagnostics_dir / "metrics.json").write_text(
+            json.dumps(json_safe(writer.diagnostics), indent=2, default=_json_default) + "\n",
+            encoding="utf-8",
+        )
+    hashes = {
         p.relative_to(writer.dir).as_posix(): sha256_file(p)
         for p in sorted(writer.dir.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
+    private = {k: v for k, v in hashes.items() if k.startswith(DIAGNOSTICS + "/")}
+    files = {k: v for k, v in hashes.items() if k not in private}
     manifest = {
         "schema": SCHEMA_VERSION,
         "stage": writer.stage,
@@ -403,6 +451,7 @@ def _finish(writer: ArtifactWriter) -> None:
         "metrics": writer.metrics,
         "timings": writer.timings,
         "environment": environment(),
+        **({"private_files": private, "private_files_note": DIAGNOSTICS_NOTE} if private else {}),
         **writer.extra,
     }
     manifest_tmp = writer.dir / (MANIFEST + ".tmp")
@@ -418,3 +467,22 @@ def _finish(writer: ArtifactWriter) -> None:
     os.replace(writer.dir, writer.path)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def export_artifact(path: str | Path, out: str | Path) -> Artifact:
+    """A release copy of an artifact: the payload and the manifest without the private
+    ``diagnostics/`` part (:attr:`ArtifactWriter.diagnostics`) and without its hashes.
+
+    Written atomically like every artifact; the copy records which artifact it came from."""
+    source = open_artifact(path)
+    out = Path(out)
+    if out.exists():
+        raise ArtifactError(f"{out}: already exists; choose a new directory for the release")
+    tmp = partial_dir(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source.path, tmp, ignore=shutil.ignore_patterns(DIAGNOSTICS, MANIFEST))
+    manifest = {k: v for k, v in source.manifest.items() if k not in ("private_files", "private_files_note")}
+    manifest["exported_from"] = source.manifest_hash
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, out)
+    return open_artifact(out)

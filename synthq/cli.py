@@ -84,8 +84,16 @@ def info_command(
     )
     if guarantee.note:
         console.print(f"  {guarantee.note}")
+    for assumption in guarantee.assumptions:
+        console.print(f"  [yellow]assuming[/]: {assumption}")
     for key, value in guarantee.details.items():
         console.print(f"  {key}: {value}")
+    private = artifact.manifest.get("private_files", {})
+    if private:
+        console.print(
+            f"[bold red]private diagnostics (ε = ∞)[/]: {', '.join(private)} — "
+            f"{artifact.manifest.get('private_files_note', '')}"
+        )
     if artifact.inputs:
         console.print("[bold]inputs[/]:")
         for line in _lineage(artifact.inputs):
@@ -96,6 +104,33 @@ def info_command(
             for key, value in values.items():
                 shown = json.dumps(value) if isinstance(value, dict | list) else value
                 console.print(f"  {key}: {shown}")
+
+
+@app.command("ledger")
+def ledger_command(
+    paths: list[Path] = typer.Argument(..., help="Artifact directories (their inputs are followed too)."),
+) -> None:
+    """The privacy cost per private dataset of a set of artifacts: which are DP releases, what
+    each assumed, which read private data without DP (basic composition over the releases)."""
+    from synthq.ledger import ledger_lines
+
+    for line in ledger_lines(paths):
+        console.print(line, markup=False)
+
+
+@app.command("export")
+def export_command(
+    path: Path = typer.Argument(..., help="An artifact directory."),
+    out: Path = typer.Option(..., "--out", help="Where to write the release copy (must not exist)."),
+) -> None:
+    """Copy an artifact for release, without its private diagnostics (losses and timings of
+    private batches, ε = ∞)."""
+    from synthq.artifacts import export_artifact
+
+    exported = export_artifact(path, out)
+    console.print(
+        f"release copy written to {exported.path}: {exported.privacy.describe(with_assumptions=True)}"
+    )
 
 
 @data_app.command("info")

@@ -68,7 +68,12 @@ class FinetuneConfig(StageConfig):
     lora_rank: int = Field(0, description="0 = full fine-tuning; >0 trains LoRA adapters of this rank.")
     lora_alpha: float | None = None
     checkpoint_every: int = Field(50, description="Save a resumable checkpoint every N logical steps.")
-    seed: int = 0
+    seed: int | None = Field(
+        None,
+        description="Seed for bit-reproducible runs. Default: DP sampling and noise come from the OS's "
+        "secure randomness; a given seed is recorded as an assumption (an adversary who knows it "
+        "can replay the noise).",
+    )
     device: Device = "auto"
     limit: int | None = Field(None, description="Use only the first N pairs (quick runs).")
 
@@ -80,7 +85,16 @@ class GenerateConfig(StageConfig):
 
     generator: Path
     corpus: str = Field(description="Public documents: a BEIR directory or source name.")
-    split: str | None = Field("train", description="Use the documents of this qrels split; None = all.")
+    documents: Path | None = Field(
+        None,
+        description="A public list of document ids (one per line) to generate for; default: all.",
+    )
+    split: str | None = Field(
+        None,
+        description="Generate only for the documents judged in this qrels split. Which documents a "
+        "private split judges can itself be private: this is recorded as the assumption that the "
+        "judged-document set is public (as in the paper's MS MARCO setting).",
+    )
     num_queries: int = 1
     top_p: float = 0.8
     temperature: float = 1.0
@@ -137,7 +151,11 @@ class TrainRetrieverConfig(StageConfig):
         None, ge=1, description="Non-private: GradCache (cached in-batch loss) in chunks of this size."
     )
     pair_chunk: int = Field(16, ge=1, description="--dp logit: per-pair gradients held in memory at once.")
-    seed: int = 0
+    seed: int | None = Field(
+        None,
+        description="Seed for reproducible runs; default: secure OS randomness (a given seed is recorded "
+        "as an assumption of the DP guarantee).",
+    )
     device: Device = "auto"
     limit: int | None = None
 

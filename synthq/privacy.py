@@ -9,12 +9,19 @@ Every ε synthq prints comes from here. The rules of the ledger:
   (:meth:`Guarantee.inherit`). If it also reads private data it is not post-processing any more.
 * Training on private data without DP gives ε = ∞ (:meth:`Guarantee.non_private`).
 
-Two privacy units exist: ``query`` (a user's query text is protected) and ``example`` (the whole
-query-document pair is protected, which implies query-level privacy).
+Privacy units: ``query`` — everything one query id contributes (all its (query, document)
+pairs together) is protected; this is what the DP stages guarantee, because they sample and clip
+by query id (:mod:`synthq.dp.engine`). ``example`` — one (query, document) pair; for data where a
+query has several relevant documents it is weaker than ``query``.
+
+A guarantee also lists its ``assumptions``: facts the ε relies on that the code cannot check
+(a starting model that is assumed public, a judged-document set that is assumed public, a
+reproducible seed that an adversary may know). They are printed wherever the ε is printed.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -25,6 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer
 from synthq.errors import PrivacyError
 
 PrivacyUnit = Literal["query", "example"]
+UNIT_NOTES = {
+    "query": "privacy unit: one query id with all of its (query, document) pairs",
+    "example": "privacy unit: one (query, document) pair",
+}
 ACCOUNTANTS = ("rdp", "prv")
 
 
@@ -41,6 +52,8 @@ class Guarantee(BaseModel):
         details: the accounting inputs (noise multiplier, sample rate, steps, clip norm,
             sensitivity, ...) so an independent accountant can reproduce ε.
         note: a human sentence, e.g. why ε is infinite.
+        assumptions: what the claim relies on that synthq cannot check (e.g. "the starting model
+            X is public"); shown beside ε by ``synthq info``, ``synthq ledger`` and reports.
     """
 
     model_config = ConfigDict(ser_json_inf_nan="strings", frozen=True)
@@ -53,6 +66,7 @@ class Guarantee(BaseModel):
     derived_from: list[str] = Field(default_factory=list)
     details: dict = Field(default_factory=dict)
     note: str = ""
+    assumptions: list[str] = Field(default_factory=list)
 
     @field_serializer("epsilon", "delta")
     def _finite_or_string(self, value: float) -> float | str:
@@ -75,6 +89,11 @@ class Guarantee(BaseModel):
         Its ε is 0 in the sense that it reveals nothing about the private set."""
         return cls(epsilon=0.0, delta=0.0, unit="example", mechanism="public", note=reason)
 
+    def assuming(self, *assumptions: str) -> Guarantee:
+        """The same claim with more assumptions (kept once each, in order)."""
+        merged = list(dict.fromkeys([*self.assumptions, *(a for a in assumptions if a)]))
+        return self.model_copy(update={"assumptions": merged})
+
     def inherit(self, source_hash: str, via: str = "post-processing") -> Guarantee:
         """The guarantee of an artifact computed only from this one and public data."""
         return self.model_copy(
@@ -84,17 +103,96 @@ class Guarantee(BaseModel):
             }
         )
 
-    def describe(self) -> str:
-        """Short text for tables: ``ε=8.00 δ=2.1e-04 (example)`` or ``ε=∞``."""
-        return f"ε={format_epsilon(self.epsilon)}" + (
+    def describe(self, with_assumptions: bool = False) -> str:
+        """Short text for tables: ``ε=8.00 δ=2.1e-04 (query)`` or ``ε=∞``; with
+        ``with_assumptions`` the assumptions follow (``assuming: ...``)."""
+        text = f"ε={format_epsilon(self.epsilon)}" + (
             f" δ={self.delta:.1e} ({self.unit})" if self.is_private and self.epsilon > 0 else ""
         )
+        if with_assumptions and self.assumptions:
+            text += " assuming: " + "; ".join(self.assumptions)
+        return text
 
     @classmethod
     def from_manifest(cls, data: dict) -> Guarantee:
         data = dict(data)
         data["epsilon"] = float(data["epsilon"])  # "inf" strings come back as floats
         return cls.model_validate(data)
+
+
+def compose(first: Guarantee, second: Guarantee, mechanism: str | None = None) -> Guarantee:
+    """Sequential (basic) composition of two releases about the same private data: ε and δ add.
+
+    Public parts (ε = 0) add only their assumptions; an ε = ∞ part makes the result ∞. The
+    weaker unit wins (``example`` is weaker than ``query``); ``derived_from`` and assumptions are
+    the union. ``details.components`` keeps each part so the sum can be recomputed."""
+    parts = [g for g in (first, second) if g.mechanism != "public"]
+    assumptions = list(dict.fromkeys([*first.assumptions, *second.assumptions]))
+    derived = list(dict.fromkeys([*first.derived_from, *second.derived_from]))
+    if len(parts) < 2:
+        only = parts[0] if parts else second
+        return only.model_copy(update={"assumptions": assumptions, "derived_from": derived})
+    if not all(g.is_private for g in parts):
+        infinite = next(g for g in parts if not g.is_private)
+        return infinite.model_copy(update={"assumptions": assumptions, "derived_from": derived})
+    unit = "example" if any(g.unit == "example" for g in parts) else "query"
+    return Guarantee(
+        epsilon=first.epsilon + second.epsilon,
+        delta=first.delta + second.delta,
+        unit=unit,
+        mechanism=mechanism or f"composition of {first.mechanism} and {second.mechanism}",
+        accountant="basic-composition",
+        derived_from=derived,
+        details={"components": [g.model_dump(mode="json") for g in parts]},
+        note="basic composition: both releases read the same private data, so ε and δ add",
+        assumptions=assumptions,
+    )
+
+
+def recomputed_epsilon(guarantee: Guarantee) -> float | None:
+    """ε recomputed from the mechanism parameters the guarantee records (σ, q, steps, δ of the
+    accountant), or the sum over ``details.components``; ``None`` when it records none (public,
+    ε = ∞, post-processing copies carry their source's details and are recomputed the same way).
+
+    Used when an artifact is opened, so that an edited ε in a manifest is refused."""
+    details = guarantee.details or {}
+    if guarantee.mechanism == "none":  # computed from private data without DP: ∞ and nothing else
+        return math.inf
+    if guarantee.mechanism == "public":
+        return 0.0
+    if not guarantee.is_private:
+        return None
+    if "components" in details:
+        parts = [recomputed_epsilon(Guarantee.from_manifest(c)) for c in details["components"]]
+        return None if any(p is None for p in parts) else sum(parts)
+    needed = ("noise_multiplier", "sample_rate", "steps")
+    if not all(k in details for k in needed) or guarantee.accountant not in ACCOUNTANTS:
+        return None
+    delta = details.get("accountant_delta", guarantee.delta)
+    return _cached_epsilon(
+        float(details["noise_multiplier"]),
+        float(delta),
+        float(details["sample_rate"]),
+        int(details["steps"]),
+        guarantee.accountant,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_epsilon(noise_multiplier: float, delta: float, sample_rate: float, steps: int, accountant: str):
+    return epsilon_for(noise_multiplier, delta, sample_rate, steps, accountant).epsilon
+
+
+def check_recorded_epsilon(guarantee: Guarantee, where: str) -> None:
+    """Refuse a guarantee whose ε differs from what its recorded parameters give."""
+    expected = recomputed_epsilon(guarantee)
+    if expected is not None and not (
+        expected == guarantee.epsilon or math.isclose(expected, guarantee.epsilon, rel_tol=1e-6, abs_tol=1e-9)
+    ):
+        raise PrivacyError(
+            f"{where}: the recorded ε = {guarantee.epsilon:g} does not match its mechanism's "
+            f"parameters (the accountant gives {expected:g}); the manifest was edited or is corrupt"
+        )
 
 
 def format_epsilon(epsilon: float) -> str:

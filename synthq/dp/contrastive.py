@@ -14,8 +14,12 @@ The four mechanisms differ in what they clip, which decides the sensitivity (see
 * :class:`~synthq.dp.contrastive_logit.LogitClipping` — Logit-DP: per-pair similarity gradients
   clipped: ``(G1 + G2 + (B − 1)L)·C`` (constants derived there for cosine / temperature).
 
-``B`` is a cap on the Poisson batch size (:func:`max_batch_size`), whose tail probability is
-added to δ. Every mechanism has a neighbouring-batch test of its bound (tests/dp).
+The privacy unit is one query id with all of its pairs (:mod:`synthq.dp.engine`): queries are
+Poisson-sampled, and a query with ``k`` pairs gives each of its rows weight ``1/k`` where rows are
+clipped one by one. ``B`` is a cap on the number of sampled queries for the mechanisms whose
+sensitivity grows with the batch; an over-full batch is replaced by an empty one
+(:func:`synthq.dp.engine.poisson_units`), so δ needs no tail term. Each mechanism registers
+itself (``--dp NAME``) and has a neighbouring-batch test of its bound (tests/dp).
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from scipy import stats
 
 from synthq import distributed
 from synthq.console import warn
+from synthq.dp.clipping import add_into, clip, gradient
 from synthq.dp.contrastive_per_group import PerGroupGradients, UnsupportedLayer
+from synthq.dp.engine import Mechanism, SecretRandomness, register_mechanism
 from synthq.models.encoder import in_batch_softmax_loss
 
 Encode = Callable[[list[str], str], torch.Tensor]  # (texts, "query"|"doc") -> normalised embeddings
@@ -38,34 +43,21 @@ Encode = Callable[[list[str], str], torch.Tensor]  # (texts, "query"|"doc") -> n
 
 @dataclass(frozen=True)
 class Example:
+    """One training pair as the mechanisms see it.
+
+    ``query_id`` is the privacy unit's stable id: it keys the example's secret random draws
+    (group assignment), so no other example's presence can change them. ``weight`` is ``1/k``
+    for a query with ``k`` pairs."""
+
     query: str
     document: str
     doc_id: str
-    index: int = 0  # position in the training set: keys the example's own random draws
+    query_id: str = ""
+    weight: float = 1.0
 
 
-def _gradient(
-    loss: torch.Tensor, parameters: list[torch.nn.Parameter], retain_graph: bool = False
-) -> list[torch.Tensor]:
-    grads = torch.autograd.grad(loss, parameters, retain_graph=retain_graph, allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, parameters, strict=True)]
-
-
-def _norm(vectors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.sqrt(sum(v.pow(2).sum() for v in vectors))
-
-
-def clip(vectors: list[torch.Tensor], clip_norm: float) -> list[torch.Tensor]:
-    factor = min(1.0, clip_norm / (float(_norm(vectors)) + 1e-12))
-    return [v * factor for v in vectors]
-
-
-def _add(total: list[torch.Tensor], part: list[torch.Tensor]) -> None:
-    for t, p in zip(total, part, strict=True):
-        t.add_(p)
-
-
-class BatchClipping:
+@register_mechanism("batch")
+class BatchClipping(Mechanism):
     """DP-CLIP (Huang et al., 2024): clip the gradient of the whole batch's summed loss.
 
     Args:
@@ -79,11 +71,12 @@ class BatchClipping:
         A Poisson-sampled list of :class:`Example` (query, document) pairs.
 
     Privacy unit:
-        One (query, document) pair, add/remove adjacency under Poisson sampling.
+        One query with all its pairs, add/remove adjacency under Poisson sampling.
 
     Sensitivity:
-        ``2C``. The released quantity is ``clip(∇ Σ_i L_i)``: with or without one pair it is a
-        vector of norm ≤ C, so the two differ by at most ``2C`` however the other losses move.
+        ``2C``. The released quantity is ``clip(∇ Σ_i L_i)``: with or without one query (and all
+        its pairs) it is a vector of norm ≤ C, so the two differ by at most ``2C`` however the
+        other losses move.
 
     Recommendations:
         Cheap (one backward pass) and low noise, but clipping the batch as one vector loses the
@@ -94,13 +87,13 @@ class BatchClipping:
         CLIP training" (DP-CLIP); Wang et al., DP-GCL, eq. (7).
     """
 
-    name = "batch"
+    sensitivity_rule = "2C: the clipped batch gradient has norm <= C with or without the query"
 
     def __init__(self, clip_norm: float, temperature: float):
         self.clip_norm = clip_norm
         self.temperature = temperature
 
-    def sensitivity(self, max_batch_size: int) -> float:
+    def sensitivity(self, batch_cap: int | None) -> float:
         return 2 * self.clip_norm
 
     def clipped_sum(
@@ -116,9 +109,9 @@ class BatchClipping:
         queries = distributed.gather_rows(encode([e.query for e in local], "query"), with_grad=True)
         docs = distributed.gather_rows(encode([e.document for e in local], "doc"), with_grad=True)
         loss = in_batch_softmax_loss(queries, docs, self.temperature, [e.doc_id for e in ordered], "sum")
-        gradient = _gradient(loss / ranks, parameters)
-        distributed.all_reduce_sum(gradient)  # the whole batch's gradient, then one clip
-        return clip(gradient, self.clip_norm), loss.item() / len(batch)
+        whole = gradient(loss / ranks, parameters)
+        distributed.all_reduce_sum(whole)  # the whole batch's gradient, then one clip
+        return clip(whole, self.clip_norm), loss.item() / len(batch)
 
 
 def augment(text: str, rng: random.Random, drop: float = 0.2) -> str:
@@ -131,13 +124,15 @@ def augment(text: str, rng: random.Random, drop: float = 0.2) -> str:
     return " ".join(kept)
 
 
-class GroupClipping:
+@register_mechanism("group")
+class GroupClipping(Mechanism):
     """DP-GCL (Wang et al.): in-group negatives, one clipped gradient per group.
 
-    Each sampled pair is assigned to one of ``K = ⌈B / S⌉`` groups by its *own* random draw
-    (independent of the other pairs), every group's loss uses only the group's documents plus
-    ``aug_negatives`` augmented copies of each of them (intra-group sample augmentation,
-    eq. 12), and each group's gradient is clipped to ``C`` before summing.
+    Each sampled query is assigned (with all its pairs) to one of ``K = ⌈B / S⌉`` groups by a
+    secret keyed draw on its own stable id (:meth:`SecretRandomness.keyed_choice` of the query
+    id and the step), independent of every other query; every group's loss uses only the
+    group's documents plus ``aug_negatives`` augmented copies of each of them (intra-group
+    sample augmentation, eq. 12), and each group's gradient is clipped to ``C`` before summing.
 
     Given the encoder (``model``), all groups go through ONE forward and ONE backward pass and
     per-group gradients are read off the layers (:mod:`synthq.dp.contrastive_per_group`): a step
@@ -150,7 +145,7 @@ class GroupClipping:
         group_size: ``S``, the expected group size.
         expected_batch_size: ``B = q·n`` (sets the number of groups).
         aug_negatives: ``N_a`` augmented negatives per group document.
-        seed: seeds group assignment and augmentation.
+        randomness: the run's secret randomness (keys group assignment and augmentation).
         model: the encoder, for one-pass per-group gradients.
 
     Requirements:
@@ -160,11 +155,12 @@ class GroupClipping:
         A Poisson-sampled list of :class:`Example` (query, document) pairs.
 
     Privacy unit:
-        One (query, document) pair, add/remove adjacency under Poisson sampling.
+        One query with all its pairs, add/remove adjacency under Poisson sampling.
 
     Sensitivity:
-        ``2C``. Group membership of every other pair does not depend on whether a given pair is
-        present, so adding or removing it changes exactly one group's input; that group's
+        ``2C``. Group membership of every other query depends only on its own id, the step and
+        the secret key, never on whether a given query is present, so adding or removing a query
+        (its pairs all go to one group) changes exactly one group's input; that group's
         clipped gradient moves from one vector of norm ≤ C to another (or to nothing), and the
         triangle inequality gives ``‖c_g − c_g'‖ ≤ 2C``. Augmented negatives are functions of the
         group's own data, so they change nothing else. No batch cap is needed.
@@ -179,7 +175,7 @@ class GroupClipping:
         at small cost" (book-keeping per-sample gradients from one backward pass).
     """
 
-    name = "group"
+    sensitivity_rule = "2C: the query changes only its own group's clipped gradient"
 
     def __init__(
         self,
@@ -188,37 +184,34 @@ class GroupClipping:
         group_size: int,
         expected_batch_size: float,
         aug_negatives: int = 0,
-        seed: int = 0,
+        randomness: SecretRandomness | None = None,
         model: torch.nn.Module | None = None,
     ):
         self.clip_norm = clip_norm
         self.temperature = temperature
         self.num_groups = max(1, math.ceil(expected_batch_size / group_size))
         self.aug_negatives = aug_negatives
-        self.seed = seed
+        self.randomness = randomness or SecretRandomness()
         self.step = 0
         self.model = model
         self._engine: PerGroupGradients | None = None
         self.one_pass = model is not None
 
-    def _draw(self, *key: int) -> random.Random:
-        # Every random choice is keyed by (seed, step, own key), never by a shared stream, so no
-        # pair's presence can change another pair's group or another group's augmentations.
-        return random.Random(hash((self.seed, self.step, *key)))
-
-    def sensitivity(self, max_batch_size: int) -> float:
+    def sensitivity(self, batch_cap: int | None) -> float:
         return 2 * self.clip_norm
 
     def groups(self, batch: list[Example]) -> dict[int, list[Example]]:
+        # Keyed by (secret, step, the query's own id), never by a shared stream or a position,
+        # so no query's presence can change another query's group.
         assignment: dict[int, list[Example]] = {}
         for example in batch:
-            group = self._draw(0, example.index).randrange(self.num_groups)
+            group = self.randomness.keyed_choice(self.num_groups, "group", self.step, example.query_id)
             assignment.setdefault(group, []).append(example)
         return dict(sorted(assignment.items()))
 
     def _documents(self, key: int, group: list[Example]) -> list[str]:
         documents = [e.document for e in group]
-        rng = self._draw(1, key)
+        rng = random.Random(self.randomness.keyed_choice(2**62, "augment", self.step, key))
         return documents + [augment(d, rng) for d in documents for _ in range(self.aug_negatives)]
 
     def clipped_sum(
@@ -232,8 +225,8 @@ class GroupClipping:
         mine = dict(distributed.shard(list(groups.items())))
         per_group, losses = self._group_gradients(encode, mine, parameters) if mine else ([], [])
         total = [torch.zeros_like(p) for p in parameters]
-        for gradient in per_group:
-            _add(total, clip(gradient, self.clip_norm))
+        for group_gradient in per_group:
+            add_into(total, clip(group_gradient, self.clip_norm))
         distributed.all_reduce_sum(total)  # the clipped groups of every rank
         self.step += 1
         return total, distributed.mean_over_ranks(losses)
@@ -284,23 +277,22 @@ class GroupClipping:
             queries = encode([e.query for e in group], "query")
             docs = encode(self._documents(key, group), "doc")
             loss = in_batch_softmax_loss(queries, docs, self.temperature, [e.doc_id for e in group], "sum")
-            per_group.append(_gradient(loss, parameters))
+            per_group.append(gradient(loss, parameters))
             losses.append(loss.item() / len(group))
         return per_group, losses
 
 
-class SampleClipping:
+@register_mechanism("sample")
+class SampleClipping(Mechanism):
     """Per-query DP-SGD through in-batch negatives (the paper's baseline, section 5.3.2).
 
-    Each query's loss ``L_i`` is differentiated with respect to all parameters (through its own
-    embedding *and* every document of the batch), clipped to ``C``, and summed.
+    Each row's loss ``L_i`` is differentiated with respect to all parameters (through its own
+    embedding *and* every document of the batch), clipped to ``C``, weighted ``1/k`` (``k`` =
+    its query's pair count) and summed.
 
     Args:
         clip_norm: ``C`` per query.
         temperature: softmax temperature.
-
-    Privacy unit:
-        One (query, document) pair.
 
     Requirements:
         Every query's loss reads every document of the batch (its negatives).
@@ -309,18 +301,20 @@ class SampleClipping:
         A Poisson-sampled list of :class:`Example` (query, document) pairs.
 
     Privacy unit:
-        One (query, document) pair, add/remove adjacency under Poisson sampling.
+        One query with all its pairs, add/remove adjacency under Poisson sampling.
 
     Sensitivity:
-        ``(2B − 1)C`` for batches of at most ``B`` pairs (Wang et al., DP-GCL, section 2.3.1).
-        Let the larger neighbour's batch hold pair ``k`` and ``m ≤ B − 1`` others. Removing
-        ``k`` removes its own clipped term (≤ C), and because its document is a negative of
-        every other query (and the duplicate-document mask may change), each of the ``m`` other
-        clipped terms moves from one vector of norm ≤ C to another: ≤ 2C each. Total
-        ``C + 2(B − 1)C``. This is tight: small ``C`` makes every term hit the clip, and a
-        negative's removal can turn a clipped gradient around. Poisson batches are unbounded,
-        so ``B`` is a cap ``B_max`` where ``steps · P(Binomial(n + 1, q) > B_max) ≤ 10⁻¹⁰``
-        (added to δ); a rarer larger batch is cut to ``B_max``.
+        ``(2B − 1)C`` for batches of at most ``B`` queries (Wang et al., DP-GCL, section 2.3.1).
+        Let the larger neighbour's batch hold query ``x`` and ``m ≤ B − 1`` other queries.
+        Removing ``x`` removes its own rows' terms (``k`` rows of weight ``1/k``, ≤ C together),
+        and because its documents are negatives of every other row (and the duplicate-document
+        mask may change), each other row's weighted clipped term moves from one vector of norm
+        ≤ ``C/k_j`` to another: a query's rows together ≤ 2C, so ≤ ``2(B − 1)C`` for the others.
+        Total ``C + 2(B − 1)C``; tight (small ``C`` makes every term hit the clip, and a
+        negative's removal can turn a clipped gradient around). Poisson batches are unbounded,
+        so ``B`` is a cap: a batch of more than ``B`` queries is replaced by an empty one
+        (:func:`synthq.dp.engine.poisson_units`); that case moves the sum by ``‖f(S)‖ ≤ BC ≤
+        (2B − 1)C``, inside the same bound, so no δ term is needed.
 
     Recommendations:
         The noise grows linearly with the batch, which is why direct DP retrieval training works
@@ -332,14 +326,15 @@ class SampleClipping:
         Carranza et al., section 5.3.2; Wang et al., DP-GCL, section 2.3.1; Abadi et al., DP-SGD.
     """
 
-    name = "sample"
+    needs_batch_cap = True
+    sensitivity_rule = "(2B-1)C: the query's own terms plus 2C for each other query it is a negative of"
 
     def __init__(self, clip_norm: float, temperature: float):
         self.clip_norm = clip_norm
         self.temperature = temperature
 
-    def sensitivity(self, max_batch_size: int) -> float:
-        return (2 * max_batch_size - 1) * self.clip_norm
+    def sensitivity(self, batch_cap: int | None) -> float:
+        return (2 * batch_cap - 1) * self.clip_norm
 
     def per_example_gradients(
         self, encode: Encode, batch: list[Example], parameters: list, rows: list[int] | None = None
@@ -350,7 +345,7 @@ class SampleClipping:
         losses = in_batch_softmax_loss(queries, docs, self.temperature, [e.doc_id for e in batch], "none")
         rows = list(range(len(batch))) if rows is None else rows
         return [
-            _gradient(losses[i], parameters, retain_graph=k < len(rows) - 1) for k, i in enumerate(rows)
+            gradient(losses[i], parameters, retain_graph=k < len(rows) - 1) for k, i in enumerate(rows)
         ], losses
 
     def clipped_sum(
@@ -364,63 +359,7 @@ class SampleClipping:
         # the cost of this mode, are split over the ranks.
         rows = distributed.shard(range(len(batch)))
         gradients, losses = self.per_example_gradients(encode, batch, parameters, rows)
-        for gradient in gradients:
-            _add(total, clip(gradient, self.clip_norm))
+        for row, row_gradient in zip(rows, gradients, strict=True):
+            add_into(total, clip(row_gradient, self.clip_norm), batch[row].weight)
         distributed.all_reduce_sum(total)
         return total, losses.mean().item()
-
-
-def build_mechanism(
-    mode: str,
-    *,
-    clip_norm: float,
-    temperature: float,
-    model: torch.nn.Module | None = None,
-    group_size: int = 8,
-    expected_batch_size: float = 32,
-    aug_negatives: int = 0,
-    seed: int = 0,
-    max_query_length: int = 128,
-    max_doc_length: int = 384,
-    pair_chunk: int = 16,
-):
-    """The mechanism for ``--dp MODE`` (``sample``, ``batch``, ``group`` or ``logit``)."""
-    if mode == "batch":
-        return BatchClipping(clip_norm, temperature)
-    if mode == "sample":
-        return SampleClipping(clip_norm, temperature)
-    if mode == "group":
-        return GroupClipping(
-            clip_norm, temperature, group_size, expected_batch_size, aug_negatives, seed, model=model
-        )
-    if mode == "logit":
-        from synthq.dp.contrastive_logit import LogitClipping
-
-        return LogitClipping(clip_norm, temperature, model, max_query_length, max_doc_length, pair_chunk)
-    raise ValueError(f"unknown DP mode {mode!r}: expected sample, batch, group or logit")
-
-
-MODES = ("sample", "batch", "group", "logit")
-
-
-def max_batch_size(
-    num_examples: int, sample_rate: float, steps: int, tail: float = 1e-10
-) -> tuple[int, float]:
-    """The smallest cap ``b`` with ``steps · P(Binomial(n + 1, q) > b) ≤ tail``, and that
-    probability: the larger of two neighbouring datasets has ``n + 1`` pairs."""
-    distribution = stats.binom(num_examples + 1, sample_rate)
-    cap = int(distribution.mean())
-    while steps * distribution.sf(cap) > tail and cap < num_examples + 1:
-        cap += 1
-    return cap, float(steps * distribution.sf(cap))
-
-
-def privatize(
-    clipped_sum: list[torch.Tensor], sensitivity: float, noise_multiplier: float, generator: torch.Generator
-) -> list[torch.Tensor]:
-    """Add ``N(0, (σ · sensitivity)²)`` to every coordinate of the clipped sum."""
-    std = noise_multiplier * sensitivity
-    return [
-        g + torch.normal(0.0, std, size=g.shape, generator=generator).to(g.device) if std > 0 else g
-        for g in clipped_sum
-    ]

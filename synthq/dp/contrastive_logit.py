@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from synthq import distributed
 from synthq.dp.contrastive import Encode, Example
+from synthq.dp.engine import Mechanism, register_mechanism
 from synthq.models.encoder import features, functional_embedding
 
 
@@ -68,7 +69,8 @@ class _EagerAttention:
         self.backbone.set_attn_implementation(self.saved.pop())
 
 
-class LogitClipping:
+@register_mechanism("logit")
+class LogitClipping(Mechanism):
     """Logit-DP: per-pair similarity gradients ``∇Z_ij`` clipped to ``C``, weighted by the loss
     derivatives ``∂ℓ_i/∂Z_ij = p_ij − 1[i = j]`` and summed.
 
@@ -90,13 +92,22 @@ class LogitClipping:
         A Poisson-sampled list of :class:`~synthq.dp.contrastive.Example` pairs.
 
     Privacy unit:
-        One (query, document) pair, add/remove adjacency under Poisson sampling.
+        One query, add/remove adjacency under Poisson sampling. The bound below is for queries
+        with one relevant document; data where a query has several is refused
+        (:func:`synthq.dp.engine.check_units_fit`).
 
     Sensitivity:
-        ``(G1 + G2 + (B − 1)L) · C`` (Theorem 4.2 / Corollary 4.3 of Kong et al.), constants from
-        :func:`logit_dp_constants` for the temperature and the batch cap ``B``. Removing pair
-        ``n`` removes row ``n`` (≤ G1·C), column ``n`` of the other rows (≤ G2·C), and changes
-        the weights of the remaining ``(n − 1)²`` terms by ≤ L per row, each term ≤ C.
+        ``max(G1 + G2 + (B − 1)L, B·G1) · C``. The first term is Theorem 4.2 / Corollary 4.3 of
+        Kong et al. with constants from :func:`logit_dp_constants` for the temperature and the
+        batch cap ``B``: removing pair ``n`` removes row ``n`` (≤ G1·C), column ``n`` of the
+        other rows (≤ G2·C), and changes the weights of the remaining ``(n − 1)²`` terms by ≤ L
+        per row, each term ≤ C. The second covers the batch cap: a batch of ``B + 1`` queries is
+        replaced by an empty one, so a neighbour with exactly ``B`` may move the sum by its whole
+        norm, ``Σ_i Σ_j |p_ij − 1[i = j]| · C = Σ_i 2(1 − p_ii) C ≤ B·G1·C``. ``G1 → 2``, so this
+        term is about ``2B·C`` — at ``T = 1`` above per-query clipping's ``(2B − 1)C`` for every
+        ``B``: with a privacy-preserving batch cap Logit-DP does not beat per-query clipping
+        (cutting an over-full batch down instead would avoid this term only by adding
+        ``(1 + e^ε)·η`` to δ, which synthq does not do).
 
     Recommendations:
         Cost: ``2n²`` single-text forward and backward passes per step (``n²`` per-pair
@@ -109,7 +120,10 @@ class LogitClipping:
         Kong et al., "DP-SGD for non-decomposable objective functions", Algorithm 1, Lemma 4.5.
     """
 
-    name = "logit"
+    needs_batch_cap = True
+    sensitivity_rule = (
+        "max(G1+G2+(B-1)L, B*G1)C: Kong et al. Theorem 4.2 for cos/T, and the emptied over-full batch"
+    )
 
     def __init__(
         self,
@@ -130,8 +144,12 @@ class LogitClipping:
         self.params, self.embedding = functional_embedding(model)
         self._eager = _EagerAttention(model[0].auto_model)
 
-    def sensitivity(self, max_batch_size: int) -> float:
-        return logit_dp_constants(max_batch_size, self.temperature)["multiplier"] * self.clip_norm
+    def sensitivity(self, batch_cap: int | None) -> float:
+        constants = logit_dp_constants(batch_cap, self.temperature)
+        return max(constants["multiplier"], batch_cap * constants["G1"]) * self.clip_norm
+
+    def describe(self) -> dict:
+        return {"temperature": self.temperature}
 
     def _inputs(self, texts: list[str], side: str) -> list[torch.Tensor]:
         tokens = features(self.model, texts, self.lengths[side])

@@ -17,23 +17,23 @@ once and shared by the whole batch), tied input/output embeddings, ``T5LayerNorm
 ``LlamaRMSNorm`` — is fixed in :mod:`synthq.dp.lm_grad_samplers`; every trainable parameter gets
 an exact per-example gradient (or norm) in every mode.
 
-Each logical step follows Abadi et al. (2016) with Poisson sampling:
+Each logical step follows Abadi et al. (2016), with the engine's rules
+(:mod:`synthq.dp.engine`):
 
-1. every training pair joins the step's batch independently with probability ``q = B / n``;
-2. the batch is processed in physical micro-batches; each example's gradient ``g_i`` is clipped
-   to ``g_i · min(1, C / ||g_i||)`` and the clipped gradients are summed;
+1. every query joins the step's batch independently with probability ``q = B / n`` (secret
+   randomness), bringing all of its pairs;
+2. the batch is processed in physical micro-batches; each pair's gradient ``g_i`` is clipped
+   to ``g_i · min(1, C / ||g_i||)``, weighted ``1/k`` (``k`` = its query's pair count) and summed;
 3. Gaussian noise ``N(0, σ² C² I)`` is added once to the sum, which is divided by the expected
    batch size ``q n``; the optimizer (Adam, Adafactor or SGD) then uses that gradient, which is
    post-processing.
 
-Privacy unit: one training pair (document, query). Adding or removing a pair changes the
-clipped sum by at most ``C`` (its own clipped gradient; the loss of every other pair does not
-depend on it), so the sensitivity is ``C`` and the accountant's noise multiplier is ``σ``.
+Privacy unit and sensitivity: :class:`PerQueryClipping` (one query with all its pairs; ``C``).
 The loss is reduced per sequence (mean over the query's tokens) *before* clipping, so the unit
-really is the pair and not a token. Protecting the pair implies protecting its query.
+really is the pair/query and not a token.
 
 Under ``torchrun`` (:mod:`synthq.distributed`) every rank draws the same global Poisson batch,
-clips its own share, the clipped sums are all-reduced, and every rank adds the same seeded noise
+clips its own share, the clipped sums are all-reduced, and every rank adds the same secret noise
 once: the update, and so the accounting, is the single-process one.
 """
 
@@ -47,48 +47,10 @@ import torch
 from torch.func import functional_call, grad_and_value, vmap
 
 from synthq import distributed
+from synthq.dp.clipping import clip_and_sum
+from synthq.dp.engine import Mechanism, PrivacyPlan, PrivacyUnits, SecretRandomness, register_mechanism
 from synthq.models.generator import QueryGenerator
-
-
-def label_window(kind: str, labels: torch.Tensor) -> int:
-    """How many final positions of a causal batch need logits: the query tokens sit at the end of
-    left-padded rows, so the model's vocabulary projection (a fifth of SmolLM2's compute at
-    ~100-token prompts) can skip the prompt. 0 (= all positions) for seq2seq models."""
-    if kind != "causal":
-        return 0
-    columns = torch.nonzero((labels != -100).any(0)).flatten()
-    return int(labels.shape[1] - columns[0]) + 1 if len(columns) else 0
-
-
-def per_sequence_loss(kind: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean negative log-likelihood of each sequence's label tokens (one value per row).
-
-    ``logits`` may cover only the last positions (``logits_to_keep``); labels are aligned to
-    them."""
-    if kind == "causal":
-        labels = labels[:, labels.shape[1] - logits.shape[1] :]
-        logits, labels = logits[:, :-1], labels[:, 1:]
-    mask = labels != -100
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return -(picked * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-
-
-def model_inputs(
-    kind: str, batch: dict[str, torch.Tensor], traceable: bool = False, window: int | None = None
-) -> dict[str, torch.Tensor]:
-    """Forward-pass inputs for a training batch.
-
-    Seq2seq models also get the labels (the model shifts them into decoder inputs). With
-    ``traceable`` (inside ``vmap``), T5's padding mask becomes a 4-D additive mask: transformers
-    returns such masks as-is instead of inspecting their values, which ``vmap`` cannot trace."""
-    inputs = {k: v for k, v in batch.items() if k != "labels" or kind == "seq2seq"}
-    if kind == "causal":  # inside vmap the window must be given: it is computed from data
-        inputs["logits_to_keep"] = label_window(kind, batch["labels"]) if window is None else window
-    if kind == "seq2seq" and traceable:
-        mask = inputs["attention_mask"]
-        inputs["attention_mask"] = (1.0 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
-    return inputs
+from synthq.models.sequence_loss import label_window, model_inputs, per_sequence_loss
 
 
 def prepare_model_for_per_sample_gradients(generator: QueryGenerator) -> None:
@@ -134,9 +96,11 @@ class VmapClipper:
         self.names = self.per_sample.names
         self.clip_norm = clip_norm
 
-    def clipped_sum(self, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    def clipped_sum(
+        self, batch: dict, weights: torch.Tensor | None = None
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         per_example, losses = self.per_sample(batch)
-        summed, norms = clip_and_sum(per_example, self.clip_norm)
+        summed, norms = clip_and_sum(per_example, self.clip_norm, weights)
         return summed, norms, losses
 
     def close(self) -> None:
@@ -168,16 +132,42 @@ def make_clipper(generator: QueryGenerator, clip_norm: float, mode: str = "auto"
     return (GhostClipper if mode == "ghost" else HookClipper)(generator, clip_norm)
 
 
-def clip_and_sum(
-    per_sample: dict[str, torch.Tensor], clip_norm: float
-) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Clip each example's whole gradient (all parameters together) to ``clip_norm`` and sum.
+@register_mechanism("per-query")
+class PerQueryClipping(Mechanism):
+    """DP-SGD / DP-Adam for a query generator: every training pair's gradient clipped, a query's
+    pairs weighted so that the whole query contributes at most ``C``.
 
-    Returns the summed clipped gradients and the per-example norms before clipping."""
-    norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_sample.values()))
-    factors = (clip_norm / (norms + 1e-6)).clamp(max=1.0)
-    summed = {name: torch.einsum("b,b...->...", factors, g) for name, g in per_sample.items()}
-    return summed, norms
+    Args:
+        clip_norm: ``C``.
+
+    Requirements:
+        The loss is reduced per sequence (one value per pair) *before* clipping, so each pair's
+        gradient is a function of that pair alone.
+
+    Inputs:
+        A Poisson sample of queries (:class:`~synthq.dp.engine.PrivacyUnits`) expanded to their
+        pairs, each with weight ``1/k`` (``k`` = the query's pair count).
+
+    Privacy unit:
+        One query id with all of its (document, query) pairs, add/remove adjacency.
+
+    Sensitivity:
+        ``C``. The released sum is ``Σ_i w_i · clip_C(∇ℓ_i)``. Adding or removing a query adds
+        or removes its ``k`` terms, each of norm ≤ ``C/k``, and changes no other term (pair
+        ``j``'s loss reads only pair ``j``): together ≤ ``C``. With one pair per query this is
+        the usual per-example clipping of Abadi et al.
+
+    References:
+        Abadi et al., "Deep learning with differential privacy" (2016); Carranza et al., section 4.
+    """
+
+    sensitivity_rule = "C: a query's k pairs are clipped to C and weighted 1/k, together ≤ C"
+
+    def __init__(self, clip_norm: float):
+        self.clip_norm = clip_norm
+
+    def sensitivity(self, batch_cap: int | None) -> float:
+        return self.clip_norm
 
 
 @dataclass
@@ -188,15 +178,17 @@ class DPStepResult:
     mean_grad_norm: float
 
 
+MakeBatch = Callable[[list[int]], dict]
+
+
 class DPStep:
-    """One logical DP step: Poisson-sampled batch -> clipped per-example sums -> noise -> optimizer.
+    """One logical DP step: sampled rows -> weighted clipped sums -> the engine's noise -> optimizer.
 
     Args:
         generator: the model being trained (trainable parameters = ``requires_grad``).
         optimizer: a torch optimizer over the trainable parameters.
+        plan: the :class:`~synthq.dp.engine.PrivacyPlan` (σ, sensitivity ``C``, expected batch).
         clip_norm: ``C``.
-        noise_multiplier: ``σ``; the noise standard deviation is ``σ · C``.
-        expected_batch_size: ``q · n``, the divisor of the noisy sum.
         physical_batch_size: examples per forward/backward (memory bound).
         grad_sample_mode: ``auto`` | ``ghost`` | ``hooks`` | ``vmap`` (see :func:`make_clipper`);
             all compute the same clipped sum.
@@ -206,52 +198,47 @@ class DPStep:
         self,
         generator: QueryGenerator,
         optimizer: torch.optim.Optimizer,
+        plan: PrivacyPlan,
         clip_norm: float,
-        noise_multiplier: float,
-        expected_batch_size: float,
         physical_batch_size: int,
-        grad_sample_mode: str = "vmap",
+        grad_sample_mode: str = "auto",
     ):
         self.generator = generator
         self.optimizer = optimizer
-        self.clip_norm = clip_norm
-        self.noise_multiplier = noise_multiplier
-        self.expected_batch_size = expected_batch_size
+        self.plan = plan
         self.physical_batch_size = physical_batch_size
         self.clipper = make_clipper(generator, clip_norm, grad_sample_mode)
         self.mode = self.clipper.mode
         self.parameters = dict(generator.model.named_parameters())
 
-    def noisy_gradient(
-        self, make_batch: Callable[[list[int]], dict], indices: list[int], noise_generator: torch.Generator
+    def clipped_sum(
+        self, make_batch: MakeBatch, rows: list[int], weights: list[float]
     ) -> tuple[dict[str, torch.Tensor], DPStepResult]:
-        """The privatised gradient for the examples ``indices`` (already Poisson-sampled)."""
+        """``Σ_i w_i clip_C(∇ℓ_i)`` over ``rows``, summed over ranks (no noise yet)."""
         device = next(self.generator.model.parameters()).device
         total = {n: torch.zeros_like(self.parameters[n]) for n in self.clipper.names}
         losses, norms, tokens = [], [], 0
-        local = distributed.shard(indices)  # this rank's share of the global Poisson batch
+        local = distributed.shard(list(zip(rows, weights, strict=True)))  # this rank's share
         for start in range(0, len(local), self.physical_batch_size):
             chunk = local[start : start + self.physical_batch_size]
-            batch = {k: v.to(device) for k, v in make_batch(chunk).items()}
+            batch = {k: v.to(device) for k, v in make_batch([row for row, _ in chunk]).items()}
             tokens += int((batch["labels"] != -100).sum())
-            summed, norm, loss = self.clipper.clipped_sum(batch)
+            chunk_weights = torch.tensor([w for _, w in chunk], device=device)
+            summed, norm, loss = self.clipper.clipped_sum(batch, chunk_weights)
             for name, value in summed.items():
                 total[name] += value
             losses.append(loss.detach())
             norms.append(norm.detach())
-        # Clipped sums from every rank; then the same seeded noise on every rank, added once.
         distributed.all_reduce_sum(list(total.values()))
-        std = self.noise_multiplier * self.clip_norm
-        for name, value in total.items():
-            noise = torch.normal(0.0, std, size=value.shape, generator=noise_generator).to(value.device)
-            total[name] = (value + noise) / self.expected_batch_size
-        return total, _step_result(len(indices), losses, norms, tokens)
+        return total, _step_result(len(rows), losses, norms, tokens)
 
     def step(
-        self, make_batch: Callable[[list[int]], dict], indices: list[int], noise_generator: torch.Generator
+        self, make_batch: MakeBatch, rows: list[int], weights: list[float], randomness: SecretRandomness
     ) -> DPStepResult:
-        gradient, result = self.noisy_gradient(make_batch, indices, noise_generator)
-        for name, value in gradient.items():
+        summed, result = self.clipped_sum(make_batch, rows, weights)
+        # The same secret noise on every rank, added once to the global sum.
+        noisy = self.plan.privatize(list(summed.values()), randomness)
+        for name, value in zip(summed, noisy, strict=True):
             self.parameters[name].grad = value
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -261,7 +248,7 @@ class DPStep:
 def non_private_step(
     generator: QueryGenerator,
     optimizer: torch.optim.Optimizer,
-    make_batch: Callable[[list[int]], dict],
+    make_batch: MakeBatch,
     indices: list[int],
     physical_batch_size: int,
 ) -> DPStepResult:
@@ -308,6 +295,107 @@ def _step_result(
     )
 
 
-def poisson_batch(num_examples: int, sample_rate: float, generator: torch.Generator) -> list[int]:
-    """Indices of one Poisson-sampled batch: each example independently with probability ``q``."""
-    return torch.nonzero(torch.rand(num_examples, generator=generator) < sample_rate).flatten().tolist()
+class GeneratorTraining:
+    """The training loop's state for one generator, DP or not: what ``finetune-lm`` and the canary
+    audit drive step by step, and what a private checkpoint saves.
+
+    Args:
+        generator: the model (LoRA already applied if wanted), in train mode on its device.
+        optimizer: over its trainable parameters.
+        make_batch: row indices -> a training batch (``QueryGenerator.training_batch``).
+        units: the rows grouped by query id.
+        batch_size: the (expected) logical batch size in queries.
+        plan: the privacy plan, or ``None`` for non-private training (shuffled epochs of rows).
+        randomness: the run's secret randomness (sampling, noise, shuffling).
+        clip_norm, physical_batch_size, grad_sample_mode: as for :class:`DPStep`.
+    """
+
+    def __init__(
+        self,
+        generator: QueryGenerator,
+        optimizer: torch.optim.Optimizer,
+        make_batch: MakeBatch,
+        units: PrivacyUnits,
+        batch_size: int,
+        plan: PrivacyPlan | None,
+        randomness: SecretRandomness,
+        clip_norm: float,
+        physical_batch_size: int,
+        grad_sample_mode: str = "auto",
+    ):
+        self.generator, self.optimizer, self.make_batch = generator, optimizer, make_batch
+        self.units, self.batch_size, self.plan, self.randomness = units, batch_size, plan, randomness
+        self.physical_batch_size = physical_batch_size
+        self.dp_step = (
+            DPStep(generator, optimizer, plan, clip_norm, physical_batch_size, grad_sample_mode)
+            if plan is not None
+            else None
+        )
+        self.order: list[int] = []
+        self.step_index = 0
+
+    @property
+    def mode(self) -> str | None:
+        return self.dp_step.mode if self.dp_step is not None else None
+
+    def step(self) -> DPStepResult:
+        if self.plan is not None:
+            rows, weights = self.units.expand(self.plan.sample(self.randomness))
+            result = self.dp_step.step(self.make_batch, rows, weights, self.randomness)
+        else:
+            if len(self.order) < self.batch_size:
+                self.order += torch.randperm(len(self.units), generator=self.randomness.sampling).tolist()
+            chosen, self.order = self.order[: self.batch_size], self.order[self.batch_size :]
+            rows, _ = self.units.expand(chosen)
+            result = non_private_step(
+                self.generator, self.optimizer, self.make_batch, rows, self.physical_batch_size
+            )
+        self.step_index += 1
+        return result
+
+    def close(self) -> None:
+        """Remove the clipping hooks, so the saved model carries none."""
+        if self.dp_step is not None:
+            self.dp_step.clipper.close()
+
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs: trainable weights, optimizer, step, secret randomness.
+        Tensors and plain values only, so it loads with ``torch.load(weights_only=True)``."""
+        model = self.generator.model
+        return {
+            "trainable": {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad},
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step_index,
+            "order": torch.tensor(self.order, dtype=torch.long),
+            "randomness": self.randomness.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        parameters = dict(self.generator.model.named_parameters())
+        with torch.no_grad():
+            for name, value in state["trainable"].items():
+                parameters[name].copy_(value)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step_index = int(state["step"])
+        self.order = state["order"].tolist()
+        self.randomness.load_state_dict(state["randomness"])
+
+
+def make_optimizer(
+    name: str, parameters: list[torch.nn.Parameter], lr: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    """``adam`` (the paper's DP-Adam), ``adafactor`` or ``sgd`` over ``parameters``."""
+    if name == "adam":
+        return torch.optim.Adam(parameters, lr=lr, weight_decay=weight_decay)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(
+            parameters,
+            lr=lr,
+            relative_step=False,
+            scale_parameter=False,
+            warmup_init=False,
+            weight_decay=weight_decay,
+        )
+    return torch.optim.SGD(parameters, lr=lr, weight_decay=weight_decay)

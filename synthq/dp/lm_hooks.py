@@ -38,8 +38,10 @@ from opacus.grad_sample.functorch import ft_compute_per_sample_gradient
 from opacus.utils.module_utils import requires_grad
 from torch import nn
 
+from synthq.dp.clipping import clip_and_sum, clip_factors
 from synthq.dp.lm_grad_samplers import batch_relative_attention_bias, register_rms_norm_grad_samplers
 from synthq.models.generator import QueryGenerator
+from synthq.models.sequence_loss import model_inputs, per_sequence_loss
 
 # Embedding lookups have no input gradient, so their hooks fire on output gradients: expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
@@ -245,8 +247,6 @@ def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def _forward_losses(generator: QueryGenerator, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    from synthq.dp.lm import model_inputs, per_sequence_loss
-
     logits = generator.model(**model_inputs(generator.kind, batch)).logits
     return per_sequence_loss(generator.kind, logits, batch["labels"])
 
@@ -300,11 +300,11 @@ class HookClipper:
             parameter.grad = None
         return grads, losses.detach()
 
-    def clipped_sum(self, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        from synthq.dp.lm import clip_and_sum
-
+    def clipped_sum(
+        self, batch: dict, weights: torch.Tensor | None = None
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         grads, losses = self.per_sample_gradients(batch)
-        summed, norms = clip_and_sum(grads, self.clip_norm)
+        summed, norms = clip_and_sum(grads, self.clip_norm, weights)
         return summed, norms, losses
 
     def close(self) -> None:
@@ -369,9 +369,11 @@ class GhostClipper:
         self.module.reset()
         return norms
 
-    def clipped_sum(self, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    def clipped_sum(
+        self, batch: dict, weights: torch.Tensor | None = None
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         losses, norms = self._norms(batch)
-        factors = (self.clip_norm / (norms + 1e-6)).clamp(max=1.0)
+        factors = clip_factors(norms, self.clip_norm, weights)
         by_id = self.module.clipped_gradients(factors)
         summed = {}
         for name, parameter in _trainable(self.generator.model):

@@ -296,3 +296,18 @@ def _label_log_likelihood(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     log_probs = torch.log_softmax(logits.float(), dim=-1)
     picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return (picked * mask).sum(dim=-1)
+
+
+def apply_lora(generator: QueryGenerator, rank: int, alpha: float | None = None) -> None:
+    """Replace the generator's model by a peft LoRA model (rank ``rank`` on all linear layers,
+    ``alpha`` default ``2 · rank``); only the adapters are trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(
+        r=rank,
+        lora_alpha=alpha or 2 * rank,
+        lora_dropout=0.0,
+        target_modules="all-linear",
+        task_type="SEQ_2_SEQ_LM" if generator.kind == "seq2seq" else "CAUSAL_LM",
+    )
+    generator.model = get_peft_model(generator.model, lora)

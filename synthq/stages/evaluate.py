@@ -54,6 +54,7 @@ from synthq.console import console, info, verbosity
 from synthq.data.beir_io import load_beir_dir
 from synthq.data.sources import IDENTICAL_ID_DATASETS, default_eval_split, resolve_source, source_name
 from synthq.errors import ArtifactError, DataError
+from synthq.ledger import model_input
 from synthq.paths import cache_dir
 from synthq.privacy import Guarantee
 from synthq.report import combined_guarantee, privacy_utility_plot, results_markdown, results_table
@@ -159,16 +160,18 @@ def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dic
         )
         for r in retrievers
     ]
-    for spec, record in untrained.items():
+    for spec, start in untrained.items():
+        # Only a model that is public by construction (alias) or by stated assumption (plain
+        # directory, hub id) is a reference row; a synthq artifact keeps its own guarantee.
         models.append(
             DenseModel(
                 label=f"untrained {Path(spec).name}",
                 method=f"untrained, {Path(spec).name}",
-                kind="untrained",
-                key=f"encoder:{record['sha256']}",
-                identity=f"encoder:{record['sha256']}",
-                privacy=Guarantee.public(f"public pretrained encoder {spec}, never trained on private data"),
-                load=lambda spec=spec: load_encoder(spec, device=device),
+                kind="untrained" if start.guarantee.mechanism == "public" else "retriever",
+                key=f"encoder:{start.record['sha256']}",
+                identity=f"encoder:{start.record['sha256']}",
+                privacy=start.guarantee,
+                load=lambda path=start.path: load_encoder(path, device=device),
             )
         )
     labels = [m.label for m in models]
@@ -242,8 +245,6 @@ def _score_dense(
 
 
 def run(config: EvalConfig) -> Artifact:
-    from synthq.models.resolve import resolve_model
-
     distributed.setup(config.device)
     if not config.retrievers and not config.untrained and not config.bm25:
         raise DataError("nothing to evaluate: give --retriever, --untrained or --bm25")
@@ -254,10 +255,10 @@ def run(config: EvalConfig) -> Artifact:
     names = [source_name(spec) for spec in roots]
     if len(set(names)) != len(names):
         raise DataError(f"two datasets share the name {names!r}: tables would mix them up")
-    untrained = {spec: data_input_record(resolve_model(spec), name=spec) for spec in config.untrained}
+    untrained = {spec: model_input(spec) for spec in config.untrained}
     inputs = (
         [r.input_record() for r in retrievers]
-        + list(untrained.values())
+        + [start.record for start in untrained.values()]
         + [data_input_record(root, name=spec) for spec, root in roots.items()]
     )
     if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
@@ -329,7 +330,9 @@ def run(config: EvalConfig) -> Artifact:
             }
         )
         writer.timings.update(timings)
-        writer.privacy = combined_guarantee([(r.manifest_hash, r.privacy) for r in retrievers])
+        sources = [(r.manifest_hash, r.privacy) for r in retrievers]
+        sources += [(start.record["sha256"], start.guarantee) for start in untrained.values()]
+        writer.privacy = combined_guarantee(sources).assuming(*(a for _, g in sources for a in g.assumptions))
     if verbosity() >= 1:  # rank 0 only under torchrun
         console.print(results_table(rows))
     info(f"evaluation written to {config.out}")

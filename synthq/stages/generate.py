@@ -5,9 +5,14 @@ sampling (paper: top-p 0.8). The output is a BEIR directory — ``corpus.jsonl``
 that received queries), ``queries.jsonl`` (ids ``syn-<docid>-<k>``) and ``qrels/train.tsv`` —
 so any BEIR tool, and ``synthq train-retriever``, reads it.
 
-Privacy: the stage reads the generator and the public documents only. Documents are selected
-by the ids in a qrels split (document ids are public), but the query text of the private set is
-never opened, so the artifact inherits the generator's guarantee by post-processing.
+Privacy: the stage reads the generator and public documents only, so the artifact inherits the
+generator's guarantee by post-processing. Which documents get queries must not depend on private
+data either: by default every document of the public corpus, or an explicit public list
+(``--documents FILE``). ``--split S`` selects the documents judged in a qrels split instead —
+for a private split that set is itself a function of the private data (removing a pair can
+remove its document from the release), so it is allowed only as a named assumption ("the
+judged-document set of split S is public", the paper's MS MARCO setting) that the guarantee
+records and every report prints.
 
 Sampling is reproducible per document (see :mod:`synthq.generation`), so ``--shard i/n`` runs
 merged with ``--merge`` equal one unsharded run, and ``--resume`` continues from the documents
@@ -31,9 +36,10 @@ from synthq.artifacts import (
     existing_result,
     find_up_to_date,
     open_artifact,
+    sha256_file,
 )
 from synthq.config import GenerateConfig
-from synthq.console import info, progress
+from synthq.console import info, progress, warn
 from synthq.data.beir_io import read_corpus, read_qrels, read_queries, write_beir_dir
 from synthq.data.pairs import document_text
 from synthq.data.sources import resolve_source
@@ -58,12 +64,35 @@ def parse_shard(shard: str | None) -> tuple[int, int]:
     return index, count
 
 
-def select_documents(config: GenerateConfig, root: Path) -> dict[str, dict[str, str]]:
-    """The public documents to generate for: a split's judged documents, or the whole corpus.
+def judged_set_assumption(split: str) -> str:
+    return (
+        f"the set of documents judged in split {split!r} is public (documents were selected by it; "
+        "its queries were never read)"
+    )
 
-    Only ``corpus.jsonl`` and the qrels file are read, never ``queries.jsonl``."""
+
+def read_document_list(path: Path) -> list[str]:
+    """Document ids, one per line (blank lines and ``#`` comments ignored)."""
+    if not Path(path).is_file():
+        raise DataError("no such document list", Path(path))
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def select_documents(config: GenerateConfig, root: Path) -> dict[str, dict[str, str]]:
+    """The public documents to generate for: the whole corpus, a public id list, or (under a
+    recorded assumption) a split's judged documents.
+
+    Only ``corpus.jsonl`` and, with ``--split``, the qrels file are read, never ``queries.jsonl``."""
     corpus = read_corpus(root / "corpus.jsonl")
-    if config.split is None:
+    if config.documents is not None and config.split is not None:
+        raise SynthqError("give either --documents or --split, not both")
+    if config.documents is not None:
+        ids = read_document_list(config.documents)
+        unknown = [d for d in ids if d not in corpus]
+        if unknown:
+            raise DataError(f"document id {unknown[0]!r} is not in the corpus", config.documents)
+    elif config.split is None:
         ids = sorted(corpus)
     else:
         qrels_path = root / "qrels" / f"{config.split}.tsv"
@@ -253,6 +282,11 @@ def run(config: GenerateConfig) -> Artifact:
     generator_artifact = open_artifact(config.generator, stage="finetune-lm")
     root = resolve_source(config.corpus)
     inputs = [generator_artifact.input_record(), data_input_record(root, name=config.corpus)]
+    if config.documents is not None:
+        listed = Path(config.documents)
+        inputs.append(
+            {"path": str(listed), "kind": "data", "name": "document list", "sha256": sha256_file(listed)}
+        )
     if (done_artifact := existing_result(STAGE, config, inputs)) is not None:
         return done_artifact
     documents = select_documents(config, root)
@@ -285,5 +319,9 @@ def run(config: GenerateConfig) -> Artifact:
                 "query_tokens_per_second": round(tokens / max(elapsed, 1e-9), 3),
             }
         )
-        writer.privacy = generator_artifact.privacy.inherit(generator_artifact.manifest_hash)
+        guarantee = generator_artifact.privacy.inherit(generator_artifact.manifest_hash)
+        if config.split is not None:
+            guarantee = guarantee.assuming(judged_set_assumption(config.split))
+            warn(f"documents chosen by the judged set of split {config.split!r}: assumed public")
+        writer.privacy = guarantee
     return open_artifact(config.out, STAGE)

@@ -253,4 +253,8 @@ def run_plan(plan: Plan) -> dict[str, Path]:
             f"{header} done in {_minutes(time.perf_counter() - stage_started)}: {artifact.privacy.describe()}"
         )
     info(f"[bold green]pipeline {plan.name!r} finished[/] in {_minutes(time.perf_counter() - started)}")
+    from synthq.ledger import ledger_lines
+
+    for line in ledger_lines(list(results.values())):
+        info(escape(line))
     return results

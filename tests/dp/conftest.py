@@ -11,7 +11,7 @@ from tests.helpers import TRAIN_QUERIES, corpus_records
 
 CORPUS = corpus_records()
 EXAMPLES = [
-    Example(query, CORPUS[doc]["text"], doc, index)
+    Example(query, CORPUS[doc]["text"], doc, f"q{index}")
     for index, (doc, query) in enumerate((d, q) for d, qs in TRAIN_QUERIES.items() for q in qs)
 ]
 

@@ -6,16 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from synthq.dp.lm import (
-    DPStep,
-    PerSampleGradients,
-    clip_and_sum,
-    model_inputs,
-    per_sequence_loss,
-    poisson_batch,
-    prepare_model_for_per_sample_gradients,
-)
+from synthq.dp.clipping import clip_and_sum
+from synthq.dp.lm import PerSampleGradients, prepare_model_for_per_sample_gradients
 from synthq.models.generator import QueryGenerator
+from synthq.models.sequence_loss import model_inputs, per_sequence_loss
 
 DOCS = [
     "Boil eggs for nine minutes for a firm yolk.",
@@ -28,7 +22,7 @@ QUERIES = ["how long to boil an egg", "what does rebase do", "hours of sleep adu
 def load(path, lora: bool = False) -> QueryGenerator:
     generator = QueryGenerator.load(path, max_source_length=64)
     if lora:
-        from synthq.stages.finetune_lm import _apply_lora
+        from synthq.models.generator import apply_lora as _apply_lora
 
         _apply_lora(generator, rank=4, alpha=8)
     prepare_model_for_per_sample_gradients(generator)
@@ -86,21 +80,3 @@ def test_clipped_contributions_never_exceed_the_clip_norm(tiny_causal_dir):
     assert difference <= clip * (1 + 1e-5)
 
 
-def test_noise_scale_is_sigma_times_clip_over_expected_batch(tiny_causal_dir):
-    generator = load(tiny_causal_dir)
-    optimizer = torch.optim.SGD(generator.model.parameters(), lr=0.0)
-    sigma, clip, expected = 1.7, 0.5, 4.0
-    step = DPStep(generator, optimizer, clip, sigma, expected, physical_batch_size=2)
-    gradient, result = step.noisy_gradient(lambda idx: {}, [], torch.Generator().manual_seed(0))
-    assert result.examples == 0
-    values = torch.cat([g.flatten() for g in gradient.values()])
-    assert values.numel() > 20_000
-    assert values.std().item() == pytest.approx(sigma * clip / expected, rel=0.03)
-    assert abs(values.mean().item()) < 0.05 * sigma * clip / expected
-
-
-def test_poisson_sampling_rate():
-    generator = torch.Generator().manual_seed(0)
-    sizes = [len(poisson_batch(1000, 0.05, generator)) for _ in range(200)]
-    assert sum(sizes) / len(sizes) == pytest.approx(50, rel=0.05)
-    assert len(set(sizes)) > 5  # the batch size varies, as Poisson sampling must

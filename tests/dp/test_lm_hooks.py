@@ -8,7 +8,9 @@ import pytest
 import torch
 from opacus.grad_sample import GradSampleModule
 
-from synthq.dp.lm import DPStep, choose_grad_sample_mode, clip_and_sum, make_clipper
+from synthq.dp.clipping import clip_and_sum
+from synthq.dp.engine import PrivacyPlan, SecretRandomness
+from synthq.dp.lm import DPStep, choose_grad_sample_mode, make_clipper
 from synthq.dp.lm_grad_samplers import batch_relative_attention_bias, register_rms_norm_grad_samplers
 from synthq.dp.lm_hooks import GhostClipper, HookClipper, tied_parameters, tied_squared_norms
 from synthq.models.generator import QueryGenerator
@@ -22,7 +24,7 @@ def load(path, lora: bool = False) -> QueryGenerator:
     runs the same modules, sees the same function."""
     generator = QueryGenerator.load(path, max_source_length=64)
     if lora:
-        from synthq.stages.finetune_lm import _apply_lora
+        from synthq.models.generator import apply_lora as _apply_lora
 
         _apply_lora(generator, rank=4, alpha=8)
     for module in generator.model.modules():
@@ -129,13 +131,14 @@ def test_every_mode_gives_the_same_dp_update(kind, request):
     for mode in ("vmap", "hooks", "ghost"):
         generator = load(path)
         optimizer = torch.optim.SGD(generator.model.parameters(), lr=1.0)
-        step = DPStep(generator, optimizer, 0.05, 0.3, 3.0, physical_batch_size=2, grad_sample_mode=mode)
+        plan = PrivacyPlan.with_noise(0.3, 0.05, expected_batch_size=3)
+        step = DPStep(generator, optimizer, plan, 0.05, physical_batch_size=2, grad_sample_mode=mode)
         assert step.mode == mode
 
         def make_batch(indices, generator=generator):
             return generator.training_batch([DOCS[i] for i in indices], [QUERIES[i] for i in indices], 16)
 
-        step.step(make_batch, [0, 1, 2], torch.Generator().manual_seed(5))
+        step.step(make_batch, [0, 1, 2], [1.0, 1.0, 1.0], SecretRandomness(seed=5))
         results[mode] = {n: p.detach().clone() for n, p in generator.model.named_parameters()}
     for mode in ("hooks", "ghost"):
         for name, value in results["vmap"].items():

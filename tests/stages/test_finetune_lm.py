@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -13,6 +14,10 @@ from synthq.config import FinetuneConfig
 from synthq.errors import DataError, ModelResolutionError, PrivacyError
 from synthq.models.generator import QueryGenerator
 from synthq.stages import finetune_lm
+
+
+def diagnostics(artifact) -> dict:
+    return json.loads((artifact.path / "diagnostics" / "metrics.json").read_text())
 
 
 def config(tmp_path, beir, model, name="gen", **options) -> FinetuneConfig:
@@ -28,40 +33,41 @@ def test_dp_run_reports_an_epsilon_an_independent_accountant_reproduces(
     artifact = finetune_lm.run(config(tmp_path, tiny_beir, model, epsilon=8.0))
     guarantee = artifact.privacy
     details = guarantee.details
-    n = details["num_examples"]
+    n = details["num_units"]
     assert n == 17 and guarantee.delta == pytest.approx(1 / (2 * n))
     assert details["sample_rate"] == pytest.approx(8 / 17)
     assert details["steps"] == math.ceil(4 * 17 / 8)
     accountant = RDPAccountant()
     accountant.history = [(details["noise_multiplier"], details["sample_rate"], details["steps"])]
     assert guarantee.epsilon == pytest.approx(accountant.get_epsilon(delta=guarantee.delta))
-    assert guarantee.epsilon <= 8.0 and guarantee.unit == "example"
-    assert details["per_sample_clipping"].startswith("Opacus ghost clipping")  # auto picks ghost
+    assert guarantee.epsilon <= 8.0 and guarantee.unit == "query"
+    assert details["per_sample_clipping"].startswith("ghost clipping")  # auto picks ghost
     # a Hugging Face directory any tool loads, and the training curve
     generator = QueryGenerator.load(artifact.path)
     assert generator.kind == ("seq2seq" if model_fixture == "tiny_t5_dir" else "causal")
-    lines = (artifact.path / "training.jsonl").read_text().splitlines()
+    lines = (artifact.path / "diagnostics" / "training.jsonl").read_text().splitlines()
     assert len(lines) == details["steps"]
+    assert "diagnostics/training.jsonl" in artifact.manifest["private_files"]
 
 
 def test_non_private_run_learns_and_heavy_noise_does_not(tmp_path, tiny_beir, tiny_causal_dir):
     clean = finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, "clean", epsilon="inf", epochs=20))
     assert math.isinf(clean.privacy.epsilon) and clean.privacy.mechanism == "none"
-    assert clean.metrics["final_loss"] < 0.5 * clean.metrics["first_loss"]
+    assert diagnostics(clean)["final_loss"] < 0.5 * diagnostics(clean)["first_loss"]
     noisy = finetune_lm.run(
         config(tmp_path, tiny_beir, tiny_causal_dir, "noisy", epsilon=0.5, epochs=20, clip_norm=0.01)
     )
     assert noisy.privacy.epsilon <= 0.5
-    assert noisy.metrics["final_loss"] > 0.8 * noisy.metrics["first_loss"]
+    assert diagnostics(noisy)["final_loss"] > 0.8 * diagnostics(noisy)["first_loss"]
 
 
 def test_resume_after_interruption_gives_identical_accounting_and_weights(
     tmp_path, tiny_beir, tiny_causal_dir, monkeypatch
 ):
-    options = dict(epsilon=8.0, epochs=6, checkpoint_every=3)
+    options = dict(epsilon=8.0, epochs=6, checkpoint_every=3, seed=0)
     reference = finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, "reference", **options))
 
-    original_step = finetune_lm.DPStep.step
+    original_step = finetune_lm.GeneratorTraining.step
     calls = {"n": 0}
 
     def interrupted(self, *args, **kwargs):
@@ -70,13 +76,13 @@ def test_resume_after_interruption_gives_identical_accounting_and_weights(
             raise KeyboardInterrupt
         return original_step(self, *args, **kwargs)
 
-    monkeypatch.setattr(finetune_lm.DPStep, "step", interrupted)
+    monkeypatch.setattr(finetune_lm.GeneratorTraining, "step", interrupted)
     resumable = config(tmp_path, tiny_beir, tiny_causal_dir, "resumed", **options)
     with pytest.raises(KeyboardInterrupt):
         finetune_lm.run(resumable)
     assert not resumable.out.exists()  # nothing finished-looking
     assert (partial_dir(resumable.out) / "checkpoints" / "state.pt").is_file()
-    monkeypatch.setattr(finetune_lm.DPStep, "step", original_step)
+    monkeypatch.setattr(finetune_lm.GeneratorTraining, "step", original_step)
     resumed = finetune_lm.run(resumable.model_copy(update={"resume": True}))
     assert resumed.privacy.epsilon == reference.privacy.epsilon
     assert resumed.privacy.details == reference.privacy.details
@@ -98,7 +104,7 @@ def test_bad_input(tmp_path, tiny_beir, tiny_causal_dir):
         finetune_lm.run(config(tmp_path, tiny_beir, tmp_path / "no-such-model"))
     with pytest.raises(PrivacyError, match="ε must be > 0"):
         finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, epsilon=0))
-    with pytest.raises(DataError, match="larger than the 17 training pairs"):
+    with pytest.raises(PrivacyError, match="larger than the 17 privacy units"):
         finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, batch_size=64))
     with pytest.raises(DataError, match="no qrels for split 'validation'"):
         finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, split="validation"))
