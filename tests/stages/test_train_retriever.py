@@ -13,6 +13,7 @@ from synthq.artifacts import create_artifact, open_artifact
 from synthq.config import TrainRetrieverConfig
 from synthq.data import load_beir_dir, training_pairs, write_beir_dir
 from synthq.dp.contrastive_logit import logit_dp_constants
+from synthq.dp.engine import PrivacyPlan
 from synthq.errors import ArtifactError, DataError
 from synthq.privacy import Guarantee
 from synthq.retrieval.metrics import evaluate
@@ -65,41 +66,42 @@ def test_direct_dp_reports_its_own_accounted_epsilon(tmp_path, tiny_beir, tiny_e
     assert artifact.privacy.epsilon == pytest.approx(
         accountant.get_epsilon(delta=details["accountant_delta"])
     )
-    assert artifact.privacy.epsilon <= 6 and artifact.privacy.unit == "example"
+    assert artifact.privacy.epsilon <= 6 and artifact.privacy.unit == "query"
     cap = details["max_batch_size"]
-    if mode in ("batch", "group"):  # 2C holds for any batch: no cap, nothing added to δ
-        assert cap is None and details["batch_cap_tail_probability"] == 0
+    if mode in ("batch", "group"):  # 2C holds for any batch: no cap
+        assert cap is None
         expected = 2.0
+    elif mode == "sample":
+        expected = 2 * cap - 1.0
     else:
-        expected = 2 * cap - 1.0 if mode == "sample" else logit_dp_constants(cap, 1.0)["multiplier"]
+        constants = logit_dp_constants(cap, 1.0)
+        expected = max(constants["multiplier"], cap * constants["G1"])
     assert details["sensitivity"] == pytest.approx(expected) and details["mode"] == mode
     assert details["noise_std"] == pytest.approx(details["noise_multiplier"] * details["sensitivity"])
     assert details["sample_rate"] == pytest.approx(options.get("batch_size", 8) / 17)
-    assert artifact.privacy.delta == pytest.approx(
-        details["accountant_delta"] + details["batch_cap_tail_probability"]
-    )
-    if mode == "group":
-        assert details["one_backward_pass"] is True
+    # over-full batches are emptied, so δ is the accountant's δ with no tail term
+    assert artifact.privacy.delta == details["accountant_delta"] == pytest.approx(1 / (2 * 17))
     assert SentenceTransformer(str(artifact.path)).encode(["egg"]).shape == (1, 32)
 
 
 def test_dp_noise_is_sigma_times_sensitivity_in_the_update(
     tmp_path, tiny_beir, tiny_encoder_dir, monkeypatch
 ):
-    """The stage hands privatize() the mechanism's own sensitivity and the accountant's σ."""
+    """The stage hands the engine's privatize() the plan built from the mechanism's sensitivity."""
     seen = []
-    original = train_retriever.privatize
+    original = PrivacyPlan.privatize
 
-    def spy(clipped, sensitivity, noise_multiplier, generator):
-        seen.append((sensitivity, noise_multiplier))
-        return original(clipped, sensitivity, noise_multiplier, generator)
+    def spy(self, clipped, randomness):
+        seen.append((self.sensitivity, self.noise_multiplier, self.noise_std))
+        return original(self, clipped, randomness)
 
-    monkeypatch.setattr(train_retriever, "privatize", spy)
+    monkeypatch.setattr(PrivacyPlan, "privatize", spy)
     artifact = train_retriever.run(
         config(tmp_path, tiny_beir, tiny_encoder_dir, "spy", dp="sample", epsilon=4, max_steps=2)
     )
     details = artifact.privacy.details
-    assert seen == [(details["sensitivity"], details["noise_multiplier"])] * 2
+    expected = (details["sensitivity"], details["noise_multiplier"], details["noise_std"])
+    assert seen == [expected] * 2
 
 
 def test_gradcache_training_runs_and_matches_the_ledger(tmp_path, tiny_beir, tiny_encoder_dir):

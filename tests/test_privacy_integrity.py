@@ -1,0 +1,225 @@
+"""Flows in which a printed ε used to be false (issue: privacy integrity), each reproduced on tiny
+models and data: now refused, or labelled with the guarantee it really has."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from synthq.artifacts import ArtifactError, create_artifact, export_artifact, open_artifact, partial_dir
+from synthq.config import EvalConfig, FinetuneConfig, GenerateConfig, TrainRetrieverConfig
+from synthq.data.beir_io import load_beir_dir, write_beir_dir
+from synthq.errors import PrivacyError
+from synthq.ledger import dataset_totals, ledger_lines
+from synthq.privacy import Guarantee
+from synthq.stages import evaluate, finetune_lm, generate, train_retriever
+
+
+def finetune(tmp_path, beir, model, name, **options):
+    defaults = dict(batch_size=8, epochs=2, physical_batch_size=4, lr=1e-2, max_source_length=48)
+    config = FinetuneConfig(data=str(beir), model=str(model), out=tmp_path / name, **{**defaults, **options})
+    return finetune_lm.run(config)
+
+
+def released_text(artifact) -> str:
+    """Everything a release of the artifact contains, as text (manifest + payload, no diagnostics)."""
+    texts = [(artifact.path / "manifest.json").read_text()]
+    for relative in artifact.manifest["files"]:
+        path = artifact.path / relative
+        if path.suffix in (".json", ".jsonl", ".md", ".txt", ".tsv"):
+            texts.append(path.read_text(errors="ignore"))
+    return "\n".join(texts)
+
+
+def test_resume_with_a_changed_config_is_refused(tmp_path, tiny_beir, tiny_causal_dir, monkeypatch):
+    options = dict(epsilon="inf", epochs=4, checkpoint_every=2)
+    original = finetune_lm.GeneratorTraining.step
+    calls = {"n": 0}
+
+    def interrupted(self):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(finetune_lm.GeneratorTraining, "step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **options)
+    monkeypatch.setattr(finetune_lm.GeneratorTraining, "step", original)
+    assert (partial_dir(tmp_path / "gen") / "checkpoints" / "state.pt").is_file()
+    with pytest.raises(ArtifactError, match="other settings.*epsilon"):
+        finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **{**options, "epsilon": 8.0}, resume=True)
+    assert not (tmp_path / "gen").exists()
+
+
+def test_generate_defaults_to_the_whole_public_corpus(tmp_path, tiny_beir, tiny_causal_dir):
+    # a private train split that judges only some documents
+    private = tmp_path / "private"
+    shutil.copytree(tiny_beir, private)
+    dataset = load_beir_dir(private)
+    train = {q: d for q, d in dataset.qrels["train"].items() if next(iter(d)).startswith("egg")}
+    write_beir_dir(private, dataset.corpus, dataset.queries, {**dataset.qrels, "train": train})
+    generator = finetune(tmp_path, private, tiny_causal_dir, "gen", epsilon="inf", max_steps=1, batch_size=2)
+    options = dict(generator=generator.path, corpus=str(private), max_new_tokens=4, seed=0)
+    everything = generate.run(GenerateConfig(out=tmp_path / "syn-all", **options))
+    assert everything.metrics["documents"] + everything.metrics["dropped_degenerate"] == 12
+    assert everything.privacy.assumptions == generator.privacy.assumptions
+    judged = generate.run(GenerateConfig(out=tmp_path / "syn-judged", split="train", **options))
+    assert judged.metrics["documents"] + judged.metrics["dropped_degenerate"] <= 3
+    assert any("documents judged in split 'train' is public" in a for a in judged.privacy.assumptions)
+    listed = tmp_path / "ids.txt"
+    listed.write_text("# public list\ngit-0\ntax-1\n")
+    chosen = generate.run(GenerateConfig(out=tmp_path / "syn-list", documents=listed, **options))
+    assert set(load_beir_dir(chosen.path).corpus) <= {"git-0", "tax-1"}
+
+
+def test_dp_artifacts_release_no_unnoised_statistics(tmp_path, tiny_beir, tiny_causal_dir):
+    artifact = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", epsilon=8.0, max_steps=3)
+    manifest = artifact.manifest
+    assert not {"first_loss", "final_loss"} & set(manifest["metrics"])
+    assert manifest["timings"] == {}  # wall time depends on the private batch sizes
+    assert set(manifest["private_files"]) == {"diagnostics/metrics.json", "diagnostics/training.jsonl"}
+    assert not any(name.startswith("diagnostics/") for name in manifest["files"])
+    assert "seed" not in json.dumps(manifest["privacy"]) or manifest["config"]["seed"] is None
+    release = export_artifact(artifact.path, tmp_path / "release")
+    assert not (release.path / "diagnostics").exists() and "private_files" not in release.manifest
+    assert release.privacy == artifact.privacy
+
+
+def test_a_starting_model_is_an_input_and_composes(tmp_path, tiny_beir, tiny_causal_dir):
+    non_private = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen-inf", epsilon="inf", max_steps=1)
+    continued = finetune(tmp_path, tiny_beir, non_private.path, "gen-from-inf", epsilon=8.0, max_steps=2)
+    assert math.isinf(continued.privacy.epsilon)  # was printed as 7.99 before
+    assert any(r.get("stage") == "finetune-lm" and r["role"] == "model" for r in continued.inputs)
+    first = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen-a", epsilon=4.0, max_steps=2)
+    second = finetune(tmp_path, tiny_beir, first.path, "gen-b", epsilon=4.0, max_steps=2)
+    assert second.privacy.epsilon == pytest.approx(
+        first.privacy.epsilon + second.manifest["own_privacy"]["epsilon"]
+    )
+    # a plain directory is recorded with its hash and stated as assumed public
+    assert any("is public" in a for a in first.privacy.assumptions)
+    plain = [r for r in first.inputs if r.get("role") == "model"][0]
+    assert plain["kind"] == "model" and len(plain["sha256"]) == 64
+
+
+def test_retriever_from_a_non_private_retriever_is_not_private(tmp_path, tiny_beir, tiny_encoder_dir):
+    base = dict(max_steps=1, batch_size=4, max_query_length=16, max_doc_length=32, seed=0)
+    original = train_retriever.run(
+        TrainRetrieverConfig(
+            data=str(tiny_beir), encoder=str(tiny_encoder_dir), out=tmp_path / "orig", **base
+        )
+    )
+    dp = train_retriever.run(
+        TrainRetrieverConfig(
+            data=str(tiny_beir),
+            encoder=str(original.path),
+            out=tmp_path / "dp",
+            dp="batch",
+            epsilon=8,
+            **base,
+        )
+    )
+    assert math.isinf(dp.privacy.epsilon)
+    assert dp.manifest["own_privacy"]["epsilon"] <= 8
+
+
+def test_eval_untrained_keeps_an_artifacts_own_guarantee(tmp_path, tiny_beir, tiny_encoder_dir):
+    base = dict(max_steps=1, batch_size=4, max_query_length=16, max_doc_length=32, seed=0)
+    original = train_retriever.run(
+        TrainRetrieverConfig(
+            data=str(tiny_beir), encoder=str(tiny_encoder_dir), out=tmp_path / "orig", **base
+        )
+    )
+    result = evaluate.run(
+        EvalConfig(
+            out=tmp_path / "eval", datasets=[str(tiny_beir)], untrained=[str(original.path)], bm25=False
+        )
+    )
+    assert math.isinf(result.privacy.epsilon)
+    rows = json.loads((result.path / "results.json").read_text())
+    assert math.isinf(float(rows[0]["epsilon"])) and rows[0]["kind"] == "retriever"
+    public = evaluate.run(
+        EvalConfig(
+            out=tmp_path / "eval2", datasets=[str(tiny_beir)], untrained=[str(tiny_encoder_dir)], bm25=False
+        )
+    )
+    assert public.privacy.epsilon == 0 and any("is public" in a for a in public.privacy.assumptions)
+
+
+def test_secure_randomness_by_default_and_a_seed_is_an_assumption(tmp_path, tiny_beir, tiny_causal_dir):
+    secret = finetune(tmp_path, tiny_beir, tiny_causal_dir, "a", epsilon=8.0, max_steps=2, checkpoint_every=1)
+    again = finetune(tmp_path, tiny_beir, tiny_causal_dir, "b", epsilon=8.0, max_steps=2)
+    assert secret.manifest["config"]["seed"] is None
+    assert not any("seed" in a for a in secret.privacy.assumptions)
+    weights = [
+        torch.load(a.path / "model.safetensors", weights_only=True) if False else a for a in (secret, again)
+    ]
+    from synthq.models.generator import QueryGenerator
+
+    first, second = (QueryGenerator.load(a.path).model.state_dict() for a in weights)
+    assert any(not torch.equal(first[k], second[k]) for k in first)  # different secret noise
+    seeded = finetune(tmp_path, tiny_beir, tiny_causal_dir, "c", epsilon=8.0, max_steps=2, seed=3)
+    assert any("reproducible seed 3" in a for a in seeded.privacy.assumptions)
+    assert not (secret.path / "checkpoints").exists()  # the secret state never leaves the checkpoint
+
+
+def test_the_unit_is_the_query(tmp_path, tiny_beir, tiny_causal_dir):
+    # one query judged with three documents: n counts queries, δ = 1/(2n) over queries
+    multi = tmp_path / "multi"
+    shutil.copytree(tiny_beir, multi)
+    dataset = load_beir_dir(multi)
+    train = dict(dataset.qrels["train"])
+    first = next(iter(train))
+    train[first] = {"egg-0": 1, "egg-1": 1, "egg-2": 1}
+    write_beir_dir(multi, dataset.corpus, dataset.queries, {**dataset.qrels, "train": train})
+    artifact = finetune(tmp_path, multi, tiny_causal_dir, "gen", epsilon=8.0, max_steps=2)
+    details = artifact.privacy.details
+    assert details["num_units"] == 17 and details["pairs_per_query_max"] == 3
+    assert artifact.privacy.delta == pytest.approx(1 / 34) and artifact.privacy.unit == "query"
+    with pytest.raises(PrivacyError, match="several relevant documents|has 3 relevant documents"):
+        train_retriever.run(
+            TrainRetrieverConfig(
+                data=str(multi),
+                out=tmp_path / "logit",
+                dp="logit",
+                epsilon=8,
+                temperature=1.0,
+                batch_size=4,
+                max_steps=1,
+                max_query_length=16,
+                max_doc_length=32,
+            )  # fmt: skip
+        )
+
+
+def test_an_edited_epsilon_is_refused(tmp_path, tiny_beir, tiny_causal_dir):
+    artifact = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", epsilon=8.0, max_steps=2)
+    manifest = json.loads((artifact.path / "manifest.json").read_text())
+    manifest["privacy"]["epsilon"] = 0.5
+    (artifact.path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="does not match its mechanism"):
+        open_artifact(artifact.path)
+    inf = finetune(tmp_path, tiny_beir, tiny_causal_dir, "inf", epsilon="inf", max_steps=1)
+    manifest = json.loads((inf.path / "manifest.json").read_text())
+    manifest["privacy"]["epsilon"] = 1.0
+    (inf.path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="does not match"):
+        open_artifact(inf.path)
+
+
+def test_the_ledger_composes_releases_per_private_dataset(tmp_path, tiny_beir, tiny_causal_dir):
+    first = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen-a", epsilon=4.0, max_steps=2)
+    second = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen-b", epsilon=2.0, max_steps=2)
+    totals = dataset_totals([first.path, second.path])
+    (total,) = totals.values()
+    assert total == pytest.approx(first.privacy.epsilon + second.privacy.epsilon)
+    leaky = tmp_path / "similarity"
+    with create_artifact(leaky, "similarity", {"x": 1}, [{**first.inputs[0]}]) as writer:
+        writer.privacy = Guarantee.non_private("reads the private queries")
+    assert math.isinf(next(iter(dataset_totals([first.path, leaky]).values())))
+    text = "\n".join(ledger_lines([first.path, leaky]))
+    assert "read WITHOUT DP" in text and "DP release" in text and "is public" in text
