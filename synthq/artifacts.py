@@ -17,13 +17,14 @@ import math
 import os
 import platform
 import shutil
+import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from synthq import __version__
+from synthq import __version__, distributed
 from synthq.errors import ArtifactError
 from synthq.privacy import Guarantee
 
@@ -287,7 +288,7 @@ class ArtifactWriter:
     # Sub-directories of ``dir`` that hold resumable state and are removed before finishing.
     scratch: list[str] = field(default_factory=lambda: ["checkpoints"])
     # False on the ranks other than 0 of a torchrun job, whose writer is thrown away
-    # (synthq.distributed.artifact_on_main): large saves may be skipped there.
+    # (synthq.artifact_on_main): large saves may be skipped there.
     primary: bool = True
 
     @property
@@ -486,3 +487,34 @@ def export_artifact(path: str | Path, out: str | Path) -> Artifact:
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, out)
     return open_artifact(out)
+
+
+@contextlib.contextmanager
+def artifact_on_main(out, stage: str, config: Any, inputs: Sequence[dict] = (), **options) -> Iterator:
+    """:func:`create_artifact` on rank 0; a throwaway writer elsewhere.
+
+    Every rank runs the same stage code inside the block; only rank 0's output becomes the
+    artifact (``writer.primary`` tells a stage whether a large save is worth doing). The world
+    size is recorded in the manifest. All ranks wait for rank 0 to finish the artifact before
+    leaving, so a caller can open it next.
+    """
+    place = distributed.topology()
+    if place.is_main:
+        with create_artifact(out, stage, config, inputs, **options) as writer:
+            writer.extra["distributed"] = place.describe()
+            yield writer
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix=f"synthq-rank{place.rank}-"))
+        try:
+            yield ArtifactWriter(
+                path=Path(out),
+                dir=scratch,
+                stage=stage,
+                config={},
+                inputs=list(inputs),
+                fingerprint=config_fingerprint(config, list(inputs)),
+                primary=False,
+            )
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    distributed.barrier()

@@ -11,12 +11,13 @@ no-op, so a stage has one code path whatever the world size:
 * :func:`gather_rows` — concatenate every rank's rows (uneven counts allowed), optionally
   keeping the autograd graph so that in-batch negatives from other ranks pass gradients back;
 * :func:`broadcast` / :func:`gather_objects` — Python objects (decisions, logs, checkpoints);
-* :func:`artifact_on_main` — only rank 0 creates the artifact; the others get a scratch writer
-  that is thrown away, and every rank leaves the block only when rank 0 has finished it.
+* rank-0 artifacts live in :func:`synthq.artifacts.artifact_on_main` (the artifact layer may
+  import this module, never the reverse): only rank 0 creates the artifact; the others get a
+  scratch writer that is thrown away, and every rank leaves the block when rank 0 has finished.
 
-Privacy: DP stages draw their Poisson batch and their Gaussian noise from generators seeded the
-same way on every rank. Each rank clips its own share of the batch; the clipped sums are
-all-reduced; every rank then adds the *same* noise vector once to that global sum. The update is
+Privacy: DP stages draw their Poisson batch and their Gaussian noise from secret generators
+that rank 0 seeds and broadcasts (:class:`synthq.dp.engine.SecretRandomness`). Each rank clips
+its own share of the batch; the clipped sums are all-reduced; every rank then adds the *same* noise vector once to that global sum. The update is
 therefore exactly the single-process update (noise once per logical step, not once per rank),
 the replicas stay identical without further communication, and the accountant sees the global
 sampling rate ``q = batch / n``.
@@ -24,13 +25,9 @@ sampling rate ``q = batch / n``.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -198,36 +195,3 @@ def broadcast_parameters(module: torch.nn.Module, source: int = 0) -> None:
 def barrier() -> None:
     if topology().world_size > 1:
         dist.barrier()
-
-
-@contextlib.contextmanager
-def artifact_on_main(out, stage: str, config: Any, inputs: Sequence[dict] = (), **options) -> Iterator:
-    """:func:`synthq.artifacts.create_artifact` on rank 0; a throwaway writer elsewhere.
-
-    Every rank runs the same stage code inside the block; only rank 0's output becomes the
-    artifact (``writer.primary`` tells a stage whether a large save is worth doing). The world
-    size is recorded in the manifest. All ranks wait for rank 0 to finish the artifact before
-    leaving, so a caller can open it next.
-    """
-    from synthq.artifacts import ArtifactWriter, config_fingerprint, create_artifact
-
-    place = topology()
-    if place.is_main:
-        with create_artifact(out, stage, config, inputs, **options) as writer:
-            writer.extra["distributed"] = place.describe()
-            yield writer
-    else:
-        scratch = Path(tempfile.mkdtemp(prefix=f"synthq-rank{place.rank}-"))
-        try:
-            yield ArtifactWriter(
-                path=Path(out),
-                dir=scratch,
-                stage=stage,
-                config={},
-                inputs=list(inputs),
-                fingerprint=config_fingerprint(config, list(inputs)),
-                primary=False,
-            )
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    barrier()

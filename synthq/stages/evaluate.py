@@ -44,6 +44,7 @@ from pathlib import Path
 from synthq import distributed
 from synthq.artifacts import (
     Artifact,
+    artifact_on_main,
     data_input_record,
     existing_result,
     json_safe,
@@ -269,7 +270,7 @@ def run(config: EvalConfig) -> Artifact:
     rows, timings = [], {"per_run": {}}
     totals = {"documents_encoded": 0, "encode_seconds": 0.0, "queries": 0, "query_seconds": 0.0}
     cache = {"hits": 0, "misses": 0}
-    with distributed.artifact_on_main(config.out, STAGE, config, inputs) as writer:
+    with artifact_on_main(config.out, STAGE, config, inputs) as writer:
         for spec, root in roots.items():
             name = source_name(spec)
             split = config.split or default_eval_split(spec)

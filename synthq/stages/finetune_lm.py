@@ -29,7 +29,14 @@ from pathlib import Path
 import torch
 
 from synthq import distributed
-from synthq.artifacts import Artifact, config_to_dict, data_input_record, existing_result, open_artifact
+from synthq.artifacts import (
+    Artifact,
+    artifact_on_main,
+    config_to_dict,
+    data_input_record,
+    existing_result,
+    open_artifact,
+)
 from synthq.config import FinetuneConfig
 from synthq.console import info, progress, warn
 from synthq.data.pairs import training_pairs
@@ -147,7 +154,7 @@ def run(config: FinetuneConfig) -> Artifact:
         )
         + (f"; {place.world_size} ranks ({place.backend})" if place.world_size > 1 else "")
     )
-    with distributed.artifact_on_main(
+    with artifact_on_main(
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
     ) as writer:
         checkpoint, log = writer.checkpoint_dir / CHECKPOINT, []

@@ -31,7 +31,14 @@ import torch
 import torch.nn.functional as F
 
 from synthq import distributed
-from synthq.artifacts import Artifact, data_input_record, existing_result, is_artifact, open_artifact
+from synthq.artifacts import (
+    Artifact,
+    artifact_on_main,
+    data_input_record,
+    existing_result,
+    is_artifact,
+    open_artifact,
+)
 from synthq.config import TrainRetrieverConfig
 from synthq.console import info, progress, warn
 from synthq.data.pairs import Pair, training_pairs
@@ -211,7 +218,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
             warn(f"at temperature {config.temperature} Logit-DP's sensitivity is no better than per-query "
                  "clipping's; it pays off near --temperature 1")  # fmt: skip
     scheduler = _scheduler(optimizer, steps, config.warmup_ratio)
-    with distributed.artifact_on_main(config.out, STAGE, config, inputs) as writer:
+    with artifact_on_main(config.out, STAGE, config, inputs) as writer:
         started, seen, losses, batches = time.perf_counter(), 0, [], []
         with progress() as bar:
             task = bar.add_task(
