@@ -17,10 +17,10 @@ no-op, so a stage has one code path whatever the world size:
 
 Privacy: DP stages draw their Poisson batch and their Gaussian noise from secret generators
 that rank 0 seeds and broadcasts (:class:`synthq.dp.engine.SecretRandomness`). Each rank clips
-its own share of the batch; the clipped sums are all-reduced; every rank then adds the *same* noise vector once to that global sum. The update is
-therefore exactly the single-process update (noise once per logical step, not once per rank),
-the replicas stay identical without further communication, and the accountant sees the global
-sampling rate ``q = batch / n``.
+its own share of the batch; the clipped sums are all-reduced; every rank then adds the *same*
+noise vector once to that global sum. The update is therefore exactly the single-process update
+(noise once per logical step, not once per rank), the replicas stay identical without further
+communication, and the accountant sees the global sampling rate ``q = batch / n``.
 """
 
 from __future__ import annotations
