@@ -91,45 +91,80 @@ def _write_log(path: Path, log: list[dict]) -> None:
             handle.write(json.dumps(row) + "\n")
 
 
+def _plan(config: FinetuneConfig, units: PrivacyUnits, steps: int) -> PrivacyPlan | None:
+    """The DP plan for a finite ε (``None``: non-private training)."""
+    if not math.isfinite(config.epsilon):
+        return None
+    plan = PrivacyPlan.create(
+        num_units=len(units), expected_batch_size=config.batch_size, steps=steps, epsilon=config.epsilon,
+        delta=config.delta, accountant=config.accountant, mechanism=PerQueryClipping(config.clip_norm),
+    )  # fmt: skip
+    if plan.fallback_reason:
+        warn(f"accountant: {plan.fallback_reason}; using RDP")
+    return plan
+
+
+def _load_generator(config: FinetuneConfig, path: Path, rank: int) -> QueryGenerator:
+    """The starting model (LoRA applied), identical on every rank, in train mode."""
+    if config.seed is not None:  # public randomness (LoRA init, dropout): reproducible when asked
+        torch.manual_seed(config.seed)
+    generator = QueryGenerator.load(path, device="cpu", max_source_length=config.max_source_length)
+    if config.lora_rank > 0:
+        apply_lora(generator, config.lora_rank, config.lora_alpha)
+    generator.model.to(distributed.device_for(config.device))
+    distributed.broadcast_parameters(generator.model)  # identical replicas from the first step
+    if config.seed is not None:
+        torch.manual_seed(config.seed + rank)  # under torchrun, each rank its own dropout masks
+    generator.model.train()
+    return generator
+
+
+def _own_guarantee(config, plan, training: GeneratorTraining, units: PrivacyUnits) -> Guarantee:
+    """What this run itself releases about the private pairs."""
+    if plan is None:
+        return Guarantee.non_private("fine-tuned on the private queries without DP (ε = ∞)", unit="query")
+    details = {
+        "clip_norm": config.clip_norm,
+        "sensitivity_rule": PerQueryClipping.sensitivity_rule,
+        "per_sample_clipping": PER_SAMPLE_CLIPPING[training.mode],
+        "trainable": "LoRA adapters" if config.lora_rank else "all parameters",
+        "pairs_per_query_max": units.max_rows,
+    }
+    assumptions = [
+        training.randomness.assumption(),
+        "the number of training queries n (recorded to recompute ε) is public",
+    ]
+    return plan.guarantee(mechanism=f"dp-{config.optimizer}", details=details, assumptions=assumptions)
+
+
+def _diagnostics(log: list[dict], elapsed: float, steps_run: int) -> dict:
+    """Training statistics of private batches (ε = ∞: for the private diagnostics only)."""
+    losses = [row["loss"] for row in log if not math.isnan(row["loss"])]
+    tail = losses[-max(1, len(losses) // 10) :]
+    return {
+        "first_loss": losses[0] if losses else None,
+        "final_loss": sum(tail) / len(tail) if tail else None,
+        "train_seconds": round(elapsed, 3),
+        "seconds_per_step": round(elapsed / max(steps_run, 1), 4),
+        "examples_seen": sum(row["examples"] for row in log),
+    }
+
+
 def run(config: FinetuneConfig) -> Artifact:
     place = distributed.setup(config.device)
-    source = resolve_source(config.data)
     start = model_input(config.model)
-    inputs = [{**data_input_record(source, name=config.data), "private": True}, start.record]
+    inputs = [
+        {**data_input_record(resolve_source(config.data), name=config.data), "private": True},
+        start.record,
+    ]
     if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
         return done
     pairs = training_pairs(load_source(config.data, splits=[config.split]), config.split)
     pairs = pairs[: config.limit] if config.limit is not None else pairs
     units = PrivacyUnits.from_keys([p.query_id for p in pairs])
     steps = planned_steps(len(units), config.batch_size, config.epochs, config.max_steps)
-    private = math.isfinite(config.epsilon)
-    mechanism = PerQueryClipping(config.clip_norm)
-    plan = (
-        PrivacyPlan.create(
-            num_units=len(units),
-            expected_batch_size=config.batch_size,
-            steps=steps,
-            epsilon=config.epsilon,
-            delta=config.delta,
-            accountant=config.accountant,
-            mechanism=mechanism,
-        )  # fmt: skip
-        if private
-        else None
-    )
-    if plan is not None and plan.fallback_reason:
-        warn(f"accountant: {plan.fallback_reason}; using RDP")
-    randomness = SecretRandomness(config.seed)
-    if config.seed is not None:  # public randomness (LoRA init, dropout): reproducible when asked
-        torch.manual_seed(config.seed)
-    generator = QueryGenerator.load(start.path, device="cpu", max_source_length=config.max_source_length)
-    if config.lora_rank > 0:
-        apply_lora(generator, config.lora_rank, config.lora_alpha)
-    generator.model.to(distributed.device_for(config.device))
-    distributed.broadcast_parameters(generator.model)  # identical replicas from the first step
-    if config.seed is not None:
-        torch.manual_seed(config.seed + place.rank)  # under torchrun, each rank its own dropout masks
-    generator.model.train()
+    plan = _plan(config, units, steps)
+    generator = _load_generator(config, start.path, place.rank)
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
 
     def make_batch(rows: list[int]) -> dict[str, torch.Tensor]:
@@ -140,8 +175,8 @@ def run(config: FinetuneConfig) -> Artifact:
 
     training = GeneratorTraining(
         generator, make_optimizer(config.optimizer, trainable, config.lr, config.weight_decay), make_batch,
-        units, config.batch_size, plan, randomness, config.clip_norm, config.physical_batch_size,
-        config.grad_sample_mode,
+        units, config.batch_size, plan, SecretRandomness(config.seed), config.clip_norm,
+        config.physical_batch_size, config.grad_sample_mode,
     )  # fmt: skip
     info(
         f"fine-tuning {config.model} ({generator.kind}, {sum(p.numel() for p in trainable):,} trainable) on "
@@ -171,49 +206,26 @@ def run(config: FinetuneConfig) -> Artifact:
                 result = training.step()
                 log.append({"step": training.step_index, "loss": result.loss, "examples": result.examples})
                 if plan and (training.step_index % every == 0 or training.step_index == steps):
-                    spent = plan.epsilon_after(training.step_index)
-                    bar.update(task, description=f"finetune-lm ε {spent:.2f}")
+                    bar.update(
+                        task, description=f"finetune-lm ε {plan.epsilon_after(training.step_index):.2f}"
+                    )
                 bar.update(task, advance=1)
-                due = config.checkpoint_every and training.step_index % config.checkpoint_every == 0
-                if writer.primary and due:
+                if (
+                    writer.primary
+                    and config.checkpoint_every
+                    and training.step_index % config.checkpoint_every == 0
+                ):
                     save_checkpoint(checkpoint, training, config, log)
         elapsed = time.perf_counter() - started
         training.close()  # the saved model carries no clipping hooks
         generator.model.eval()
         if writer.primary:
             generator.save(writer.dir, generation_defaults={"do_sample": True, "top_p": 0.8})
-        own = (
-            plan.guarantee(
-                mechanism=f"dp-{config.optimizer}",
-                details={
-                    "clip_norm": config.clip_norm,
-                    "sensitivity_rule": mechanism.sensitivity_rule,
-                    "per_sample_clipping": PER_SAMPLE_CLIPPING[training.mode],
-                    "trainable": "LoRA adapters" if config.lora_rank else "all parameters",
-                    "pairs_per_query_max": units.max_rows,
-                },
-                assumptions=[
-                    randomness.assumption(),
-                    "the number of training queries n (recorded to recompute ε) is public",
-                ],
-            )
-            if plan
-            else Guarantee.non_private("fine-tuned on the private queries without DP (ε = ∞)", unit="query")
-        )
+        own = _own_guarantee(config, plan, training, units)
         writer.extra["own_privacy"] = own.model_dump(mode="json")
         writer.privacy = trained_from(start, own)
         writer.metrics.update({"steps": steps, "kind": generator.kind, "grad_sample_mode": training.mode})
         _write_log(writer.diagnostics_dir / "training.jsonl", log)
-        losses = [row["loss"] for row in log if not math.isnan(row["loss"])]
-        tail = losses[-max(1, len(losses) // 10) :]
-        writer.diagnostics.update(
-            {
-                "first_loss": losses[0] if losses else None,
-                "final_loss": sum(tail) / len(tail) if tail else None,
-                "train_seconds": round(elapsed, 3),
-                "seconds_per_step": round(elapsed / max(steps - first, 1), 4),
-                "examples_seen": sum(row["examples"] for row in log),
-            }
-        )
+        writer.diagnostics.update(_diagnostics(log, elapsed, steps - first))
         writer.timings_are_private = True
     return distributed.on_main(open_artifact, config.out, STAGE)

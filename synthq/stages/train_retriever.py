@@ -151,6 +151,57 @@ def _scheduler(optimizer, steps: int, warmup_ratio: float):
     )
 
 
+def _load(config: TrainRetrieverConfig, path, rank: int):
+    """The starting encoder, identical on every rank, in train mode."""
+    if config.seed is not None:  # public randomness (dropout, shuffling of non-private epochs)
+        torch.manual_seed(config.seed)
+    encoder = load_encoder(path, device=distributed.device_for(config.device))
+    distributed.broadcast_parameters(encoder)
+    if config.seed is not None:
+        torch.manual_seed(config.seed + rank)  # under torchrun, each rank its own dropout masks
+    encoder.train()
+    return encoder
+
+
+def _dp_setup(config: TrainRetrieverConfig, units: PrivacyUnits, encoder, randomness, synthetic: bool):
+    """The registered mechanism for ``--dp`` and the engine's plan for it."""
+    if synthetic:
+        warn("--dp on a synthetic artifact: its ε composes with the generator's; the ledger records both")
+    steps = planned_steps(len(units), config.batch_size, config.epochs, config.max_steps)
+    mechanism = build_mechanism(
+        config.dp, clip_norm=config.clip_norm, temperature=config.temperature, model=encoder,
+        group_size=config.group_size, expected_batch_size=config.batch_size, randomness=randomness,
+        aug_negatives=config.aug_negatives, max_query_length=config.max_query_length,
+        max_doc_length=config.max_doc_length, pair_chunk=config.pair_chunk,
+    )  # fmt: skip
+    check_units_fit(units, config.dp, supports_multi_row_units=config.dp != "logit")
+    plan = PrivacyPlan.create(
+        num_units=len(units), expected_batch_size=config.batch_size, steps=steps, epsilon=config.epsilon,
+        delta=config.delta, accountant=config.accountant, mechanism=mechanism,
+    )  # fmt: skip
+    info(
+        f"direct DP training ({config.dp}): sensitivity {plan.sensitivity / config.clip_norm:.4g}·C = "
+        f"{plan.sensitivity:.4g} (batch cap {plan.batch_cap or 'none needed'}), "
+        f"σ = {plan.noise_multiplier:.3f} → noise std {plan.noise_std:.4g}, "
+        f"q = {plan.sample_rate:.4f}, {steps} steps"
+    )
+    if config.dp == "logit" and plan.sensitivity >= (2 * plan.batch_cap - 1) * config.clip_norm:
+        warn(f"at temperature {config.temperature} Logit-DP's sensitivity is no better than per-query "
+             "clipping's; it pays off only near --temperature 1")  # fmt: skip
+    return mechanism, plan, steps
+
+
+def _statistics(losses: list[float], elapsed: float, seen: int, steps: int) -> dict:
+    tail = losses[-max(1, len(losses) // 10) :]
+    return {
+        "first_loss": losses[0] if losses else None,
+        "final_loss": sum(tail) / len(tail) if tail else None,
+        "train_seconds": round(elapsed, 3),
+        "pairs_per_second": round(seen / max(elapsed, 1e-9), 3),
+        "seconds_per_step": round(elapsed / max(steps, 1), 4),
+    }
+
+
 def run(config: TrainRetrieverConfig) -> Artifact:
     place = distributed.setup(config.device)
     dataset, record, base_guarantee, synthetic = _inputs_and_guarantee(config)
@@ -165,22 +216,14 @@ def run(config: TrainRetrieverConfig) -> Artifact:
     pairs = pairs[: config.limit] if config.limit is not None else pairs
     units = PrivacyUnits.from_keys([p.query_id for p in pairs])
     if config.batch_size > len(pairs):
-        raise DataError(
-            f"--batch-size {config.batch_size} is larger than the {len(pairs)} training pairs", dataset.root
-        )
+        raise DataError(f"--batch-size {config.batch_size} is larger than the {len(pairs)} training pairs",
+                        dataset.root)  # fmt: skip
     if config.dp is None and not synthetic:
         warn(
             "[bold]training on the private queries WITHOUT differential privacy: this retriever has ε = ∞[/]"
         )
-    randomness = SecretRandomness(config.seed)
-    if config.seed is not None:  # public randomness (dropout, shuffling of non-private epochs)
-        torch.manual_seed(config.seed)
-    rng = random.Random(config.seed)
-    encoder = load_encoder(start.path, device=distributed.device_for(config.device))
-    distributed.broadcast_parameters(encoder)
-    if config.seed is not None:
-        torch.manual_seed(config.seed + place.rank)  # under torchrun, each rank its own dropout masks
-    encoder.train()
+    randomness, rng = SecretRandomness(config.seed), random.Random(config.seed)
+    encoder = _load(config, start.path, place.rank)
     parameters = [p for p in encoder.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr)
 
@@ -194,29 +237,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
         steps = min(steps, config.max_steps) if config.max_steps is not None else steps
         loss_function = training_loss(encoder, config.temperature, config.mini_batch_size)
     else:
-        if synthetic:
-            warn("--dp on a synthetic artifact: its ε composes with the generator's; the ledger records both")
-        steps = planned_steps(len(units), config.batch_size, config.epochs, config.max_steps)
-        mechanism = build_mechanism(
-            config.dp, clip_norm=config.clip_norm, temperature=config.temperature, model=encoder,
-            group_size=config.group_size, expected_batch_size=config.batch_size, randomness=randomness,
-            aug_negatives=config.aug_negatives, max_query_length=config.max_query_length,
-            max_doc_length=config.max_doc_length, pair_chunk=config.pair_chunk,
-        )  # fmt: skip
-        check_units_fit(units, config.dp, supports_multi_row_units=config.dp != "logit")
-        plan = PrivacyPlan.create(
-            num_units=len(units), expected_batch_size=config.batch_size, steps=steps, epsilon=config.epsilon,
-            delta=config.delta, accountant=config.accountant, mechanism=mechanism,
-        )  # fmt: skip
-        info(
-            f"direct DP training ({config.dp}): sensitivity {plan.sensitivity / config.clip_norm:.4g}·C = "
-            f"{plan.sensitivity:.4g} (batch cap {plan.batch_cap or 'none needed'}), "
-            f"σ = {plan.noise_multiplier:.3f} → noise std {plan.noise_std:.4g}, "
-            f"q = {plan.sample_rate:.4f}, {steps} steps"
-        )
-        if config.dp == "logit" and plan.sensitivity >= (2 * plan.batch_cap - 1) * config.clip_norm:
-            warn(f"at temperature {config.temperature} Logit-DP's sensitivity is no better than per-query "
-                 "clipping's; it pays off near --temperature 1")  # fmt: skip
+        mechanism, plan, steps = _dp_setup(config, units, encoder, randomness, synthetic)
     scheduler = _scheduler(optimizer, steps, config.warmup_ratio)
     with artifact_on_main(config.out, STAGE, config, inputs) as writer:
         started, seen, losses, batches = time.perf_counter(), 0, [], []
@@ -246,27 +267,17 @@ def run(config: TrainRetrieverConfig) -> Artifact:
         encoder.eval()
         if writer.primary:
             encoder.save(str(writer.dir))
-        if plan is None:
-            own = base_guarantee
-            writer.privacy = trained_from(start, base_guarantee)
-        else:
-            own = _dp_guarantee(plan, mechanism, config, units, randomness)
-            # on synthetic data: sequential composition with the generator's release
-            trained = compose(base_guarantee, own) if synthetic else own
-            writer.privacy = trained_from(start, trained)
-        if not synthetic:
+        own = base_guarantee if plan is None else _dp_guarantee(plan, mechanism, config, units, randomness)
+        # on synthetic data with --dp: sequential composition with the generator's release
+        trained = compose(base_guarantee, own) if synthetic and plan is not None else own
+        writer.privacy = trained_from(start, trained)
+        if not synthetic:  # read the private pairs: its own release, and private statistics
             writer.extra["own_privacy"] = own.model_dump(mode="json")
             writer.timings_are_private = True
-        tail = losses[-max(1, len(losses) // 10) :]
         writer.metrics.update({"steps": steps, **({"pairs": len(pairs)} if synthetic else {})})
-        statistics = {
-            "first_loss": losses[0] if losses else None,
-            "final_loss": sum(tail) / len(tail) if tail else None,
-            "train_seconds": round(elapsed, 3),
-            "pairs_per_second": round(seen / max(elapsed, 1e-9), 3),
-            "seconds_per_step": round(elapsed / max(steps, 1), 4),
-        }
-        (writer.metrics if synthetic else writer.diagnostics).update(statistics)
+        (writer.metrics if synthetic else writer.diagnostics).update(
+            _statistics(losses, elapsed, seen, steps)
+        )
     return distributed.on_main(open_artifact, config.out, STAGE)
 
 
