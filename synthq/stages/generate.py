@@ -93,7 +93,7 @@ def _generate_for(
         for k in range(config.num_queries)
         if (doc_id, k) not in done
     ]
-    batches = length_sorted_batches(pending, generator, config.batch_size)
+    batches = length_sorted_batches(pending, generator, config.generation_batch_size)
     with progress() as bar, open(log_path, "a", encoding="utf-8") as log:
         task = bar.add_task("generating queries", total=len(pending))
         for batch in batches:
@@ -123,7 +123,7 @@ def _generate_for(
 def resume_key(config: GenerateConfig, inputs: list[dict]) -> str:
     """What a resumed run must share with the interrupted one: every setting that changes a
     query (not the batch size or device: sampling is per document) and the input hashes."""
-    settings = config.model_dump(mode="json", exclude={"batch_size", "device"})
+    settings = config.model_dump(mode="json", exclude={"generation_batch_size", "device"})
     return config_fingerprint(settings, inputs)
 
 
@@ -195,7 +195,7 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
         raise ArtifactError(
             f"shards {[c.get('shard') for c in configs]} are not exactly 0/{count} .. {count - 1}/{count}"
         )
-    free = ("shard", "out", "force", "resume", "batch_size", "device")
+    free = ("shard", "out", "force", "resume", "generation_batch_size", "batch_size", "device")
     comparable = [{k: v for k, v in c.items() if k not in free} for c in configs]
     if any(c != comparable[0] for c in comparable):
         raise ArtifactError("the shards were generated with different settings")
@@ -207,9 +207,8 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
     merged_config = {**comparable[0], "shard": None, "out": str(out), "merged_from": count}
     inputs = [a.input_record() for a in artifacts]
     if not force and (existing := find_up_to_date(out, STAGE, merged_config, inputs)) is not None:
-        info(f"[green]up to date[/]: {out} ({STAGE}); pass --force to redo it")
         return existing
-    check_output_free(out, force)
+    check_output_free(out, force, inputs)
     with create_artifact(out, STAGE, merged_config, inputs) as writer:
         corpus, done = {}, {}
         for artifact in artifacts:

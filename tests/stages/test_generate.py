@@ -209,7 +209,7 @@ def test_resume_skips_finished_documents(tmp_path, causal_generator, tiny_beir, 
         generate.run(config.model_copy(update={"resume": True, "seed": 5}))
     calls["n"] = -100
     # A different batch size is fine: sampling is per document.
-    resumed = generate.run(config.model_copy(update={"resume": True, "batch_size": 3}))
+    resumed = generate.run(config.model_copy(update={"resume": True, "generation_batch_size": 3}))
     assert calls["n"] == -100 + 3  # only the 8 unfinished documents ran, in batches of 3
     assert read(resumed) == read(reference)
 
