@@ -394,12 +394,18 @@ def existing_result(stage: str, config: Any, inputs: list[dict]) -> Artifact | N
     return None
 
 
-_WRITTEN: set[Path] = set()
+_WRITTEN: list[Path] = []  # artifacts finished by this process, in order
 
 
-def written_here(path: str | Path) -> bool:
-    """Whether this process finished the artifact at ``path`` (rather than finding it up to date)."""
-    return Path(path).resolve() in _WRITTEN
+def writes_so_far() -> int:
+    """A mark for :func:`written_here`: how many artifacts this process has finished."""
+    return len(_WRITTEN)
+
+
+def written_here(path: str | Path, since: int = 0) -> bool:
+    """Whether this process finished the artifact at ``path`` after the mark ``since`` (rather
+    than finding it up to date)."""
+    return Path(path).resolve() in _WRITTEN[since:]
 
 
 def lock_path(out: Path) -> Path:
@@ -496,7 +502,7 @@ def create_artifact(
             writer.timings.setdefault("wall_seconds", round(time.perf_counter() - started, 3))
             check_output_free(out, force=True, inputs=inputs)  # nothing else appeared meanwhile
             _finish(writer)
-            _WRITTEN.add(out.resolve())
+            _WRITTEN.append(out.resolve())
         except BaseException:
             if tmp.exists() and not keep_partial_on_error:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -72,6 +73,19 @@ def _main(
     ),
 ) -> None:
     set_verbosity(0 if quiet else 2 if verbose else 1)
+    if not verbose:
+        _quiet_libraries()
+
+
+def _quiet_libraries() -> None:
+    """No progress bars or advice from Hugging Face libraries: synthq reports progress itself."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:  # already imported (tests, notebooks): switch it off there
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        transformers_logging.set_verbosity_error()
 
 
 def _lineage(inputs: list[dict], depth: int = 0, max_depth: int = 6) -> list[str]:
@@ -162,10 +176,10 @@ def finetune_lm_command(options: dict):
     return finetune_lm.run(build(FinetuneConfig, options))
 
 
-def _generate_result(artifact) -> None:
+def _generate_result(artifact, mark: int) -> None:
     from synthq.options import print_result
 
-    print_result(artifact)
+    print_result(artifact, mark)
     metrics = artifact.metrics
     result(f"  {metrics['queries']} synthetic queries for {metrics['documents']} documents")
 
@@ -201,10 +215,10 @@ def generate_command(
     return generate.run(build(GenerateConfig, options))
 
 
-def _train_retriever_result(artifact) -> None:
+def _train_retriever_result(artifact, mark: int) -> None:
     from synthq.options import print_result
 
-    print_result(artifact)
+    print_result(artifact, mark)
     details, dp = artifact.privacy.details, artifact.config.get("dp")
     if dp is not None and "noise_multiplier" in details:
         result(

@@ -165,9 +165,7 @@ class GenerateConfig(StageConfig):
         json_schema_extra=cli(aliases=["--batch-size"]),
     )
     max_resample: int = Field(3, ge=0, description="Retries for empty or degenerate queries.")
-    shard: str | None = Field(
-        None, pattern=r"^\d+/\d+$", description="i/n: generate only the i-th of n document shards."
-    )
+    shard: str | None = Field(None, description="i/n: generate only the i-th of n document shards.")
     seed: Seed = 0
     device: Device = "auto"
     limit: Limit = None
@@ -177,6 +175,8 @@ class GenerateConfig(StageConfig):
     @classmethod
     def _shard_in_range(cls, value: str | None) -> str | None:
         if value is not None:
+            if not re.fullmatch(r"\d+/\d+", value):
+                raise ValueError(f"must look like i/n (e.g. 0/4), got {value!r}")
             index, count = (int(x) for x in value.split("/"))
             if not 0 <= index < count:
                 raise ValueError(f"{value}: need 0 <= i < n")

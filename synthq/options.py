@@ -178,7 +178,7 @@ def stage_command(
     The command's options are ``function``'s own parameters (command-line-only switches such as
     ``--merge``) followed by one per field of ``config_class``. ``function`` gets ``options``,
     the config fields the user set (parse them with :func:`build`), and returns the artifact,
-    whose result line is printed here (or by ``report(artifact)``); Ctrl-C becomes
+    whose result line is printed here (or by ``report(artifact, mark)``); Ctrl-C becomes
     :class:`Interrupted` with the command's resume hint.
     """
     resumable = "resume" in config_class.model_fields and not _settings(
@@ -204,6 +204,9 @@ def stage_command(
                 for key, value in kwargs.items()
                 if key not in own_names and value is not None and value != [] and value != ()
             }
+            from synthq.artifacts import writes_so_far
+
+            mark = writes_so_far()
             try:
                 artifact = function(options, **{k: kwargs[k] for k in own_names})
             except KeyboardInterrupt:
@@ -213,7 +216,7 @@ def stage_command(
 
                 raise OptionError(validation_message(error, flags(config_class))) from None
             if artifact is not None:
-                (report or print_result)(artifact)
+                (report or print_result)(artifact, mark)
 
         own_kw = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
         command.__signature__ = inspect.Signature(derived + own_kw)  # type: ignore[attr-defined]
@@ -225,10 +228,11 @@ def stage_command(
     return decorate
 
 
-def print_result(artifact: Any) -> None:
-    """The one result line of a stage command: where the artifact is and its guarantee."""
+def print_result(artifact: Any, since: int = 0) -> None:
+    """The one result line of a stage command: where the artifact is and its guarantee
+    (``written to`` only if the command wrote it after the mark ``since``)."""
     from synthq.artifacts import written_here
     from synthq.console import result
 
-    what = "written to" if written_here(artifact.path) else "up to date (pass --force to redo):"
+    what = "written to" if written_here(artifact.path, since) else "up to date (pass --force to redo):"
     result(f"{artifact.stage} {what} {artifact.path}: {artifact.privacy.describe()}")
