@@ -144,9 +144,16 @@ def _resume_state(checkpoint_dir: Path, fingerprint: str) -> dict:
 
 
 def _read_log(path: Path) -> dict:
+    """The finished queries in the progress log. A line a killed process left unfinished (no
+    newline) is cut off the file, so appending goes on from the last whole line."""
     done = {}
     if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        data = path.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        if len(complete) != len(data):
+            with open(path, "r+b") as handle:
+                handle.truncate(len(complete))
+        for line in complete.decode("utf-8").splitlines():
             if line.strip():
                 row = json.loads(line)
                 done[(row["doc_id"], row["index"])] = {"query": row["query"], "attempts": row["attempts"]}
