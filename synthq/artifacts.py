@@ -26,19 +26,12 @@ from typing import Any
 from synthq import __version__
 from synthq.errors import ArtifactError
 from synthq.privacy import Guarantee
+from synthq.stages.registry import STAGES as STAGE_REGISTRY
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 PARTIAL_SUFFIX = ".partial"
-STAGES = (
-    "finetune-lm",
-    "generate",
-    "similarity",
-    "train-retriever",
-    "eval",
-    "report",
-    "canary-audit",
-)
+STAGES = tuple(STAGE_REGISTRY)  # the stage names, from the one registry of stages
 # Fields that never change what a stage computes, so they are left out of its fingerprint.
 VOLATILE_CONFIG_KEYS = frozenset({"out", "force", "resume"})
 

@@ -24,18 +24,9 @@ from rich.table import Table
 
 from synthq import __version__
 from synthq.artifacts import open_artifact
-from synthq.config import (
-    CanaryAuditConfig,
-    EvalConfig,
-    FinetuneConfig,
-    GenerateConfig,
-    ReportConfig,
-    SimilarityConfig,
-    TrainRetrieverConfig,
-)
 from synthq.console import console, result, set_verbosity, verbosity
 from synthq.errors import SynthqError
-from synthq.options import Interrupted, OptionError, build, stage_command
+from synthq.options import Interrupted, OptionError, StageOptions, print_result, stage_command
 from synthq.privacy import format_epsilon
 
 app = typer.Typer(
@@ -168,25 +159,23 @@ def data_info_command(
         console.print("[green]valid[/]: schema, ids and qrels are consistent")
 
 
-@stage_command(app, "finetune-lm", FinetuneConfig)
-def finetune_lm_command(options: dict):
+@stage_command(app, "finetune-lm")
+def finetune_lm_command(options: StageOptions):
     """Fine-tune a query generator (document -> query) with DP-Adam to a target ε."""
     from synthq.stages import finetune_lm
 
-    return finetune_lm.run(build(FinetuneConfig, options))
+    return finetune_lm.run(options.config())
 
 
 def _generate_result(artifact, mark: int) -> None:
-    from synthq.options import print_result
-
     print_result(artifact, mark)
     metrics = artifact.metrics
     result(f"  {metrics['queries']} synthetic queries for {metrics['documents']} documents")
 
 
-@stage_command(app, "generate", GenerateConfig, report=_generate_result)
+@stage_command(app, "generate", report=_generate_result)
 def generate_command(
-    options: dict,
+    options: StageOptions,
     merge: list[Path] = typer.Option(
         None,
         "--merge",
@@ -194,7 +183,7 @@ def generate_command(
         help="Merge these shard artifacts into --out (repeatable, or several after one --merge).",
     ),
     shards: list[Path] = typer.Argument(
-        None, metavar="[SHARD]...", help="More shard artifacts to --merge.", show_default=False
+        None, metavar="SHARD", help="More shard artifacts to --merge.", show_default=False
     ),
     all_documents: bool = typer.Option(
         False, "--all", help="Generate for every corpus document (not a split's)."
@@ -212,12 +201,10 @@ def generate_command(
         return generate.merge(shards, Path(options["out"]), force=bool(options.get("force")))
     if all_documents:
         options["split"] = None
-    return generate.run(build(GenerateConfig, options))
+    return generate.run(options.config())
 
 
 def _train_retriever_result(artifact, mark: int) -> None:
-    from synthq.options import print_result
-
     print_result(artifact, mark)
     details, dp = artifact.privacy.details, artifact.config.get("dp")
     if dp is not None and "noise_multiplier" in details:
@@ -227,25 +214,25 @@ def _train_retriever_result(artifact, mark: int) -> None:
         )
 
 
-@stage_command(app, "train-retriever", TrainRetrieverConfig, report=_train_retriever_result)
-def train_retriever_command(options: dict):
+@stage_command(app, "train-retriever", report=_train_retriever_result)
+def train_retriever_command(options: StageOptions):
     """Train a dual encoder with in-batch softmax (non-private, or --dp baselines)."""
     from synthq.stages import train_retriever
 
-    return train_retriever.run(build(TrainRetrieverConfig, options))
+    return train_retriever.run(options.config())
 
 
-@stage_command(app, "eval", EvalConfig)
-def eval_command(options: dict):
+@stage_command(app, "eval")
+def eval_command(options: StageOptions):
     """Evaluate retrievers (NDCG@10, Recall@10, ...) with ε beside every number."""
     from synthq.stages import evaluate
 
-    return evaluate.run(build(EvalConfig, options))
+    return evaluate.run(options.config())
 
 
-@stage_command(app, "report", ReportConfig)
+@stage_command(app, "report")
 def report_command(
-    options: dict,
+    options: StageOptions,
     paper: Path = typer.Option(
         None,
         "--paper",
@@ -264,23 +251,23 @@ def report_command(
                 f"{paper}: expected a `paper:` list of rows (row, epsilon, dataset, ndcg@10, ...)"
             )
         options["paper"] = rows
-    return report.run(build(ReportConfig, options))
+    return report.run(options.config())
 
 
-@stage_command(app, "similarity", SimilarityConfig)
-def similarity_command(options: dict):
+@stage_command(app, "similarity")
+def similarity_command(options: StageOptions):
     """BLEU and MAUVE of synthetic queries against the originals (Table 6)."""
     from synthq.stages import similarity
 
-    return similarity.run(build(SimilarityConfig, options))
+    return similarity.run(options.config())
 
 
-@stage_command(app, "canary-audit", CanaryAuditConfig)
-def canary_audit_command(options: dict):
+@stage_command(app, "canary-audit")
+def canary_audit_command(options: StageOptions):
     """Insert canaries, fine-tune at each ε, and measure rank, exposure, leakage and an ε lower bound."""
     from synthq.stages import canary_audit
 
-    return canary_audit.run(build(CanaryAuditConfig, options))
+    return canary_audit.run(options.config())
 
 
 @app.command("search")

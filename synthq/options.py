@@ -170,17 +170,31 @@ def build(config_class: type[BaseModel], options: dict) -> Any:
         raise OptionError(validation_message(error, flags(config_class))) from None
 
 
-def stage_command(
-    app: typer.Typer, name: str, config_class: type[BaseModel], report: Callable | None = None
-) -> Callable:
-    """Register ``function(options, **own_options)`` as the command ``name``.
+class StageOptions(dict):
+    """The config fields given on the command line (field name -> value as typed), plus
+    :meth:`config`, which parses them into the stage's config model."""
 
-    The command's options are ``function``'s own parameters (command-line-only switches such as
-    ``--merge``) followed by one per field of ``config_class``. ``function`` gets ``options``,
-    the config fields the user set (parse them with :func:`build`), and returns the artifact,
+    def __init__(self, config_class: type[BaseModel], values: dict):
+        super().__init__(values)
+        self.config_class = config_class
+
+    def config(self) -> Any:
+        return build(self.config_class, dict(self))
+
+
+def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -> Callable:
+    """Register ``function(options, **own_options)`` as the command of the stage ``name``.
+
+    The command's options are one per field of the stage's config model (from the stage
+    registry, :mod:`synthq.stages.registry`) followed by ``function``'s own parameters
+    (command-line-only switches such as ``--merge``). ``function`` gets ``options`` (a
+    :class:`StageOptions`; ``options.config()`` is the validated config) and returns the artifact,
     whose result line is printed here (or by ``report(artifact, mark)``); Ctrl-C becomes
     :class:`Interrupted` with the command's resume hint.
     """
+    from synthq.stages.registry import stage_entry
+
+    config_class = stage_entry(name).config_type()
     resumable = "resume" in config_class.model_fields and not _settings(
         config_class.model_fields["resume"]
     ).get("hidden")
@@ -199,11 +213,14 @@ def stage_command(
 
         @functools.wraps(function)
         def command(**kwargs: Any) -> None:
-            options = {
-                key: _value(fields[key], value)
-                for key, value in kwargs.items()
-                if key not in own_names and value is not None and value != [] and value != ()
-            }
+            options = StageOptions(
+                config_class,
+                {
+                    key: _value(fields[key], value)
+                    for key, value in kwargs.items()
+                    if key not in own_names and value is not None and value != [] and value != ()
+                },
+            )
             from synthq.artifacts import writes_so_far
 
             mark = writes_so_far()

@@ -411,3 +411,45 @@ def test_old_batch_size_names_still_work():
         ).generation_batch_size
         == 7
     )
+
+
+# --- 12: the README's forms and library warnings ---
+
+
+def test_merge_takes_several_shards_after_one_flag(tmp_path, capsys, monkeypatch):
+    from synthq.stages import generate
+
+    seen = {}
+
+    def merge(shards, out, force=False):
+        seen.update(shards=shards, out=out, force=force)
+        raise ArtifactError("stop here")
+
+    monkeypatch.setattr(generate, "merge", merge)
+    argv = ["generate", "--merge", "runs/syn-0", "runs/syn-1", "runs/syn-2", "--out", "runs/syn"]
+    status, output = run_main(argv, capsys, monkeypatch)
+    assert status == 2 and "stop here" in one_line(output)
+    assert seen == {
+        "shards": [Path(f"runs/syn-{i}") for i in range(3)],
+        "out": Path("runs/syn"),
+        "force": False,
+    }
+    status, output = run_main(["generate", "runs/syn-0", "--out", "x"], capsys, monkeypatch)
+    assert status == 2 and "after --merge" in one_line(output)
+
+
+def test_library_warnings_are_one_synthq_line(capsys, monkeypatch):
+    from synthq.stages import search
+
+    def noisy(*args, **kwargs):
+        warnings.warn("`resume_download` is deprecated\nand more text", FutureWarning, stacklevel=1)
+        warnings.warn("a library has\nsomething to say", UserWarning, stacklevel=1)
+        return [[]]
+
+    monkeypatch.setattr(search, "search", noisy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        status, output = run_main(["search", "--retriever", "x", "q"], capsys, monkeypatch)
+    assert status == 0
+    assert "resume_download" not in output  # deprecations only with -v
+    assert one_line(output.replace("q\n", "")) == "warning: a library has (UserWarning)"
