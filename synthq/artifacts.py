@@ -27,19 +27,12 @@ from typing import Any
 from synthq import __version__, distributed
 from synthq.errors import ArtifactError
 from synthq.privacy import Guarantee
+from synthq.stages.registry import STAGES as STAGE_REGISTRY
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 PARTIAL_SUFFIX = ".partial"
-STAGES = (
-    "finetune-lm",
-    "generate",
-    "similarity",
-    "train-retriever",
-    "eval",
-    "report",
-    "canary-audit",
-)
+STAGES = tuple(STAGE_REGISTRY)  # the stage names, from the one registry of stages
 # Fields that never change what a stage computes, so they are left out of its fingerprint.
 VOLATILE_CONFIG_KEYS = frozenset({"out", "force", "resume"})
 DIAGNOSTICS = "diagnostics"
@@ -58,24 +51,45 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
 
 
 LARGE_FILE_BYTES = 16 << 20
+HASH_CACHE_FORMAT = 1
 
 
-def _sample_digest(path: Path, sample: int = 1 << 20) -> str:
-    """Size plus first and last MiB: a cheap identity for large, immutable downloads."""
-    size = path.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as handle:
-        digest.update(handle.read(sample))
-        handle.seek(max(size - sample, 0))
-        digest.update(handle.read(sample))
-    return digest.hexdigest()
+def _cached_file_digest(path: Path) -> str:
+    """The full sha256 of a large file, remembered per (path, size, mtime_ns, inode) in
+    ``$SYNTHQ_CACHE/hashes`` so an unchanged multi-GB corpus is read once, not on every check.
+
+    Any edit changes the mtime (and usually the size), so it misses the cache and is re-read;
+    only a tool that rewrites a file and then restores its old mtime and size could fool it."""
+    from synthq.paths import cache_dir
+
+    stat = path.stat()
+    identity = json.dumps(
+        [HASH_CACHE_FORMAT, str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino]
+    )
+    entry = cache_dir("hashes") / (hashlib.sha256(identity.encode()).hexdigest() + ".sha256")
+    with contextlib.suppress(OSError):
+        cached = entry.read_text(encoding="ascii").strip()
+        if len(cached) == 64:
+            return cached
+    digest = sha256_file(path)
+    with contextlib.suppress(OSError):  # a read-only cache only costs speed
+        tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")
+        tmp.write_text(digest, encoding="ascii")
+        os.replace(tmp, entry)
+    return digest
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's whole content (large files through :func:`_cached_file_digest`)."""
+    path = Path(path)
+    return _cached_file_digest(path) if path.stat().st_size > LARGE_FILE_BYTES else sha256_file(path)
 
 
 def sha256_tree(root: Path, exclude: Iterable[str] = ()) -> str:
-    """One digest for a directory: relative paths and contents of all files, in sorted order.
+    """One digest for a directory: relative paths and full contents of all files, sorted.
 
-    Files over 16 MiB (downloaded corpora) are identified by size and their first and last MiB,
-    so that checking whether a stage is up to date never re-reads gigabytes."""
+    Every byte counts (an edit in the middle of a 20 GB corpus is seen); files over 16 MiB
+    have their digest cached by path, size and modification time (see :func:`file_digest`)."""
     excluded = set(exclude)
     digest = hashlib.sha256()
     for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
@@ -83,8 +97,7 @@ def sha256_tree(root: Path, exclude: Iterable[str] = ()) -> str:
         if rel in excluded or rel.startswith(".") or "/." in rel:
             continue
         digest.update(rel.encode())
-        large = path.stat().st_size > LARGE_FILE_BYTES
-        digest.update((_sample_digest(path) if large else sha256_file(path)).encode())
+        digest.update(file_digest(path).encode())
     return digest.hexdigest()
 
 
@@ -350,12 +363,52 @@ def is_still_up_to_date(out: str | Path, stage: str, config: Any) -> bool:
     return artifact.manifest.get("fingerprint") == config_fingerprint(config, inputs)
 
 
-def check_output_free(out: str | Path, force: bool) -> None:
-    """Refuse to replace an existing, different artifact unless ``--force`` was given."""
+def _overlaps(out: Path, other: Path) -> bool:
+    """Whether replacing ``out`` would delete or replace ``other`` (the same path or inside it)."""
+    out, other = out.resolve(), Path(other).resolve()
+    return other == out or out in other.parents
+
+
+def check_output_free(out: str | Path, force: bool, inputs: Iterable[dict] = ()) -> None:
+    """Refuse to write ``out`` where that would lose something.
+
+    ``out`` may not be (or contain) an input of the same command, even with ``--force``; an
+    existing directory is replaced only with ``--force`` and only when it is a synthq artifact
+    (its manifest says so): a user's directory or dataset is never deleted."""
     out = Path(out)
-    if out.exists() and not force:
-        what = "an artifact made with a different config or inputs" if is_artifact(out) else "a directory"
-        raise ArtifactError(f"{out}: already holds {what}; pass --force to replace it")
+    for record in inputs:
+        if _overlaps(out, Path(record["path"])):
+            raise ArtifactError(
+                f"{out}: is an input of this command ({record['path']}); choose another --out"
+            )
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise ArtifactError(f"{out}: exists and is not an artifact directory; choose another --out")
+    if not _is_synthq_manifest(out):
+        contents = (
+            "an empty directory" if not any(out.iterdir()) else "a directory that is not a synthq artifact"
+        )
+        raise ArtifactError(
+            f"{out}: is {contents}; synthq replaces only its own artifacts, choose another --out"
+        )
+    if not force:
+        raise ArtifactError(
+            f"{out}: already holds an artifact made with a different config or inputs; "
+            "pass --force to replace it"
+        )
+
+
+def _is_synthq_manifest(path: Path) -> bool:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(manifest, dict)
+        and manifest.get("schema") == SCHEMA_VERSION
+        and manifest.get("stage") in STAGES
+    )
 
 
 def existing_result(stage: str, config: Any, inputs: list[dict]) -> Artifact | None:
@@ -365,12 +418,71 @@ def existing_result(stage: str, config: Any, inputs: list[dict]) -> Artifact | N
     if not getattr(config, "force", False):
         artifact = find_up_to_date(out, stage, config, inputs)
         if artifact is not None:
-            from synthq.console import info
+            from synthq.console import debug
 
-            info(f"[green]up to date[/]: {out} ({stage}); pass --force to redo it")
+            debug(f"up to date: {out} ({stage}); pass --force to redo it")
             return artifact
-        check_output_free(out, force=False)
+    check_output_free(out, force=getattr(config, "force", False), inputs=inputs)
     return None
+
+
+_WRITTEN: list[Path] = []  # artifacts finished by this process, in order
+
+
+def writes_so_far() -> int:
+    """A mark for :func:`written_here`: how many artifacts this process has finished."""
+    return len(_WRITTEN)
+
+
+def written_here(path: str | Path, since: int = 0) -> bool:
+    """Whether this process finished the artifact at ``path`` after the mark ``since`` (rather
+    than finding it up to date)."""
+    return Path(path).resolve() in _WRITTEN[since:]
+
+
+def lock_path(out: Path) -> Path:
+    out = Path(out)
+    return out.parent / f".{out.name}.lock"
+
+
+@contextlib.contextmanager
+def output_lock(out: str | Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``.<name>.lock`` beside the output, held while a stage writes it.
+
+    A second process on the same ``--out`` fails at once with an error naming the holder (pid
+    and host, written into the lock file). The lock dies with its process (a SIGKILL frees it);
+    the file is removed on release, and a taker re-checks it locked the file still in place."""
+    import fcntl
+    import socket
+
+    path = lock_path(Path(out))
+    while True:
+        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held until the finally below)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise ArtifactError(
+                f"{out}: is being written by {holder}; wait for it to finish or choose another --out"
+            ) from None
+        try:
+            same = os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        handle.close()  # the holder released and removed the file between our open and lock
+    try:
+        handle.truncate(0)
+        handle.write(f"synthq pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        handle.close()
 
 
 @contextlib.contextmanager
@@ -389,42 +501,52 @@ def create_artifact(
     any exception, Ctrl-C included, the partial directory is deleted, unless
     ``keep_partial_on_error`` (stages that checkpoint) keeps it for ``--resume``. With
     ``resume`` an existing partial directory is reused instead of wiped.
+
+    ``out`` is locked against other processes for the whole write (:func:`output_lock`), and
+    is refused if it is an input or a directory that is not a synthq artifact
+    (:func:`check_output_free`): only artifacts are ever replaced.
     """
     if stage not in STAGES:
         raise ArtifactError(f"unknown stage {stage!r}")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = partial_dir(out)
-    if tmp.exists() and not resume:
-        shutil.rmtree(tmp)
-    tmp.mkdir(exist_ok=True)
     inputs = list(inputs)
-    config_dict = config_to_dict(config)
-    writer = ArtifactWriter(
-        path=out,
-        dir=tmp,
-        stage=stage,
-        config=config_dict,
-        inputs=inputs,
-        fingerprint=config_fingerprint(config, inputs),
-    )
-    started = time.perf_counter()
-    try:
-        yield writer
-        if writer.privacy is None:
-            raise ArtifactError(f"stage {stage} finished without recording a privacy guarantee")
-        writer.timings.setdefault("wall_seconds", round(time.perf_counter() - started, 3))
-        if writer.timings_are_private:
-            writer.diagnostics["timings"] = writer.timings
-            writer.timings = {}
-        _finish(writer)
-    except BaseException:
-        if tmp.exists() and not keep_partial_on_error:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    check_output_free(out, force=True, inputs=inputs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(out):
+        tmp = partial_dir(out)
+        if tmp.exists() and not resume:
+            shutil.rmtree(tmp)
+        tmp.mkdir(exist_ok=True)
+        config_dict = config_to_dict(config)
+        writer = ArtifactWriter(
+            path=out,
+            dir=tmp,
+            stage=stage,
+            config=config_dict,
+            inputs=inputs,
+            fingerprint=config_fingerprint(config, inputs),
+        )
+        started = time.perf_counter()
+        try:
+            yield writer
+            if writer.privacy is None:
+                raise ArtifactError(f"stage {stage} finished without recording a privacy guarantee")
+            writer.timings.setdefault("wall_seconds", round(time.perf_counter() - started, 3))
+            if writer.timings_are_private:
+                writer.diagnostics["timings"] = writer.timings
+                writer.timings = {}
+            check_output_free(out, force=True, inputs=inputs)  # nothing else appeared meanwhile
+            _finish(writer)
+            _WRITTEN.append(out.resolve())
+        except BaseException:
+            if tmp.exists() and not keep_partial_on_error:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def _finish(writer: ArtifactWriter) -> None:
+    from synthq.model_card import write_model_card
+
     for name in writer.scratch:
         shutil.rmtree(writer.dir / name, ignore_errors=True)
     if writer.diagnostics:
@@ -432,13 +554,6 @@ def _finish(writer: ArtifactWriter) -> None:
             json.dumps(json_safe(writer.diagnostics), indent=2, default=_json_default) + "\n",
             encoding="utf-8",
         )
-    hashes = {
-        p.relative_to(writer.dir).as_posix(): sha256_file(p)
-        for p in sorted(writer.dir.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    }
-    private = {k: v for k, v in hashes.items() if k.startswith(DIAGNOSTICS + "/")}
-    files = {k: v for k, v in hashes.items() if k not in private}
     manifest = {
         "schema": SCHEMA_VERSION,
         "stage": writer.stage,
@@ -447,14 +562,24 @@ def _finish(writer: ArtifactWriter) -> None:
         "fingerprint": writer.fingerprint,
         "config": writer.config,
         "inputs": writer.inputs,
-        "files": files,
+        "files": {},
         "privacy": writer.privacy.model_dump(mode="json"),
         "metrics": writer.metrics,
         "timings": writer.timings,
         "environment": environment(),
-        **({"private_files": private, "private_files_note": DIAGNOSTICS_NOTE} if private else {}),
         **writer.extra,
     }
+    write_model_card(writer.dir, manifest)
+    hashes = {
+        p.relative_to(writer.dir).as_posix(): sha256_file(p)
+        for p in sorted(writer.dir.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    private = {k: v for k, v in hashes.items() if k.startswith(DIAGNOSTICS + "/")}
+    manifest["files"] = {k: v for k, v in hashes.items() if k not in private}
+    if private:
+        manifest["private_files"] = private
+        manifest["private_files_note"] = DIAGNOSTICS_NOTE
     manifest_tmp = writer.dir / (MANIFEST + ".tmp")
     text = json.dumps(json_safe(manifest), indent=2, default=_json_default, allow_nan=False)
     manifest_tmp.write_text(text + "\n", encoding="utf-8")

@@ -1,21 +1,32 @@
 """The ``synthq`` command line: one thin command per stage (options -> config -> stage.run).
 
-Stage commands live here only as option parsing; the work is in :mod:`synthq.stages`.
+A stage command's options are derived from its config model (:mod:`synthq.options`): each
+option's name, help, default, choices and valid range are written once, in :mod:`synthq.config`.
+The functions below hold only what is particular to the command line (``generate --merge``,
+``report --paper FILE``, extra result lines); the work is in :mod:`synthq.stages`.
+
+Exit status: 0 success, 1 a file-system problem (permission, full disk), 2 a usage or input
+error (one line, no traceback), 130 interrupted.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
+import warnings
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from synthq import __version__
 from synthq.artifacts import open_artifact
-from synthq.console import console, set_verbosity
+from synthq.console import console, result, set_verbosity, verbosity
 from synthq.errors import SynthqError
+from synthq.options import Interrupted, OptionError, StageOptions, print_result, stage_command
 from synthq.privacy import format_epsilon
 
 app = typer.Typer(
@@ -25,7 +36,8 @@ app = typer.Typer(
         "privacy, generate synthetic queries, train and evaluate dual encoders, audit leakage."
     ),
     no_args_is_help=True,
-    rich_markup_mode="rich",
+    rich_markup_mode=None,
+    add_completion=False,
     pretty_exceptions_enable=False,
 )
 data_app = typer.Typer(help="Inspect datasets (BEIR directories and named sources).", no_args_is_help=True)
@@ -41,12 +53,30 @@ def _version(value: bool) -> None:
 @app.callback()
 def _main(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print more detail."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only results and errors."),
+    quiet: bool = typer.Option(
+        False,
+        "--quiet",
+        "-q",
+        help="Hide progress and info lines (results, warnings and errors still print).",
+    ),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Show the version."
     ),
 ) -> None:
     set_verbosity(0 if quiet else 2 if verbose else 1)
+    if not verbose:
+        _quiet_libraries()
+
+
+def _quiet_libraries() -> None:
+    """No progress bars or advice from Hugging Face libraries: synthq reports progress itself."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:  # already imported (tests, notebooks): switch it off there
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        transformers_logging.set_verbosity_error()
 
 
 def _lineage(inputs: list[dict], depth: int = 0, max_depth: int = 6) -> list[str]:
@@ -164,278 +194,155 @@ def data_info_command(
         console.print("[green]valid[/]: schema, ids and qrels are consistent")
 
 
-@app.command("finetune-lm")
-def finetune_lm_command(
-    data: str = typer.Option(..., "--data", help="Private pairs: a BEIR dir, embedded, msmarco, beir:NAME."),
-    model: str = typer.Option(..., "--model", help="Hub id (google-t5/t5-base), local dir, or smollm2-135m."),
-    out: Path = typer.Option(..., "--out", help="Generator artifact directory to write."),
-    epsilon: str = typer.Option("8", help="Target ε; 'inf' trains without DP."),
-    delta: float = typer.Option(None, help="δ (default 1/(2n))."),
-    clip_norm: float = typer.Option(0.1, help="Per-example clipping norm C (paper: 0.1)."),
-    accountant: str = typer.Option("rdp", help="rdp or prv."),
-    optimizer: str = typer.Option("adam", help="adam (DP-Adam), adafactor or sgd."),
-    lr: float = typer.Option(1e-3, help="Learning rate (paper: 1e-3)."),
-    epochs: float = typer.Option(3.0, help="Epochs (paper: 30)."),
-    max_steps: int = typer.Option(None, help="Cap on logical steps."),
-    batch_size: int = typer.Option(1024, help="Logical batch; Poisson rate = batch/n (paper: 1024)."),
-    physical_batch_size: int = typer.Option(8, help="Micro-batch that fits in memory."),
-    max_source_length: int = typer.Option(384),
-    max_target_length: int = typer.Option(128),
-    lora_rank: int = typer.Option(0, help="Train LoRA adapters of this rank instead of all weights."),
-    grad_sample_mode: str = typer.Option(
-        "auto", help="Per-example clipping: auto (ghost where possible), ghost, hooks or vmap."
-    ),
-    split: str = typer.Option("train"),
-    limit: int = typer.Option(None, help="Use only the first N pairs."),
-    seed: int = typer.Option(0),
-    device: str = typer.Option("auto"),
-    checkpoint_every: int = typer.Option(50, help="Checkpoint every N steps (for --resume)."),
-    force: bool = typer.Option(False, "--force", help="Redo an up-to-date artifact."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run."),
-) -> None:
+@stage_command(app, "finetune-lm")
+def finetune_lm_command(options: StageOptions):
     """Fine-tune a query generator (document -> query) with DP-Adam to a target ε."""
-    from synthq.config import FinetuneConfig
     from synthq.stages import finetune_lm
 
-    config = FinetuneConfig(
-        data=data, model=model, out=out, epsilon=epsilon, delta=delta, clip_norm=clip_norm,
-        accountant=accountant, optimizer=optimizer, lr=lr, epochs=epochs, max_steps=max_steps,
-        batch_size=batch_size, physical_batch_size=physical_batch_size, max_source_length=max_source_length,
-        max_target_length=max_target_length, lora_rank=lora_rank, split=split, limit=limit, seed=seed,
-        device=device, checkpoint_every=checkpoint_every, force=force, resume=resume,
-        grad_sample_mode=grad_sample_mode,
-    )  # fmt: skip
-    artifact = finetune_lm.run(config)
-    console.print(f"generator written to {artifact.path}: {artifact.privacy.describe()}")
+    return finetune_lm.run(options.config())
 
 
-@app.command("generate")
+def _generate_result(artifact, mark: int) -> None:
+    print_result(artifact, mark)
+    metrics = artifact.metrics
+    result(f"  {metrics['queries']} synthetic queries for {metrics['documents']} documents")
+
+
+@stage_command(app, "generate", report=_generate_result)
 def generate_command(
-    out: Path = typer.Option(..., "--out", help="Synthetic dataset artifact (a BEIR dir) to write."),
-    generator: Path = typer.Option(None, "--generator", help="A finetune-lm artifact."),
-    corpus: str = typer.Option("embedded", "--corpus", help="Public documents: a BEIR dir or source name."),
-    split: str = typer.Option("train", help="Generate for the documents judged in this split."),
-    all_documents: bool = typer.Option(False, "--all", help="Generate for every corpus document instead."),
-    num_queries: int = typer.Option(1, help="Queries per document."),
-    top_p: float = typer.Option(0.8, help="Nucleus sampling mass (paper: 0.8)."),
-    temperature: float = typer.Option(1.0),
-    max_new_tokens: int = typer.Option(32),
-    batch_size: int = typer.Option(16, help="Documents per generation batch."),
-    max_resample: int = typer.Option(3, help="Retries for empty or degenerate queries."),
-    shard: str = typer.Option(None, help="i/n: generate only the i-th of n document shards."),
-    merge: list[Path] = typer.Option(None, "--merge", help="Merge these shard artifacts into --out."),
-    seed: int = typer.Option(0),
-    limit: int = typer.Option(None, help="Only the first N documents."),
-    device: str = typer.Option("auto"),
-    force: bool = typer.Option(False, "--force"),
-    resume: bool = typer.Option(False, "--resume", help="Skip documents an interrupted run finished."),
-) -> None:
+    options: StageOptions,
+    merge: list[Path] = typer.Option(
+        None,
+        "--merge",
+        metavar="SHARD",
+        help="Merge these shard artifacts into --out (repeatable, or several after one --merge).",
+    ),
+    shards: list[Path] = typer.Argument(
+        None, metavar="SHARD", help="More shard artifacts to --merge.", show_default=False
+    ),
+    all_documents: bool = typer.Option(
+        False, "--all", help="Generate for every corpus document (the default; overrides --split)."
+    ),
+):
     """Nucleus-sample synthetic queries for public documents (inherits the generator's ε)."""
-    from synthq.config import GenerateConfig
     from synthq.stages import generate
 
-    if merge:
-        artifact = generate.merge(list(merge), out, force=force)
-    else:
-        if generator is None:
-            raise typer.BadParameter("--generator is required (or --merge SHARDS)")
-        config = GenerateConfig(
-            generator=generator, corpus=corpus, out=out, split=None if all_documents else split,
-            num_queries=num_queries, top_p=top_p, temperature=temperature, max_new_tokens=max_new_tokens,
-            batch_size=batch_size, max_resample=max_resample, shard=shard, seed=seed, limit=limit,
-            device=device, force=force, resume=resume,
-        )  # fmt: skip
-        artifact = generate.run(config)
-    metrics = artifact.metrics
-    console.print(
-        f"{metrics['queries']} synthetic queries for {metrics['documents']} documents in {artifact.path} "
-        f"({artifact.privacy.describe()})"
-    )
+    shards = list(merge or []) + list(shards or [])
+    if shards:
+        if not merge:
+            raise OptionError(f"unexpected argument {str(shards[0])!r}: give shard artifacts after --merge")
+        if "out" not in options:
+            raise OptionError("--out: required")
+        return generate.merge(shards, Path(options["out"]), force=bool(options.get("force")))
+    if all_documents:
+        options["split"] = None
+    return generate.run(options.config())
 
 
-@app.command("train-retriever")
-def train_retriever_command(
-    data: str = typer.Option(..., "--data", help="A synthetic artifact, a BEIR dir, or a source name."),
-    out: Path = typer.Option(..., "--out", help="Retriever artifact (a sentence-transformers dir) to write."),
-    encoder: str = typer.Option("minilm-l6", help="Shared encoder: alias, local dir or hub id."),
-    dp: str = typer.Option(None, help="Direct DP on the private pairs: sample, batch, group or logit."),
-    epsilon: str = typer.Option("8", help="Target ε for --dp."),
-    delta: float = typer.Option(None, help="δ for --dp (default 1/(2n))."),
-    clip_norm: float = typer.Option(1.0, help="Clipping norm C for --dp (paper: 0.1)."),
-    accountant: str = typer.Option("rdp"),
-    batch_size: int = typer.Option(32, help="Batch (paper: 32); the expected batch under --dp."),
-    epochs: float = typer.Option(5.0, help="Epochs (paper: 5)."),
-    max_steps: int = typer.Option(None),
-    lr: float = typer.Option(2e-5),
-    temperature: float = typer.Option(0.05, help="Softmax temperature on cosine similarity."),
-    max_query_length: int = typer.Option(128),
-    max_doc_length: int = typer.Option(384),
-    group_size: int = typer.Option(8, help="--dp group: pairs per group."),
-    aug_negatives: int = typer.Option(0, help="--dp group: augmented negatives per group document."),
-    mini_batch_size: int = typer.Option(None, help="Non-private: GradCache loss in chunks of this size."),
-    pair_chunk: int = typer.Option(16, help="--dp logit: per-pair gradients held in memory at once."),
-    split: str = typer.Option("train"),
-    limit: int = typer.Option(None),
-    seed: int = typer.Option(0),
-    device: str = typer.Option("auto"),
-    force: bool = typer.Option(False, "--force"),
-) -> None:
-    """Train a dual encoder with in-batch softmax (non-private, or --dp baselines)."""
-    from synthq.config import TrainRetrieverConfig
-    from synthq.stages import train_retriever
-
-    if dp is not None and dp not in ("sample", "batch", "group", "logit"):
-        raise typer.BadParameter(f"{dp!r}: expected sample, batch, group or logit", param_hint="--dp")
-
-    config = TrainRetrieverConfig(
-        data=data, out=out, encoder=encoder, dp=dp, epsilon=epsilon, delta=delta, clip_norm=clip_norm,
-        accountant=accountant, batch_size=batch_size, epochs=epochs, max_steps=max_steps, lr=lr,
-        temperature=temperature, max_query_length=max_query_length, max_doc_length=max_doc_length,
-        group_size=group_size, aug_negatives=aug_negatives, mini_batch_size=mini_batch_size,
-        pair_chunk=pair_chunk, split=split, limit=limit, seed=seed, device=device, force=force,
-    )  # fmt: skip
-    artifact = train_retriever.run(config)
-    console.print(f"retriever written to {artifact.path}: {artifact.privacy.describe()}")
-    if dp is not None:
-        details = artifact.privacy.details
-        console.print(
+def _train_retriever_result(artifact, mark: int) -> None:
+    print_result(artifact, mark)
+    details, dp = artifact.privacy.details, artifact.config.get("dp")
+    if dp is not None and "noise_multiplier" in details:
+        result(
             f"  --dp {dp}: sensitivity {details['sensitivity']:.4g}, σ {details['noise_multiplier']:.3f}, "
             f"q {details['sample_rate']:.4f}, {details['steps']} steps"
         )
 
 
-@app.command("eval")
-def eval_command(
-    out: Path = typer.Option(..., "--out", help="Evaluation artifact directory to write."),
-    retriever: list[str] = typer.Option(None, "--retriever", help="A train-retriever artifact (repeatable)."),
-    datasets: str = typer.Option(
-        "embedded", help="Comma-separated: embedded, msmarco (dev split), beir:NAME, BEIR directories."
-    ),
-    split: str = typer.Option(None, help="Split to evaluate (default: test; msmarco: dev)."),
-    bm25: bool = typer.Option(True, help="Add a BM25 reference row (ε = 0, public)."),
-    untrained: list[str] = typer.Option(
-        None, "--untrained", help="Encoder spec evaluated as-is, e.g. minilm-l6 (repeatable)."
-    ),
-    batch_size: int = typer.Option(64, help="Encoding batch size."),
-    top_k: int = typer.Option(100, help="Documents retrieved per query (≥ 100)."),
-    search_chunk_size: int = typer.Option(50_000, help="Documents scored per matrix product."),
-    faiss: bool = typer.Option(False, "--faiss", help="Search with FAISS (else exact torch chunks)."),
-    device: str = typer.Option("auto"),
-    force: bool = typer.Option(False, "--force"),
-) -> None:
-    """Evaluate retrievers (NDCG@10, Recall@10, ...) with ε beside every number."""
-    from pydantic import ValidationError
+@stage_command(app, "train-retriever", report=_train_retriever_result)
+def train_retriever_command(options: StageOptions):
+    """Train a dual encoder with in-batch softmax (non-private, or --dp baselines)."""
+    from synthq.stages import train_retriever
 
-    from synthq.config import EvalConfig
+    return train_retriever.run(options.config())
+
+
+@stage_command(app, "eval")
+def eval_command(options: StageOptions):
+    """Evaluate retrievers (NDCG@10, Recall@10, ...) with ε beside every number."""
     from synthq.stages import evaluate
 
-    try:
-        config = EvalConfig(
-            retrievers=retriever or [], datasets=[d.strip() for d in datasets.split(",") if d.strip()],
-            split=split, bm25=bm25, untrained=untrained or [], batch_size=batch_size, top_k=top_k,
-            search_chunk_size=search_chunk_size, faiss=faiss, device=device, out=out, force=force,
-        )  # fmt: skip
-    except ValidationError as error:
-        raise SynthqError(f"invalid eval options: {error}") from None
-    artifact = evaluate.run(config)
-    console.print(f"evaluation written to {artifact.path}: {artifact.privacy.describe()} (all rows together)")
+    return evaluate.run(options.config())
 
 
-@app.command("report")
+@stage_command(app, "report")
 def report_command(
-    evals: list[str] = typer.Argument(..., help="Evaluation artifacts to merge."),
-    out: Path = typer.Option(..., "--out"),
-    title: str = typer.Option("synthq results"),
-    similarity: list[str] = typer.Option(None, "--similarity", help="Similarity artifacts to include."),
+    options: StageOptions,
     paper: Path = typer.Option(
-        None, "--paper", help="YAML with a `paper:` list of rows, e.g. pipelines/paper/table5.yaml."
+        None,
+        "--paper",
+        metavar="FILE",
+        help="YAML with a `paper:` list of rows, e.g. pipelines/paper/table5.yaml.",
     ),
-    force: bool = typer.Option(False, "--force"),
-) -> None:
+):
     """Merge evaluation artifacts into one README with tables and the privacy-utility plot."""
-    from synthq.config import ReportConfig, load_yaml
+    from synthq.config import load_yaml
     from synthq.stages import report
 
-    paper_rows = []
     if paper is not None:
-        paper_rows = load_yaml(paper).get("paper")
-        if not isinstance(paper_rows, list):
+        rows = load_yaml(paper).get("paper")
+        if not isinstance(rows, list):
             raise SynthqError(
                 f"{paper}: expected a `paper:` list of rows (row, epsilon, dataset, ndcg@10, ...)"
             )
-    artifact = report.run(
-        ReportConfig(
-            evals=evals, out=out, title=title, similarity=similarity or [], paper=paper_rows, force=force
-        )
-    )
-    console.print(f"report written to {artifact.path}: {artifact.privacy.describe()}")
+        options["paper"] = rows
+    return report.run(options.config())
 
 
-@app.command("similarity")
-def similarity_command(
-    synthetic: Path = typer.Option(..., "--synthetic", help="A generate artifact."),
-    original: str = typer.Option(..., "--original", help="The original pairs (BEIR dir or source name)."),
-    out: Path = typer.Option(..., "--out"),
-    split: str = typer.Option("train"),
-    encoder: str = typer.Option("minilm-l6", help="Encoder whose features MAUVE compares."),
-    mauve_seeds: int = typer.Option(5, help="k-means seeds to average MAUVE over."),
-    min_samples: int = typer.Option(50, help="Refuse MAUVE below this many queries per side."),
-    mauve_scaling_factor: float = typer.Option(5.0, help="MAUVE's c in exp(-c KL) (mauve's default: 5)."),
-    seed: int = typer.Option(0),
-    device: str = typer.Option("auto", help="Device for the MAUVE feature encoder."),
-    force: bool = typer.Option(False, "--force"),
-) -> None:
+@stage_command(app, "similarity")
+def similarity_command(options: StageOptions):
     """BLEU and MAUVE of synthetic queries against the originals (Table 6)."""
-    from synthq.config import SimilarityConfig
     from synthq.stages import similarity
 
-    config = SimilarityConfig(
-        synthetic=synthetic, original=original, out=out, split=split, encoder=encoder,
-        mauve_seeds=mauve_seeds, min_samples=min_samples, mauve_scaling_factor=mauve_scaling_factor,
-        seed=seed, device=device, force=force,
-    )  # fmt: skip
-    similarity.run(config)
+    return similarity.run(options.config())
 
 
-@app.command("canary-audit")
-def canary_audit_command(
-    data: str = typer.Option(..., "--data", help="Private pairs: a BEIR dir, embedded, msmarco, beir:NAME."),
-    model: str = typer.Option(..., "--model", help="Generator to fine-tune: hub id, local dir or alias."),
-    out: Path = typer.Option(..., "--out", help="Audit artifact directory to write."),
-    epsilons: str = typer.Option("inf,8", help="Comma-separated ε values; inf = non-private."),
-    repetitions: str = typer.Option("10,100", help="Comma-separated insertion counts per canary."),
-    shapes: str = typer.Option("random-query,real-document,random-document", help="Canary shapes."),
-    canaries_per_shape: int = typer.Option(5, help="Canaries per shape and repetition count."),
-    references: int = typer.Option(99, help="Candidate secrets per canary for rank and exposure."),
-    leak_samples: int = typer.Option(10, help="Sampled queries per canary document for the leak test."),
-    seed: int = typer.Option(0),
-    finetune: list[str] = typer.Option(
-        None, "--finetune", help="finetune-lm option as key=value (repeatable), e.g. lora_rank=8."
-    ),
-    force: bool = typer.Option(False, "--force", help="Redo an up-to-date audit."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted audit."),
-) -> None:
+@stage_command(app, "canary-audit")
+def canary_audit_command(options: StageOptions):
     """Insert canaries, fine-tune at each ε, and measure rank, exposure, leakage and an ε lower bound."""
-    from synthq.config import CanaryAuditConfig, apply_overrides
     from synthq.stages import canary_audit
 
-    config = CanaryAuditConfig(
-        data=data,
-        model=model,
-        out=out,
-        epsilons=epsilons,
-        repetitions=[int(r) for r in repetitions.split(",")],
-        shapes=shapes.split(","),
-        canaries_per_shape=canaries_per_shape,
-        references=references,
-        leak_samples=leak_samples,
-        seed=seed,
-        finetune=apply_overrides({}, finetune or []),
-        force=force,
-        resume=resume,
-    )
-    artifact = canary_audit.run(config)
-    console.print(f"audit written to {artifact.path} ({artifact.privacy.describe()})")
+    return canary_audit.run(options.config())
+
+
+@app.command("search")
+def search_command(
+    query: list[str] = typer.Argument(
+        ..., help="The query (several words, or several quoted queries with --each)."
+    ),
+    retriever: str = typer.Option(
+        ..., "--retriever", help="A train-retriever artifact, or an encoder (alias, directory, hub id)."
+    ),
+    corpus: str = typer.Option("embedded", "--corpus", help="Documents: a BEIR directory or source name."),
+    top_k: int = typer.Option(10, "--top-k", min=1, help="Documents shown per query."),
+    each: bool = typer.Option(False, "--each", help="Treat each argument as its own query."),
+    device: str = typer.Option("auto", "--device", help="Device: auto, cpu, cuda, cuda:N or mps."),
+    as_json: bool = typer.Option(False, "--json", help="Print the hits as JSON lines."),
+) -> None:
+    """Try a retriever: the top-k documents of a corpus for a query, with their scores.
+
+    Corpus embeddings are cached (as eval's are), so a second query on the same corpus only
+    encodes the query."""
+    from synthq.stages.search import search
+
+    queries = list(query) if each else [" ".join(query)]
+    hits = search(retriever, corpus, queries, top_k=top_k, device=device)
+    for text, ranked in zip(queries, hits, strict=True):
+        if as_json:
+            for rank, hit in enumerate(ranked, 1):
+                typer.echo(json.dumps({"query": text, "rank": rank, **hit}))
+            continue
+        result(f"[bold]{escape(text)}[/]")
+        for rank, hit in enumerate(ranked, 1):
+            title = f"{hit['title']}: " if hit["title"] else ""
+            result(
+                f"  {rank:2d}. {hit['score']:.4f}  {hit['doc_id']}  {escape(_shorten(title + hit['text']))}"
+            )
+
+
+def _shorten(text: str, width: int = 100) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 @app.command("run")
@@ -444,34 +351,93 @@ def run_command(
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. vars.limit=100."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; run nothing."),
     force: list[str] = typer.Option(None, "--force", help="Redo this stage (repeatable; all = every one)."),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="Compare the results with the pipeline's `expected:` figures; exit 1 on a regression.",
+    ),
 ) -> None:
     """Run a whole pipeline: every stage through its public run, skipping up-to-date artifacts."""
-    from synthq.stages.pipeline import describe_plan, plan_pipeline, run_plan
+    from synthq.stages.pipeline import check_expected, describe_plan, plan_pipeline, run_plan
 
     plan = plan_pipeline(pipeline, overrides or [], force or [])
     for line in describe_plan(plan):
         console.print(line)
-    if not dry_run:
+    if dry_run:
+        return
+    try:
         run_plan(plan)
+    except KeyboardInterrupt:
+        raise Interrupted(
+            "interrupted; rerun the same command to continue (finished stages are kept)"
+        ) from None
+    if check:
+        lines, failed = check_expected(plan)
+        for line in lines:
+            result(line)
+        if failed:
+            raise typer.Exit(1)
+        result(f"check passed: {len(lines)} expected figure(s) within tolerance")
+
+
+_DISK_ADVICE = {
+    errno.ENOSPC: "free some space or choose an --out on another disk, then rerun",
+    errno.EDQUOT: "free some of your quota or choose an --out elsewhere, then rerun",
+    errno.EACCES: "choose a writable --out (or fix the directory's permissions)",
+    errno.EPERM: "choose a writable --out (or fix the directory's permissions)",
+    errno.EROFS: "the file system is read-only; choose an --out elsewhere",
+}
+
+
+def _os_error_line(error: OSError) -> str:
+    where = error.filename or "?"
+    advice = _DISK_ADVICE.get(error.errno, "check the path and rerun")
+    return f"{where}: {error.strerror or error}; {advice}"
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Library warnings as one synthq line (deprecations only with -v)."""
+    if issubclass(category, DeprecationWarning | FutureWarning) and verbosity() < 2:
+        return
+    first = str(message).strip().splitlines()[0] if str(message).strip() else category.__name__
+    console.print(f"[bold yellow]warning:[/] {escape(first)} [dim]({category.__name__})[/]", highlight=False)
+
+
+def _fail(message: str, status: int) -> None:
+    console.print(f"[bold red]synthq:[/] {escape(message)}", highlight=False)
+    sys.exit(status)
 
 
 def main() -> None:
-    """Console entry point: user errors print one clear line and exit with status 2."""
+    """Console entry point: every failure a user can cause prints one line, no traceback.
+
+    Exit status 2 for a usage or input error, 1 for a file-system problem, 130 for Ctrl-C."""
+    from pydantic import ValidationError
+
+    from synthq.config import validation_message
+
+    warnings.showwarning = _one_line_warning
     try:
-        app(standalone_mode=False)
+        status = app(standalone_mode=False, prog_name="synthq")
+    except Interrupted as error:
+        _fail(str(error), 130)
+    except (KeyboardInterrupt, typer.Abort):
+        _fail("interrupted; rerun the command to start again", 130)
     except SynthqError as error:
-        console.print(f"[bold red]error:[/] {error}")
-        sys.exit(2)
-    except KeyboardInterrupt:
-        console.print("[bold red]interrupted[/]: no partial artifact was left in place")
-        sys.exit(130)
+        _fail(str(error), 2)
+    except ValidationError as error:
+        _fail(validation_message(error), 2)
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
-    except typer.Abort:
-        sys.exit(1)
+    except OSError as error:
+        _fail(_os_error_line(error), 1)
     except Exception as error:
-        # Typer's (vendored) click usage errors: show them the way click's standalone mode does.
-        if hasattr(error, "show") and hasattr(error, "exit_code"):
-            error.show()
-            sys.exit(error.exit_code)
-        raise
+        if not (hasattr(error, "format_message") and hasattr(error, "exit_code")):
+            raise  # a bug: keep the traceback
+        # (typer's vendored) click usage errors: unknown option, missing argument, bad choice
+        context = getattr(error, "ctx", None)
+        command = context.command_path if context is not None else "synthq"
+        message = error.format_message().replace("Value error, ", "")
+        _fail(f"{command}: {message} (see {command} --help)", error.exit_code)
+    if isinstance(status, int) and status:
+        sys.exit(status)

@@ -1,24 +1,98 @@
 """Stage configs: one pydantic model per stage, loadable from YAML with ``key=value`` overrides.
 
-The CLI turns options into one of these and calls the stage's ``run(config)``; pipelines build
-the same objects from YAML. Every field that changes what a stage computes is part of the
-artifact's fingerprint (see :mod:`synthq.artifacts`); ``out``, ``force`` and ``resume`` are not.
+These models are the single source of truth for every option: the command line derives its
+options from the fields (name, default, help text, allowed values and valid range; see
+:mod:`synthq.options`), and pipelines build the same objects from YAML. Each field carries its
+valid range, so a bad value is refused before any work starts. Every field that changes what a
+stage computes is part of the artifact's fingerprint (see :mod:`synthq.artifacts`); ``out``,
+``force`` and ``resume`` are not.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from synthq.errors import SynthqError
 
+
+def cli(**settings: Any) -> dict:
+    """Command-line settings of a field, for ``Field(json_schema_extra=cli(...))``.
+
+    Keys: ``flag`` (the option's name instead of ``--field-name``), ``aliases`` (old names that
+    still work), ``argument`` (a positional argument), ``hidden`` (not an option), ``commas``
+    (False: a list option whose values are not split on commas)."""
+    return {"cli": settings}
+
+
+def _parse_epsilon(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("inf", "infinity", "∞", "none"):
+            return math.inf
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a number or inf") from None
+    return value
+
+
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def _check_device(value: str) -> str:
+    """``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N``; CUDA only where this build sees a GPU."""
+    if not _DEVICE.fullmatch(value):
+        raise ValueError(f"{value!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
+    if value.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"{value!r} requested but this torch build sees no CUDA GPU; use --device cpu")
+        index = int(value.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"{value!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return value
+
+
 Accountant = Literal["rdp", "prv"]
-Device = str  # "auto", "cpu", "cuda", "cuda:1", ...
+Device = Annotated[
+    str,
+    AfterValidator(_check_device),
+    Field(description="Device: auto (a GPU if visible), cpu, cuda, cuda:N or mps."),
+]
+# ε > 0; "inf" (or ∞) means no privacy and no noise.
+Epsilon = Annotated[float, BeforeValidator(_parse_epsilon), Field(gt=0)]
+Seed = Annotated[int, Field(ge=0, description="Random seed.")]
+# DP runs: None (default) draws sampling and noise from the OS's secure randomness; a given seed
+# makes the run reproducible and is recorded as an assumption of the guarantee.
+SecretSeed = Annotated[
+    int | None,
+    Field(
+        ge=0,
+        description="Seed for a bit-reproducible run. Default: DP sampling and noise come from the OS's "
+        "secure randomness; a given seed is recorded in the guarantee as an assumption (an adversary "
+        "who knows it can replay the noise).",
+    ),
+]
+Limit = Annotated[int | None, Field(ge=1, description="Use only the first N items (quick runs).")]
+Probability = Annotated[float, Field(gt=0, le=1)]
 
 
 class StageConfig(BaseModel):
@@ -26,15 +100,15 @@ class StageConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
-    out: Path
-    force: bool = Field(False, description="Redo the stage even if an up-to-date artifact exists.")
-    resume: bool = Field(False, description="Continue an interrupted run from its last checkpoint.")
+    out: Path = Field(description="Artifact directory to write.")
+    force: bool = Field(
+        False, description="Redo the stage even if an up-to-date artifact exists (replaces only artifacts)."
+    )
+    # Only stages that checkpoint offer --resume (they redeclare it as ``Resume``).
+    resume: bool = Field(False, json_schema_extra=cli(hidden=True))
 
 
-def _parse_epsilon(value: Any) -> float:
-    if isinstance(value, str) and value.strip().lower() in ("inf", "infinity", "∞", "none"):
-        return math.inf
-    return float(value)
+Resume = Annotated[bool, Field(description="Continue an interrupted run from its last checkpoint.")]
 
 
 class FinetuneConfig(StageConfig):
@@ -43,81 +117,102 @@ class FinetuneConfig(StageConfig):
     data: str = Field(
         description="Private pairs: a BEIR directory or source name (embedded, msmarco, beir:NAME)."
     )
-    split: str = "train"
-    model: str = Field(description="Hub id, local directory, or packaged alias (smollm2-135m).")
-    epsilon: float = Field(8.0, description="Target ε; inf trains without noise or clipping.")
-    delta: float | None = Field(None, description="δ; default 1/(2n).")
-    clip_norm: float = 0.1
-    accountant: Accountant = "rdp"
-    optimizer: Literal["adam", "adafactor", "sgd"] = "adam"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    epochs: float = 3.0
-    max_steps: int | None = Field(None, description="Cap on logical steps (overrides epochs when smaller).")
-    batch_size: int = Field(
-        1024, description="Logical (expected) batch size; Poisson sampling rate = batch/n."
+    split: str = Field("train", description="qrels split whose (query, document) pairs are trained on.")
+    model: str = Field(description="Hub id (google-t5/t5-base), local directory, or alias (smollm2-135m).")
+    epsilon: Epsilon = Field(8.0, description="Target ε; inf trains without noise or clipping.")
+    delta: float | None = Field(None, gt=0, lt=1, description="δ; default 1/(2n).")
+    clip_norm: float = Field(0.1, gt=0, description="Per-example clipping norm C (paper: 0.1).")
+    accountant: Accountant = Field("rdp", description="Privacy accountant: rdp (Opacus RDP) or prv.")
+    optimizer: Literal["adam", "adafactor", "sgd"] = Field(
+        "adam", description="adam (DP-Adam), adafactor or sgd."
     )
-    physical_batch_size: int = Field(8, description="Micro-batch that fits in memory.")
-    max_source_length: int = 384
-    max_target_length: int = 128
+    lr: float = Field(1e-3, gt=0, description="Learning rate (paper: 1e-3).")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    epochs: float = Field(3.0, gt=0, description="Epochs (paper: 30).")
+    max_steps: int | None = Field(
+        None, ge=1, description="Cap on logical steps (overrides epochs when smaller)."
+    )
+    batch_size: int = Field(
+        1024,
+        ge=1,
+        description="Logical (expected) batch size; Poisson sampling rate = batch/n (paper: 1024).",
+    )
+    physical_batch_size: int = Field(8, ge=1, description="Micro-batch that fits in memory.")
+    max_source_length: int = Field(384, ge=1, description="Document tokens kept.")
+    max_target_length: int = Field(128, ge=1, description="Query tokens kept.")
     grad_sample_mode: Literal["auto", "ghost", "hooks", "vmap"] = Field(
         "auto",
         description="Per-example clipping: ghost (Opacus ghost norms, tied weights exact), hooks "
         "(Opacus per-example gradients), vmap (torch.func, any architecture); auto = ghost where possible.",
     )
-    lora_rank: int = Field(0, description="0 = full fine-tuning; >0 trains LoRA adapters of this rank.")
-    lora_alpha: float | None = None
-    checkpoint_every: int = Field(50, description="Save a resumable checkpoint every N logical steps.")
-    seed: int | None = Field(
-        None,
-        description="Seed for bit-reproducible runs. Default: DP sampling and noise come from the OS's "
-        "secure randomness; a given seed is recorded as an assumption (an adversary who knows it "
-        "can replay the noise).",
-    )
+    lora_rank: int = Field(0, ge=0, description="0 = full fine-tuning; >0 trains LoRA adapters of this rank.")
+    lora_alpha: float | None = Field(None, gt=0, description="LoRA alpha (default 2 × rank).")
+    checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every N logical steps.")
+    seed: SecretSeed = None
     device: Device = "auto"
-    limit: int | None = Field(None, description="Use only the first N pairs (quick runs).")
-
-    _parse_eps = field_validator("epsilon", mode="before")(_parse_epsilon)
+    limit: Limit = None
+    resume: Resume = False
 
 
 class GenerateConfig(StageConfig):
     """``synthq generate``: nucleus-sample synthetic queries for public documents."""
 
-    generator: Path
-    corpus: str = Field(description="Public documents: a BEIR directory or source name.")
+    generator: Path = Field(description="A finetune-lm artifact.")
+    corpus: str = Field(
+        "embedded", description="Public documents: a BEIR directory or source name (embedded, beir:NAME)."
+    )
     documents: Path | None = Field(
-        None,
-        description="A public list of document ids (one per line) to generate for; default: all.",
+        None, description="A public list of document ids (one per line) to generate for; default: all."
     )
     split: str | None = Field(
         None,
         description="Generate only for the documents judged in this qrels split. Which documents a "
         "private split judges can itself be private: this is recorded as the assumption that the "
-        "judged-document set is public (as in the paper's MS MARCO setting).",
+        "judged-document set is public (the paper's MS MARCO setting). Default: the whole corpus.",
     )
-    num_queries: int = 1
-    top_p: float = 0.8
-    temperature: float = 1.0
-    max_new_tokens: int = 32
-    batch_size: int = 16
-    max_resample: int = 3
-    shard: str | None = Field(None, description="'i/n': process only the i-th of n document shards.")
-    seed: int = 0
+    num_queries: int = Field(1, ge=1, description="Queries per document.")
+    top_p: Probability = Field(0.8, description="Nucleus sampling mass, in (0, 1] (paper: 0.8).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (> 0).")
+    max_new_tokens: int = Field(32, ge=1, description="Longest query, in tokens.")
+    generation_batch_size: int = Field(
+        16,
+        ge=1,
+        validation_alias=AliasChoices("generation_batch_size", "batch_size"),
+        description="Documents per generation batch.",
+        json_schema_extra=cli(aliases=["--batch-size"]),
+    )
+    max_resample: int = Field(3, ge=0, description="Retries for empty or degenerate queries.")
+    shard: str | None = Field(None, description="i/n: generate only the i-th of n document shards.")
+    seed: Seed = 0
     device: Device = "auto"
-    limit: int | None = None
+    limit: Limit = None
+    resume: Resume = False
+
+    @field_validator("shard")
+    @classmethod
+    def _shard_in_range(cls, value: str | None) -> str | None:
+        if value is not None:
+            if not re.fullmatch(r"\d+/\d+", value):
+                raise ValueError(f"must look like i/n (e.g. 0/4), got {value!r}")
+            index, count = (int(x) for x in value.split("/"))
+            if not 0 <= index < count:
+                raise ValueError(f"{value}: need 0 <= i < n")
+        return value
 
 
 class SimilarityConfig(StageConfig):
     """``synthq similarity``: BLEU, MAUVE and friends between synthetic and original queries."""
 
-    synthetic: Path
-    original: str
-    split: str = "train"
-    encoder: str = "minilm-l6"
-    mauve_seeds: int = 5
-    mauve_scaling_factor: float = 5.0
-    min_samples: int = 50
-    seed: int = 0
+    synthetic: Path = Field(description="A generate artifact.")
+    original: str = Field(description="The original pairs (BEIR directory or source name).")
+    split: str = Field("train", description="qrels split of the original queries.")
+    encoder: str = Field("minilm-l6", description="Encoder whose features MAUVE compares.")
+    mauve_seeds: int = Field(5, ge=1, description="k-means seeds to average MAUVE over.")
+    mauve_scaling_factor: float = Field(
+        5.0, gt=0, description="MAUVE's c in exp(-c KL) (mauve's default: 5)."
+    )
+    min_samples: int = Field(50, ge=2, description="Refuse MAUVE below this many queries per side.")
+    seed: Seed = 0
     device: Device = "auto"
 
 
@@ -128,95 +223,158 @@ class TrainRetrieverConfig(StageConfig):
     """``synthq train-retriever``: dual encoder with in-batch softmax, optionally direct DP."""
 
     data: str = Field(description="A synthetic artifact, a BEIR directory or a source name.")
-    split: str = "train"
-    encoder: str = "minilm-l6"
-    dp: DPMode | None = None
-    epsilon: float = 8.0
-    delta: float | None = None
-    clip_norm: float = 1.0
-    accountant: Accountant = "rdp"
-    batch_size: int = 32
-    epochs: float = 5.0
-    max_steps: int | None = None
-    lr: float = 2e-5
-    warmup_ratio: float = 0.1
+    split: str = Field("train", description="qrels split of the training pairs.")
+    encoder: str = Field("minilm-l6", description="Shared encoder: alias, local directory or hub id.")
+    dp: DPMode | None = Field(None, description="Direct DP on the private pairs (baselines); default: none.")
+    epsilon: Epsilon = Field(8.0, description="Target ε for --dp.")
+    delta: float | None = Field(None, gt=0, lt=1, description="δ for --dp (default 1/(2n)).")
+    clip_norm: float = Field(1.0, gt=0, description="Clipping norm C for --dp (paper: 0.1).")
+    accountant: Accountant = Field("rdp", description="Privacy accountant for --dp: rdp or prv.")
+    batch_size: int = Field(32, ge=1, description="Batch (paper: 32); the expected batch under --dp.")
+    epochs: float = Field(5.0, gt=0, description="Epochs (paper: 5).")
+    max_steps: int | None = Field(None, ge=1, description="Cap on steps.")
+    lr: float = Field(2e-5, gt=0, description="Learning rate.")
+    warmup_ratio: float = Field(0.1, ge=0, lt=1, description="Fraction of steps with linear warm-up.")
     temperature: float = Field(
         0.05, gt=0, description="Softmax temperature on cosine similarity (scale = 1/T)."
     )
-    max_query_length: int = 128
-    max_doc_length: int = 384
-    group_size: int = Field(8, ge=1)
-    aug_negatives: int = Field(0, ge=0)
+    max_query_length: int = Field(128, ge=1, description="Query tokens kept.")
+    max_doc_length: int = Field(384, ge=1, description="Document tokens kept.")
+    group_size: int = Field(8, ge=1, description="--dp group: pairs per group.")
+    aug_negatives: int = Field(0, ge=0, description="--dp group: augmented negatives per group document.")
     mini_batch_size: int | None = Field(
         None, ge=1, description="Non-private: GradCache (cached in-batch loss) in chunks of this size."
     )
     pair_chunk: int = Field(16, ge=1, description="--dp logit: per-pair gradients held in memory at once.")
-    seed: int | None = Field(
-        None,
-        description="Seed for reproducible runs; default: secure OS randomness (a given seed is recorded "
-        "as an assumption of the DP guarantee).",
-    )
+    seed: SecretSeed = None
     device: Device = "auto"
-    limit: int | None = None
-
-    _parse_eps = field_validator("epsilon", mode="before")(_parse_epsilon)
+    limit: Limit = None
 
 
 class EvalConfig(StageConfig):
     """``synthq eval``: retrieval metrics on embedded, MS MARCO dev and BEIR datasets."""
 
     retrievers: list[str] = Field(
-        default_factory=list, description="train-retriever artifacts (sentence-transformers dirs)."
+        default_factory=list,
+        description="A train-retriever artifact (repeatable).",
+        json_schema_extra=cli(flag="--retriever", commas=False),
     )
     datasets: list[str] = Field(
         default_factory=lambda: ["embedded"],
-        description="embedded, msmarco, beir:NAME (or a bare BEIR name), or BEIR directories.",
+        description="embedded, msmarco (dev split), beir:NAME, or BEIR directories (comma-separated).",
     )
-    split: str | None = Field(None, description="Default: test (msmarco: dev).")
-    bm25: bool = Field(True, description="Add the BM25 reference row (bm25s).")
+    split: str | None = Field(None, description="Split to evaluate (default: test; msmarco: dev).")
+    bm25: bool = Field(True, description="Add the BM25 reference row (ε = 0, public).")
     untrained: list[str] = Field(
-        default_factory=list, description="Encoder specs evaluated as-is (reference rows, ε = 0)."
+        default_factory=list,
+        description="Encoder evaluated as-is, e.g. minilm-l6 (repeatable; a reference row, ε = 0).",
+        json_schema_extra=cli(commas=False),
     )
-    batch_size: int = Field(64, ge=1, description="Encoding batch size.")
+    encode_batch_size: int = Field(
+        64,
+        ge=1,
+        validation_alias=AliasChoices("encode_batch_size", "batch_size"),
+        description="Texts per encoding batch.",
+        json_schema_extra=cli(aliases=["--batch-size"]),
+    )
     top_k: int = Field(100, ge=100, description="Documents retrieved per query (≥ 100 for NDCG@100).")
     search_chunk_size: int = Field(50_000, ge=1, description="Documents scored per matrix product.")
-    faiss: bool = Field(False, description="Search with FAISS IndexFlatIP instead of torch chunks.")
+    faiss: bool = Field(False, description="Search with FAISS IndexFlatIP instead of exact torch chunks.")
     device: Device = "auto"
 
 
 class ReportConfig(StageConfig):
     """``synthq report``: merge evaluation artifacts into one set of tables and plots."""
 
-    evals: list[str] = Field(min_length=1, description="Evaluation artifacts to merge.")
-    title: str = "synthq results"
-    paper: list[dict[str, Any]] = Field(default_factory=list, description="The paper's numbers beside ours.")
-    similarity: list[str] = Field(default_factory=list, description="Similarity artifacts (BLEU, MAUVE).")
+    evals: list[str] = Field(
+        min_length=1, description="Evaluation artifacts to merge.", json_schema_extra=cli(argument=True)
+    )
+    title: str = Field("synthq results", description="Title of the report.")
+    paper: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The paper's numbers beside ours.",
+        json_schema_extra=cli(hidden=True),  # the command line reads them from --paper FILE
+    )
+    similarity: list[str] = Field(
+        default_factory=list, description="Similarity artifacts (BLEU, MAUVE) to include (repeatable)."
+    )
+
+
+CANARY_SHAPES = ("random-query", "real-document", "random-document")
 
 
 class CanaryAuditConfig(StageConfig):
     """``synthq canary-audit``: canary exposure, rank, leakage and an empirical ε lower bound."""
 
-    data: str
-    model: str
-    epsilons: list[float] = Field(default_factory=lambda: [math.inf, 8.0])
-    repetitions: list[int] = Field(default_factory=lambda: [10, 100])
-    shapes: list[str] = Field(default_factory=lambda: ["random-query", "real-document", "random-document"])
-    split: str = "train"
-    canaries_per_shape: int = 5
-    references: int = 99
-    leak_samples: int = Field(10, description="Sampled queries per canary document for the leak test.")
-    top_p: float = 0.8
-    max_new_tokens: int = 24
-    batch_size: int = 32
-    seed: int = 0
-    finetune: dict[str, Any] = Field(default_factory=dict, description="Extra finetune-lm options.")
+    data: str = Field(description="Private pairs: a BEIR directory or source name.")
+    model: str = Field(description="Generator to fine-tune: hub id, local directory or alias.")
+    epsilons: list[Epsilon] = Field(
+        default_factory=lambda: [math.inf, 8.0], description="ε values (comma-separated); inf = non-private."
+    )
+    repetitions: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [10, 100], description="Insertion counts per canary (comma-separated)."
+    )
+    shapes: list[Literal[CANARY_SHAPES]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: list(CANARY_SHAPES), description="Canary shapes (comma-separated)."
+    )
+    split: str = Field("train", description="qrels split of the private pairs.")
+    canaries_per_shape: int = Field(5, ge=1, description="Canaries per shape and repetition count.")
+    references: int = Field(99, ge=1, description="Candidate secrets per canary for rank and exposure.")
+    leak_samples: int = Field(10, ge=0, description="Sampled queries per canary document for the leak test.")
+    top_p: Probability = Field(0.8, description="Nucleus mass of the leak test's sampling.")
+    max_new_tokens: int = Field(24, ge=1, description="Longest sampled query in the leak test.")
+    batch_size: int = Field(32, ge=1, description="Candidates scored per batch.")
+    seed: Seed = 0
+    finetune: dict[str, Any] = Field(
+        default_factory=dict,
+        description="A finetune-lm option as key=value (repeatable), e.g. lora_rank=8.",
+    )
+    resume: Resume = False
 
-    @field_validator("epsilons", mode="before")
+    @field_validator("epsilons", "repetitions", "shapes", mode="before")
     @classmethod
-    def _parse_epsilons(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = value.split(",")
-        return [_parse_epsilon(v) for v in value]
+    def _comma_separated(cls, value: Any) -> Any:
+        return value.split(",") if isinstance(value, str) else value
+
+    @field_validator("finetune", mode="before")
+    @classmethod
+    def _finetune_pairs(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):  # ["lora_rank=8", ...] from the command line
+            return apply_overrides({}, list(value))
+        return value
+
+    @model_validator(mode="after")
+    def _finetune_options_are_valid(self) -> CanaryAuditConfig:
+        fixed = {"data", "model", "out", "epsilon", "seed", "split", "resume"}
+        unknown = sorted(set(self.finetune) - set(FinetuneConfig.model_fields))
+        if unknown:
+            raise ValueError(f"--finetune: unknown finetune-lm option(s) {', '.join(unknown)}")
+        clash = sorted(set(self.finetune) & fixed)
+        if clash:
+            raise ValueError(f"--finetune: {', '.join(clash)} is set by the audit itself")
+        try:
+            FinetuneConfig(data=self.data, model=self.model, out=self.out, **self.finetune)
+        except ValidationError as error:
+            raise ValueError(f"--finetune {validation_message(error)}") from None
+        return self
+
+
+def validation_message(error: ValidationError, flags: dict[str, str] | None = None) -> str:
+    """One line for a pydantic error: ``option: message`` per problem, ``; ``-joined.
+
+    ``flags`` maps field names to what the user typed them as (``--clip-norm``); by default a
+    field is named as in YAML."""
+    problems = []
+    for item in error.errors():
+        loc = [str(part) for part in item["loc"]]
+        name = (flags or {}).get(loc[0], loc[0]) if loc else "value"
+        message = item["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+        message = {"extra_forbidden": "unknown option", "missing": "required"}.get(item["type"], message)
+        if not loc:  # a check of the whole config names its options itself
+            problems.append(message)
+            continue
+        problems.append(f"{name}{''.join(f'[{part}]' for part in loc[1:])}: {message}")
+    return "; ".join(problems)
 
 
 def load_yaml(path: str | Path) -> dict:

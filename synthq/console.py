@@ -1,40 +1,123 @@
-"""The shared rich console and progress bars, so every stage reports the same way."""
+"""The shared rich console and progress bars, so every stage reports the same way.
+
+Everything goes to stderr (results, progress, warnings and errors). ``-q`` hides progress and
+info lines only, never warnings, errors or the result line. When stderr is not a terminal (a
+log file, SLURM, CI, ``| tee``) the progress bar becomes a plain line every
+:data:`LOG_INTERVAL_SECONDS` (``SYNTHQ_PROGRESS_INTERVAL``) with step/total, the stage's own
+fields (loss, ε, ...), rate and ETA.
+"""
 
 from __future__ import annotations
 
+import math
+import os
+import time
+
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 
 console = Console(stderr=True, soft_wrap=True)
-_state = {"verbosity": 1}
+_state = {"verbosity": 1, "follower": False}
+LOG_INTERVAL_SECONDS = 30.0
 
 
 def set_verbosity(level: int) -> None:
-    """0 = quiet (errors only), 1 = normal, 2 = verbose."""
+    """0 = quiet (results, warnings and errors only), 1 = normal, 2 = verbose."""
     _state["verbosity"] = level
-    console.quiet = level == 0
 
 
 def follow_main_process() -> None:
-    """On torchrun ranks other than 0: no progress bars or info lines (rank 0 shows them);
-    warnings and errors still print."""
+    """On torchrun ranks other than 0: no progress bars, info or result lines (rank 0 shows
+    them); warnings and errors still print."""
     _state["verbosity"] = 0
+    _state["follower"] = True
 
 
 def verbosity() -> int:
     return _state["verbosity"]
 
 
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
+
+
+class LoggedProgress(Progress):
+    """A progress display for non-terminals: a plain line per task every ``interval`` seconds
+    (and when a task finishes), instead of a bar that only shows up when the stage ends."""
+
+    def __init__(self, *columns, interval: float, **kwargs):
+        super().__init__(*columns, disable=True, **kwargs)
+        self.interval = interval
+        self._logged: dict[TaskID, tuple[float, float]] = {}  # task -> (time, completed) logged
+
+    def line(self, task_id: TaskID) -> str:
+        task = self._tasks[task_id]
+        total = task.total or 0
+        elapsed = task.elapsed or 0.0
+        start = task.fields.get("_start", 0.0)
+        rate = (task.completed - start) / elapsed if elapsed > 0 else math.nan
+        eta = (total - task.completed) / rate if rate and rate > 0 and total else math.inf
+        fields = " ".join(
+            f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+            for key, value in task.fields.items()
+            if not key.startswith("_")
+        )
+        share = f" ({100 * task.completed / total:.0f}%)" if total else ""
+        return (
+            f"{task.description}: {task.completed:g}/{total:g}{share} {fields} "
+            f"rate={rate:.3g}/s elapsed={_duration(elapsed)} eta={_duration(eta)}"
+        ).replace("  ", " ")
+
+    def _maybe_log(self, task_id: TaskID, final: bool = False) -> None:
+        now = time.monotonic()
+        task = self._tasks[task_id]
+        last_time, last_completed = self._logged.get(task_id, (task.start_time or now, math.nan))
+        due = final or now - last_time >= self.interval or (task.total and task.completed >= task.total)
+        if due and task.completed != last_completed:
+            console.print(escape(self.line(task_id)), highlight=False)
+            self._logged[task_id] = (now, task.completed)
+
+    def add_task(self, description: str, *args, **kwargs) -> TaskID:
+        task_id = super().add_task(description, *args, **kwargs)
+        self._tasks[task_id].fields["_start"] = self._tasks[task_id].completed
+        self._logged[task_id] = (time.monotonic(), self._tasks[task_id].completed)
+        return task_id
+
+    def update(self, task_id: TaskID, *args, **kwargs) -> None:
+        super().update(task_id, *args, **kwargs)
+        self._maybe_log(task_id)
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._maybe_log(task_id)
+
+    def stop(self) -> None:
+        for task_id in list(self._tasks):
+            self._maybe_log(task_id, final=True)
+        super().stop()
+
+
 def progress(*extra_columns) -> Progress:
     """A progress bar with count, elapsed and remaining time, plus any stage-specific columns
-    (for example ``TextColumn("loss {task.fields[loss]:.3f}")``)."""
+    (for example ``TextColumn("loss {task.fields[loss]:.3f}")``); plain periodic lines when the
+    output is not a terminal; nothing under ``-q``."""
+    if verbosity() > 0 and not console.is_terminal:
+        interval = float(os.environ.get("SYNTHQ_PROGRESS_INTERVAL", LOG_INTERVAL_SECONDS))
+        return LoggedProgress(console=console, interval=interval)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -47,6 +130,12 @@ def progress(*extra_columns) -> Progress:
         disable=verbosity() == 0,
         transient=False,
     )
+
+
+def result(message: str) -> None:
+    """A command's result line: printed even under ``-q`` (not on torchrun followers)."""
+    if not _state["follower"]:
+        console.print(message, highlight=False)
 
 
 def warn(message: str) -> None:

@@ -51,7 +51,7 @@ from synthq.artifacts import (
     open_artifact,
 )
 from synthq.config import EvalConfig
-from synthq.console import console, info, verbosity
+from synthq.console import console, verbosity
 from synthq.data.beir_io import load_beir_dir
 from synthq.data.sources import IDENTICAL_ID_DATASETS, default_eval_split, resolve_source, source_name
 from synthq.errors import ArtifactError, DataError
@@ -211,11 +211,11 @@ def _score_dense(
     # One model in memory at a time (the paper's tables hold many T5-Base retrievers);
     # reloading per dataset costs seconds, encoding a corpus costs far more.
     model = model_spec.load()
-    embedded = corpus_embeddings(model, model_spec.key, corpus, config.batch_size)
+    embedded = corpus_embeddings(model, model_spec.key, corpus, config.encode_batch_size)
     query_ids = sorted(queries)
     started = time.perf_counter()
     query_embeddings = encode_texts(
-        model, [queries[q] for q in query_ids], config.batch_size, "encoding queries"
+        model, [queries[q] for q in query_ids], config.encode_batch_size, "encoding queries"
     )
     encoded = time.perf_counter()
     results = exact_search(
@@ -336,5 +336,4 @@ def run(config: EvalConfig) -> Artifact:
         writer.privacy = combined_guarantee(sources).assuming(*(a for _, g in sources for a in g.assumptions))
     if verbosity() >= 1:  # rank 0 only under torchrun
         console.print(results_table(rows))
-    info(f"evaluation written to {config.out}")
     return distributed.on_main(open_artifact, config.out, STAGE)

@@ -122,7 +122,7 @@ def _generate_for(
         for k in range(config.num_queries)
         if (doc_id, k) not in done
     ]
-    batches = length_sorted_batches(pending, generator, config.batch_size)
+    batches = length_sorted_batches(pending, generator, config.generation_batch_size)
     with progress() as bar, open(log_path, "a", encoding="utf-8") as log:
         task = bar.add_task("generating queries", total=len(pending))
         for batch in batches:
@@ -152,7 +152,7 @@ def _generate_for(
 def resume_key(config: GenerateConfig, inputs: list[dict]) -> str:
     """What a resumed run must share with the interrupted one: every setting that changes a
     query (not the batch size or device: sampling is per document) and the input hashes."""
-    settings = config.model_dump(mode="json", exclude={"batch_size", "device"})
+    settings = config.model_dump(mode="json", exclude={"generation_batch_size", "device"})
     return config_fingerprint(settings, inputs)
 
 
@@ -173,9 +173,16 @@ def _resume_state(checkpoint_dir: Path, fingerprint: str) -> dict:
 
 
 def _read_log(path: Path) -> dict:
+    """The finished queries in the progress log. A line a killed process left unfinished (no
+    newline) is cut off the file, so appending goes on from the last whole line."""
     done = {}
     if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        data = path.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        if len(complete) != len(data):
+            with open(path, "r+b") as handle:
+                handle.truncate(len(complete))
+        for line in complete.decode("utf-8").splitlines():
             if line.strip():
                 row = json.loads(line)
                 done[(row["doc_id"], row["index"])] = {"query": row["query"], "attempts": row["attempts"]}
@@ -224,7 +231,7 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
         raise ArtifactError(
             f"shards {[c.get('shard') for c in configs]} are not exactly 0/{count} .. {count - 1}/{count}"
         )
-    free = ("shard", "out", "force", "resume", "batch_size", "device")
+    free = ("shard", "out", "force", "resume", "generation_batch_size", "batch_size", "device")
     comparable = [{k: v for k, v in c.items() if k not in free} for c in configs]
     if any(c != comparable[0] for c in comparable):
         raise ArtifactError("the shards were generated with different settings")
@@ -236,9 +243,8 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
     merged_config = {**comparable[0], "shard": None, "out": str(out), "merged_from": count}
     inputs = [a.input_record() for a in artifacts]
     if not force and (existing := find_up_to_date(out, STAGE, merged_config, inputs)) is not None:
-        info(f"[green]up to date[/]: {out} ({STAGE}); pass --force to redo it")
         return existing
-    check_output_free(out, force)
+    check_output_free(out, force, inputs)
     with create_artifact(out, STAGE, merged_config, inputs) as writer:
         corpus, done = {}, {}
         for artifact in artifacts:

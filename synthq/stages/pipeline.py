@@ -22,6 +22,18 @@ A pipeline file::
         stage: eval
         config: {retrievers: ["@ret-*"]}   # a glob over earlier stage names
 
+A pipeline may end with the figures it is expected to reproduce; ``synthq run --check``
+compares them with the finished artifacts' metrics and fails (exit 1) on any figure outside its
+tolerance::
+
+    expected:
+      - stage: results                     # a stage name
+        metric: [embedded/ret-syn-eps8, ndcg@10]   # keys into that manifest's metrics
+        value: 0.80
+        tolerance: 0.03                    # |actual - value| <= tolerance (or min:, max:)
+
+Stage names are identifiers (letters, digits, ``.``, ``_``, ``-``; they become directory names
+under ``out``), and unknown keys anywhere in the file are errors, not silently ignored.
 ``@name`` is replaced by that stage's output directory, and must name an *earlier* stage, so
 a bad reference fails at planning time, before anything trains. Every config is validated by
 its stage's pydantic model during planning too. A stage whose output is up to date is skipped
@@ -44,12 +56,33 @@ from pydantic import ValidationError
 from rich.markup import escape
 
 from synthq.artifacts import is_artifact, is_still_up_to_date, open_artifact
-from synthq.config import apply_overrides, load_yaml
+from synthq.config import apply_overrides, load_yaml, validation_message
 from synthq.console import console, info
 from synthq.errors import SynthqError
 from synthq.stages.registry import stage_entry
 
 _VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# "paper": the paper's figures, shared by YAML anchors (&paper) with report stages.
+PIPELINE_KEYS = {"name", "out", "vars", "defaults", "stages", "expected", "paper"}
+STAGE_KEYS = {"name", "stage", "sweep", "expect_seconds", "config"}
+EXPECTED_KEYS = {"stage", "metric", "value", "tolerance", "min", "max"}
+
+
+def _check_keys(mapping: dict, allowed: set[str], where: str) -> None:
+    unknown = sorted(set(mapping) - allowed)
+    if unknown:
+        raise SynthqError(
+            f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})"
+        )
+
+
+def _identifier(name: str, where: str) -> str:
+    if not _IDENTIFIER.fullmatch(name) or ".." in name:
+        raise SynthqError(
+            f"{where}: {name!r} is not a valid name (letters, digits, '.', '_', '-'; it becomes a directory)"
+        )
+    return name
 
 
 @dataclass
@@ -73,6 +106,7 @@ class Plan:
     name: str
     out: Path
     stages: list[PlannedStage]
+    expected: list[dict] = field(default_factory=list)
 
     def stage(self, name: str) -> PlannedStage:
         for planned in self.stages:
@@ -136,10 +170,15 @@ def plan_pipeline(
 ) -> Plan:
     """Read, expand and validate a pipeline without running anything."""
     data = apply_overrides(load_yaml(path), overrides or [])
-    name = str(data.get("name") or Path(path).stem)
+    _check_keys(data, PIPELINE_KEYS, str(path))
+    name = _identifier(str(data.get("name") or Path(path).stem), f"{path}: name")
     root = Path(data.get("out") or Path("runs") / name)
     variables = dict(data.get("vars") or {})
     defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise SynthqError(f"{path}: defaults must map stage types to options")
+    for stage_type in defaults:
+        stage_entry(stage_type)
     entries = data.get("stages")
     if not isinstance(entries, list) or not entries:
         raise SynthqError(f"{path}: a pipeline needs a non-empty 'stages' list")
@@ -149,9 +188,10 @@ def plan_pipeline(
     for index, raw in enumerate(entries):
         if not isinstance(raw, dict) or "stage" not in raw or "name" not in raw:
             raise SynthqError(f"{path}: stages[{index}] needs 'name' and 'stage'")
+        _check_keys(raw, STAGE_KEYS, f"{path}: stages[{index}]")
         entry_point = stage_entry(raw["stage"])
         for entry, scope in _expand(raw, variables):
-            stage_name = str(_substitute(entry["name"], scope))
+            stage_name = _identifier(str(_substitute(entry["name"], scope)), f"{path}: stages[{index}] name")
             where = f"{path}: stage {stage_name!r}"
             if stage_name in known:
                 raise SynthqError(f"{where}: duplicate stage name")
@@ -164,8 +204,7 @@ def plan_pipeline(
             try:
                 config = entry_point.config_type()(**options)
             except ValidationError as error:
-                problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-                raise SynthqError(f"{where}: invalid config ({problems})") from None
+                raise SynthqError(f"{where}: invalid config ({validation_message(error)})") from None
             known[stage_name] = root / stage_name
             planned.append(
                 PlannedStage(
@@ -191,7 +230,69 @@ def plan_pipeline(
             stale.add(stage.name)
             # The pipeline owns its outputs: a stale one (changed config or inputs) is replaced.
             stage.config = stage.config.model_copy(update={"force": True})
-    return Plan(name=name, out=root, stages=planned)
+    expected = _expected_entries(data.get("expected") or [], known, path)
+    return Plan(name=name, out=root, stages=planned, expected=expected)
+
+
+def _expected_entries(entries: Any, known: dict[str, Path], path: str | Path) -> list[dict]:
+    if not isinstance(entries, list):
+        raise SynthqError(f"{path}: expected must be a list of {{stage, metric, value, tolerance}}")
+    checked = []
+    for index, entry in enumerate(entries):
+        where = f"{path}: expected[{index}]"
+        if not isinstance(entry, dict):
+            raise SynthqError(f"{where}: must be a mapping")
+        _check_keys(entry, EXPECTED_KEYS, where)
+        if entry.get("stage") not in known:
+            raise SynthqError(f"{where}: stage {entry.get('stage')!r} is not a stage of this pipeline")
+        metric = entry.get("metric")
+        if not metric or not isinstance(metric, str | list):
+            raise SynthqError(f"{where}: metric must be a key or a list of keys into the stage's metrics")
+        bounds = {key: entry[key] for key in ("value", "tolerance", "min", "max") if key in entry}
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in bounds.values()):
+            raise SynthqError(f"{where}: value, tolerance, min and max must be numbers")
+        if "value" in entry and "tolerance" not in entry:
+            raise SynthqError(f"{where}: a value needs a tolerance (0 for an exact figure)")
+        if bounds.get("tolerance", 0) < 0 or not ({"value", "min", "max"} & set(bounds)):
+            raise SynthqError(f"{where}: give value with tolerance >= 0, or min and/or max")
+        checked.append({**entry, "metric": [metric] if isinstance(metric, str) else list(metric)})
+    return checked
+
+
+def _metric(metrics: Any, keys: list[str]) -> Any:
+    for key in keys:
+        if not isinstance(metrics, dict) or key not in metrics:
+            raise KeyError(key)
+        metrics = metrics[key]
+    return metrics
+
+
+def check_expected(plan: Plan) -> tuple[list[str], bool]:
+    """Compare the pipeline's ``expected:`` figures with its artifacts' metrics.
+
+    Returns one line per figure (``ok`` or ``REGRESSION``) and whether any failed; a missing
+    artifact or metric fails too."""
+    lines, failed = [], False
+    for entry in plan.expected:
+        label = f"{entry['stage']}: {' / '.join(map(str, entry['metric']))}"
+        try:
+            metrics = open_artifact(plan.stage(entry["stage"]).out, verify=False).metrics
+            actual = float(_metric(metrics, entry["metric"]))
+        except (SynthqError, KeyError, TypeError, ValueError) as error:
+            lines.append(f"FAILED {label}: no such metric ({error})")
+            failed = True
+            continue
+        problems = []
+        if "value" in entry and not abs(actual - entry["value"]) <= entry["tolerance"]:
+            problems.append(f"expected {entry['value']:g} ± {entry['tolerance']:g}")
+        if "min" in entry and not actual >= entry["min"]:
+            problems.append(f"expected >= {entry['min']:g}")
+        if "max" in entry and not actual <= entry["max"]:
+            problems.append(f"expected <= {entry['max']:g}")
+        failed = failed or bool(problems)
+        verdict = f"REGRESSION ({'; '.join(problems)})" if problems else "ok"
+        lines.append(f"{verdict} {label} = {actual:.4g}")
+    return lines, failed
 
 
 def _estimate(stage: PlannedStage) -> float | None:

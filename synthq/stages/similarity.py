@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 
 from synthq.artifacts import Artifact, create_artifact, data_input_record, existing_result, open_artifact
 from synthq.config import SimilarityConfig
@@ -108,6 +109,7 @@ def run(config: SimilarityConfig) -> Artifact:
     inputs = [synthetic.input_record(), data_input_record(root, name=config.original)]
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
+    started = time.perf_counter()
     original = load_source(config.original, splits=[config.split])
     qrels = original.require_split(config.split)
     hypotheses, references = aligned_pairs(synthetic, original.queries, qrels)
@@ -164,5 +166,6 @@ def run(config: SimilarityConfig) -> Artifact:
         writer.privacy = Guarantee.non_private(
             "similarity scores are computed from the original private queries"
         )
+        writer.timings["wall_seconds"] = round(time.perf_counter() - started, 3)
     console.print((config.out / "similarity.md").read_text(encoding="utf-8"))
     return open_artifact(config.out, STAGE)

@@ -33,6 +33,7 @@ def run(config: FakeConfig):
         raise RuntimeError("synthetic failure")
     with create_artifact(config.out, "generate", config, inputs) as writer:
         (writer.dir / "value.txt").write_text(str(config.value))
+        writer.metrics["scores"] = {"value": config.value, "double": 2 * config.value}
         writer.privacy = Guarantee(epsilon=config.value, delta=1e-5, mechanism="fake")
     return open_artifact(config.out)
 
@@ -167,3 +168,29 @@ def test_shipped_pipelines_plan_and_start_with_their_command(path, monkeypatch):
     assert first_line == f"# synthq run {path.relative_to(REPO).as_posix()}"
     plan = plan_pipeline(path)
     assert plan.stages
+
+
+CHECKED = PIPELINE + """
+expected:
+  - {{stage: second, metric: [scores, value], value: 2.0, tolerance: 0.01}}
+  - {{stage: first-3, metric: [scores, double], min: 5.5, max: 6.5}}
+"""
+
+
+def test_run_check_passes_and_fails_loudly_on_a_regression(tmp_path):
+    from typer.testing import CliRunner
+
+    from synthq.cli import app
+
+    path = write(tmp_path, CHECKED)
+    result = CliRunner().invoke(app, ["run", str(path), "--check"])
+    assert result.exit_code == 0, result.output
+    assert "ok second: scores / value = 2" in result.output and "check passed: 2 expected" in result.output
+    # the same pipeline with a changed figure: the stage reruns, and the check fails with exit 1
+    result = CliRunner().invoke(app, ["run", str(path), "--check", "vars.base=2.5"])
+    assert result.exit_code == 1
+    assert "REGRESSION (expected 2 ± 0.01) second: scores / value = 2.5" in result.output
+    assert "ok first-3" in result.output
+    # a metric the artifact does not have fails too
+    result = CliRunner().invoke(app, ["run", str(path), "--check", "expected.0.metric=nope"])
+    assert result.exit_code == 1 and "FAILED second: nope: no such metric" in result.output

@@ -1,0 +1,255 @@
+"""Command-line options derived from the stage configs, so each option is written down once.
+
+A stage command is a function decorated with :func:`stage_command`; its options are the fields
+of the stage's pydantic config (:mod:`synthq.config`): the option name (``--clip-norm`` for
+``clip_norm``), help text (the field's description), default, allowed values (``Literal``
+types become choices) and valid range (checked by the model before any work starts) all come
+from the field. A new config field is a new option with no code here. Per-field command-line
+settings (an option's name, old names kept as aliases, a positional argument) live beside the
+field, in ``Field(json_schema_extra=cli(...))``.
+
+Every value reaches the config as the user typed it, so the model alone parses and range-checks
+it; its complaints come back as one line naming the option (``--top-p: must be less than or
+equal to 1``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+from synthq.errors import SynthqError
+
+
+class OptionError(SynthqError):
+    """An option value that the stage's config refuses (exit status 2)."""
+
+
+class Interrupted(SynthqError):
+    """Ctrl-C during a command; carries what to do next (exit status 130)."""
+
+
+def _settings(field: FieldInfo) -> dict:
+    extra = field.json_schema_extra
+    return dict(extra.get("cli", {})) if isinstance(extra, dict) else {}
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """(the type without ``| None`` and ``Annotated``, whether ``None`` is allowed)."""
+    optional = False
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is typing.Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (typing.Union, types.UnionType):
+            members = [a for a in typing.get_args(annotation) if a is not type(None)]
+            optional = optional or len(members) < len(typing.get_args(annotation))
+            if len(members) != 1:
+                return annotation, optional
+            annotation = members[0]
+        else:
+            return annotation, optional
+
+
+def _metavar(annotation: Any) -> str:
+    if annotation is bool:
+        return ""
+    if annotation in (int, float):
+        return annotation.__name__.upper()
+    if annotation is Path:
+        return "PATH"
+    return "TEXT"
+
+
+def flag_name(name: str, field: FieldInfo) -> str:
+    """The option a field is set with on the command line (``--clip-norm``)."""
+    return _settings(field).get("flag") or "--" + name.replace("_", "-")
+
+
+def _default_text(field: FieldInfo) -> str | None:
+    """The field's default as the user would type it (None: no default to show or pass)."""
+    if field.is_required():
+        return None
+    value = field.get_default(call_default_factory=True)
+    if value is None or value == [] or value == {}:
+        return None
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _parameter(name: str, field: FieldInfo) -> inspect.Parameter | None:
+    """The typer parameter for one config field, or None for a field the command line hides."""
+    settings = _settings(field)
+    if settings.get("hidden"):
+        return None
+    annotation, _ = _unwrap(field.annotation)
+    origin = typing.get_origin(annotation)
+    help_text = field.description or name.replace("_", " ")
+    if field.is_required():
+        help_text += "  [required]"
+    declarations = [flag_name(name, field), *settings.get("aliases", [])]
+
+    def parameter(info: Any, kind: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
+
+    if settings.get("argument"):
+        return parameter(
+            typer.Argument(None, help=help_text, metavar=name.upper(), show_default=False), list[str]
+        )
+    if annotation is bool:
+        on = bool(field.get_default(call_default_factory=True))
+        if on:
+            declarations = [f"{declarations[0]}/--no-{declarations[0][2:]}"]
+            help_text += "  [default: on]"
+        return parameter(typer.Option(on, *declarations, help=help_text, show_default=False), bool)
+    default, extra = _default_text(field), {}
+    if origin in (list, dict) or annotation in (list, dict):
+        kind: Any = list[str]
+        default = None if default is None else [default]
+        if origin is dict or annotation is dict:
+            extra["metavar"] = "KEY=VALUE"
+        else:
+            item, _ = _unwrap(typing.get_args(annotation)[0]) if typing.get_args(annotation) else (str, False)
+            choices = typing.get_args(item) if typing.get_origin(item) is typing.Literal else ()
+            extra["metavar"] = ("|".join(map(str, choices)) if choices else _metavar(item)) + (
+                ",..." if settings.get("commas", True) else ""
+            )
+    elif origin is typing.Literal:
+        kind = annotation | None  # typer offers a Literal's values as choices
+    else:
+        kind = str | None  # the config model parses and range-checks the text
+        extra["metavar"] = _metavar(annotation)
+    return parameter(typer.Option(default, *declarations, help=help_text, show_default=True, **extra), kind)
+
+
+def config_parameters(config_class: type[BaseModel], skip: set[str] = frozenset()) -> list[inspect.Parameter]:
+    """Typer parameters for every visible field of ``config_class`` (except ``skip``)."""
+    parameters = []
+    for name, field in config_class.model_fields.items():
+        if name not in skip and (parameter := _parameter(name, field)) is not None:
+            parameters.append(parameter)
+    return parameters
+
+
+def _value(field: FieldInfo, value: Any) -> Any:
+    """What the command line gave, in the form the config model parses."""
+    if isinstance(value, list | tuple) and _settings(field).get("commas", True):
+        annotation, _ = _unwrap(field.annotation)
+        if typing.get_origin(annotation) is list:
+            return [part.strip() for item in value for part in item.split(",") if part.strip()]
+    return list(value) if isinstance(value, tuple) else value
+
+
+def flags(config_class: type[BaseModel]) -> dict[str, str]:
+    """Field name -> option name, for error messages (aliases included)."""
+    names = {name: flag_name(name, field) for name, field in config_class.model_fields.items()}
+    for name, field in config_class.model_fields.items():
+        alias = field.validation_alias
+        for choice in getattr(alias, "choices", []):
+            names.setdefault(str(choice), names[name])
+    return names
+
+
+def build(config_class: type[BaseModel], options: dict) -> Any:
+    """``config_class(**options)``, its validation errors as one :class:`OptionError` line."""
+    try:
+        return config_class(**options)
+    except ValidationError as error:
+        from synthq.config import validation_message
+
+        raise OptionError(validation_message(error, flags(config_class))) from None
+
+
+class StageOptions(dict):
+    """The config fields given on the command line (field name -> value as typed), plus
+    :meth:`config`, which parses them into the stage's config model."""
+
+    def __init__(self, config_class: type[BaseModel], values: dict):
+        super().__init__(values)
+        self.config_class = config_class
+
+    def config(self) -> Any:
+        return build(self.config_class, dict(self))
+
+
+def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -> Callable:
+    """Register ``function(options, **own_options)`` as the command of the stage ``name``.
+
+    The command's options are one per field of the stage's config model (from the stage
+    registry, :mod:`synthq.stages.registry`) followed by ``function``'s own parameters
+    (command-line-only switches such as ``--merge``). ``function`` gets ``options`` (a
+    :class:`StageOptions`; ``options.config()`` is the validated config) and returns the artifact,
+    whose result line is printed here (or by ``report(artifact, mark)``); Ctrl-C becomes
+    :class:`Interrupted` with the command's resume hint.
+    """
+    from synthq.stages.registry import stage_entry
+
+    config_class = stage_entry(name).config_type()
+    resumable = "resume" in config_class.model_fields and not _settings(
+        config_class.model_fields["resume"]
+    ).get("hidden")
+    hint = "rerun with --resume to continue" if resumable else "nothing was written; rerun to start again"
+
+    def decorate(function: Callable) -> Callable:
+        hints = typing.get_type_hints(function)
+        own = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in inspect.signature(function).parameters.values()
+            if p.name != "options"
+        ]
+        own_names = {p.name for p in own}
+        derived = config_parameters(config_class, skip=own_names)
+        fields = config_class.model_fields
+
+        @functools.wraps(function)
+        def command(**kwargs: Any) -> None:
+            options = StageOptions(
+                config_class,
+                {
+                    key: _value(fields[key], value)
+                    for key, value in kwargs.items()
+                    if key not in own_names and value is not None and value != [] and value != ()
+                },
+            )
+            from synthq.artifacts import writes_so_far
+
+            mark = writes_so_far()
+            try:
+                artifact = function(options, **{k: kwargs[k] for k in own_names})
+            except KeyboardInterrupt:
+                raise Interrupted(f"interrupted; {hint}") from None
+            except ValidationError as error:
+                from synthq.config import validation_message
+
+                raise OptionError(validation_message(error, flags(config_class))) from None
+            if artifact is not None:
+                (report or print_result)(artifact, mark)
+
+        own_kw = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+        command.__signature__ = inspect.Signature(derived + own_kw)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in derived + own_kw}
+        del command.__wrapped__  # typer must read the signature above, not the function's
+        app.command(name)(command)
+        return function
+
+    return decorate
+
+
+def print_result(artifact: Any, since: int = 0) -> None:
+    """The one result line of a stage command: where the artifact is and its guarantee
+    (``written to`` only if the command wrote it after the mark ``since``)."""
+    from synthq.artifacts import written_here
+    from synthq.console import result
+
+    what = "written to" if written_here(artifact.path, since) else "up to date (pass --force to redo):"
+    result(f"{artifact.stage} {what} {artifact.path}: {artifact.privacy.describe()}")
