@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import resource
 import statistics
 import time
@@ -37,11 +38,21 @@ def measure(function, *args, steps: int = 3, warmup: int = 1) -> dict:
     return result
 
 
-def report(name: str, results: dict, baseline: str) -> None:
-    base = results[baseline]
-    for value in results.values():
-        value["time_ratio_vs_" + baseline] = round(
-            value["median_step_seconds"] / base["median_step_seconds"], 3
-        )
-        value["memory_ratio_vs_" + baseline] = round(value["peak_rss_gb"] / base["peak_rss_gb"], 3)
-    print(json.dumps({"benchmark": name, "results": results}, indent=2))
+def add_ratios(results: dict, baselines: dict[str, str]) -> None:
+    """``time_ratio`` / ``memory_ratio`` of each row against its baseline row (``baselines``:
+    row -> baseline row), measured in the same run."""
+    for key, value in results.items():
+        base = results[baselines[key]]
+        value["baseline"] = baselines[key]
+        value["time_ratio"] = round(value["median_step_seconds"] / base["median_step_seconds"], 3)
+        value["memory_ratio"] = round(value["peak_rss_gb"] / base["peak_rss_gb"], 3)
+
+
+def emit(payload: dict) -> None:
+    """Print a benchmark's JSON; with ``SYNTHQ_BENCH_JSON`` set (``make bench``) also append it to
+    that file, one JSON document per line, for :mod:`benchmarks.collect`."""
+    print(json.dumps(payload, indent=2, ensure_ascii=False))
+    path = os.environ.get("SYNTHQ_BENCH_JSON")
+    if path:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(payload, ensure_ascii=False) + "\n")

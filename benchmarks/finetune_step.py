@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._measure import measure, report  # noqa: E402
+from benchmarks._measure import add_ratios, emit, measure  # noqa: E402
 
 
 def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: int):
@@ -73,8 +73,21 @@ def main() -> None:
             name: measure(make_step, model, mode, lora, args.batch, args.tokens, steps=args.steps)
             for name, mode, lora in configurations
         }
-        report(
-            f"finetune_step[{model}, batch {args.batch} x {args.tokens} tokens]", results, "non_private_full"
+        # each DP row against the non-private step of the same kind (full or LoRA), same run
+        baselines = {
+            name: "non_private_full" if lora == 0 else f"non_private_lora{args.lora}"
+            for name, _, lora in configurations
+        }
+        add_ratios(results, baselines)
+        emit(
+            {
+                "benchmark": "finetune_step",
+                "model": model,
+                "batch": args.batch,
+                "tokens": args.tokens,
+                "steps": args.steps,
+                "results": results,
+            }
         )
 
 
