@@ -34,8 +34,8 @@ def main() -> None:
 
     from synthq.data import load_source
     from synthq.data.pairs import document_text
-    from synthq.generation import Request, length_sorted_batches, sample_queries, stop_token_ids
     from synthq.models.generator import QueryGenerator
+    from synthq.sampling import Request, length_sorted_batches, sample_queries, stop_token_ids
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=32)
