@@ -50,7 +50,11 @@ def add_ratios(results: dict, baselines: dict[str, str]) -> None:
 
 def emit(payload: dict) -> None:
     """Print a benchmark's JSON; with ``SYNTHQ_BENCH_JSON`` set (``make bench``) also append it to
-    that file, one JSON document per line, for :mod:`benchmarks.collect`."""
+    that file, one JSON document per line, for :mod:`benchmarks.collect`. The load average at the
+    end of the run is recorded: above the core count, other work shared the CPU."""
+    import torch
+
+    payload = {**payload, "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg()}
     print(json.dumps(payload, indent=2, ensure_ascii=False))
     path = os.environ.get("SYNTHQ_BENCH_JSON")
     if path:

@@ -21,12 +21,12 @@ identical queries; under top-p ``naive_synthq`` and ``batched`` must (sampling i
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._measure import emit  # noqa: E402
 
 
 def main() -> None:
@@ -107,21 +107,16 @@ def main() -> None:
         mode["compared"] = same
         mode["example"] = outputs["batched"][:3]
         results["greedy" if greedy else f"top_p_{args.top_p}"] = mode
-    print(
-        json.dumps(
-            {
-                "benchmark": "generate_throughput",
-                "model": "smollm2-135m",
-                "prompts": args.prompts,
-                "mean_prompt_tokens": round(sum(prompt_tokens) / len(prompt_tokens), 1),
-                "batch": args.batch,
-                "max_new_tokens": args.new_tokens,
-                "threads": torch.get_num_threads(),
-                "results": results,
-            },
-            indent=2,
-            ensure_ascii=False,
-        )
+    emit(
+        {
+            "benchmark": "generate_throughput",
+            "model": "smollm2-135m",
+            "prompts": args.prompts,
+            "mean_prompt_tokens": round(sum(prompt_tokens) / len(prompt_tokens), 1),
+            "batch": args.batch,
+            "max_new_tokens": args.new_tokens,
+            "results": results,
+        }
     )
 
 
