@@ -1,4 +1,5 @@
-"""Shared helpers for benchmarks: run a callable in a fresh process and report time and peak RSS."""
+"""Shared helpers for benchmarks: step time and peak RSS of configurations, each in a fresh process,
+or timed side by side (:func:`measure_interleaved`) so that a ratio survives a shared CPU."""
 
 from __future__ import annotations
 
@@ -36,6 +37,37 @@ def measure(function, *args, steps: int = 3, warmup: int = 1) -> dict:
     result = queue.get()
     process.join()
     return result
+
+
+def _interleaved_child(function, configurations, steps, warmup, queue):
+    built = {name: function(*args) for name, args in configurations.items()}
+    times = {name: [] for name in built}
+    for index in range(warmup + steps):
+        for name, step in built.items():  # round robin: load changes hit every configuration
+            started = time.perf_counter()
+            step()
+            if index >= warmup:
+                times[name].append(time.perf_counter() - started)
+    queue.put({name: statistics.median(values) for name, values in times.items()})
+
+
+def measure_interleaved(function, configurations: dict[str, tuple], steps: int = 2, warmup: int = 1) -> dict:
+    """Step times of several configurations built in ONE process and run in turn (A, B, A, B …),
+    so a change in load from other work on the machine reaches both sides of a ratio alike; peak
+    memory of each comes from its own process (one step). ``function(*args)`` returns a step."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(
+        target=_interleaved_child, args=(function, configurations, steps, warmup, queue)
+    )
+    process.start()
+    medians = queue.get()
+    process.join()
+    results = {}
+    for name, args in configurations.items():
+        memory = measure(function, *args, steps=1, warmup=0)
+        results[name] = {"median_step_seconds": medians[name], "peak_rss_gb": memory["peak_rss_gb"]}
+    return results
 
 
 def add_ratios(results: dict, baselines: dict[str, str]) -> None:

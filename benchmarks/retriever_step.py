@@ -7,8 +7,9 @@ python benchmarks/retriever_step.py [--batch 32] [--query-tokens 32] [--doc-toke
 (whatever the CPU default is); ``sample_vmap`` is :func:`synthq.dp.contrastive_sample_vmap.
 per_query_clipped_sum` (the same clipped sum as ``sample``, per-query backward passes vmapped).
 
-Every configuration runs in its own process (peak RSS is its own). Ratios are against the
-non-private step at the same batch size, measured in the same run; ``logit`` is measured at
+The modes of one batch size are timed in one process, in turn (a shared CPU slows every side of
+a ratio alike); peak RSS comes from a process of its own. Ratios are against the non-private step
+at the same batch size, measured in the same run; ``logit`` is measured at
 ``--logit-batch`` (its cost grows with the square of the batch) against a non-private step there.
 """
 
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._measure import add_ratios, emit, measure  # noqa: E402
+from benchmarks._measure import add_ratios, emit, measure_interleaved  # noqa: E402
 
 
 def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int):
@@ -94,12 +95,9 @@ def main() -> None:
     if args.logit_batch:
         runs += [("non_private", args.logit_batch), ("logit", args.logit_batch)]
     results = {}
-    for mode, batch in runs:
-        key = f"{mode}@{batch}"
-        if key not in results:
-            results[key] = measure(
-                make_step, mode, batch, args.query_tokens, args.doc_tokens, steps=args.steps
-            )
+    for batch in sorted({b for _, b in runs}):  # each batch size's modes timed in turn, one process
+        group = {f"{m}@{b}": (m, b, args.query_tokens, args.doc_tokens) for m, b in runs if b == batch}
+        results.update(measure_interleaved(make_step, group, steps=args.steps))
     add_ratios(results, {key: f"non_private@{key.split('@')[1]}" for key in results})
     emit(
         {
