@@ -11,7 +11,15 @@ import statistics
 import time
 
 
+def _threads() -> None:
+    """synthq's thread rule, as a stage would apply it (:mod:`synthq.threads`)."""
+    from synthq.threads import configure_threads
+
+    configure_threads()
+
+
 def _child(function, args, steps, warmup, queue):
+    _threads()
     setup = function(*args)
     times = []
     for index in range(warmup + steps):
@@ -40,6 +48,7 @@ def measure(function, *args, steps: int = 3, warmup: int = 1) -> dict:
 
 
 def _interleaved_child(function, configurations, steps, warmup, queue):
+    _threads()
     built = {name: function(*args) for name, args in configurations.items()}
     times = {name: [] for name in built}
     for index in range(warmup + steps):
@@ -86,7 +95,8 @@ def emit(payload: dict) -> None:
     end of the run is recorded: above the core count, other work shared the CPU."""
     import torch
 
-    payload = {**payload, "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg()}
+    threads = payload.pop("threads", torch.get_num_threads())
+    payload = {**payload, "torch_threads": threads, "load_average": os.getloadavg()}
     print(json.dumps(payload, indent=2, ensure_ascii=False))
     path = os.environ.get("SYNTHQ_BENCH_JSON")
     if path:

@@ -43,6 +43,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--top-p", type=float, default=0.8)
     args = parser.parse_args()
+    from synthq.threads import configure_threads
+
+    threads = configure_threads()  # the rule `synthq generate` applies
     generator = QueryGenerator.load("smollm2-135m")
     generator.model.eval()
     tokenizer = generator.tokenizer
@@ -115,6 +118,7 @@ def main() -> None:
             "mean_prompt_tokens": round(sum(prompt_tokens) / len(prompt_tokens), 1),
             "batch": args.batch,
             "max_new_tokens": args.new_tokens,
+            "threads": threads,
             "results": results,
         }
     )

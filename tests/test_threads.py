@@ -5,14 +5,33 @@ from __future__ import annotations
 import pytest
 import torch
 
-from synthq.threads import available_cores, configure_threads, thread_count
+from synthq.threads import available_cores, configure_threads, oversubscribed, thread_count
+
+
+def idle(count):
+    return False
 
 
 def test_cores_are_shared_by_the_ranks_on_a_node():
-    assert thread_count(environ={}, cores=16) == 16
-    assert thread_count(environ={"LOCAL_WORLD_SIZE": "4"}, cores=16) == 4
-    assert thread_count(environ={"LOCAL_WORLD_SIZE": "3"}, cores=16) == 5
-    assert thread_count(environ={"LOCAL_WORLD_SIZE": "4"}, cores=2) == 1  # never zero
+    assert thread_count(environ={}, cores=16, busy=idle) == 16
+    assert thread_count(environ={"LOCAL_WORLD_SIZE": "4"}, cores=16, busy=idle) == 4
+    assert thread_count(environ={"LOCAL_WORLD_SIZE": "3"}, cores=16, busy=idle) == 5
+    assert thread_count(environ={"LOCAL_WORLD_SIZE": "4"}, cores=2, busy=idle) == 1  # never zero
+
+
+def test_busy_cores_mean_one_thread_unless_overridden():
+    asked = []
+
+    def busy(count):
+        asked.append(count)
+        return True
+
+    assert thread_count(environ={"LOCAL_WORLD_SIZE": "2"}, cores=16, busy=busy) == 1
+    assert asked == [8]
+    assert thread_count(environ={"OMP_NUM_THREADS": "4"}, cores=16, busy=busy) == 4
+    assert asked == [8]  # an override is not second-guessed
+    assert oversubscribed(1) is False  # one thread cannot be oversubscribed
+    assert isinstance(oversubscribed(2, repeats=2), bool)
 
 
 def test_overrides_in_order():
@@ -21,7 +40,7 @@ def test_overrides_in_order():
     assert thread_count(environ=environ, cores=16) == 5
     assert thread_count(environ={"OMP_NUM_THREADS": "3"}, cores=16) == 3
     # torchrun sets OMP_NUM_THREADS=1 for every multi-rank launch: that is not a user's choice
-    assert thread_count(environ={"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}, cores=16) == 8
+    assert thread_count(environ={"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}, cores=16, busy=idle) == 8
     assert thread_count(environ={"OMP_NUM_THREADS": "1"}, cores=16) == 1  # one process: it is
     assert thread_count(environ={"LOCAL_WORLD_SIZE": "2", "SYNTHQ_THREADS": "1"}, cores=16) == 1
     with pytest.raises(ValueError, match="OMP_NUM_THREADS"):
