@@ -29,5 +29,11 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check synthq tests benchmarks
 
+BENCHMARKS := finetune_step retriever_step generate_throughput canary_scoring eval_throughput
+
+# Each benchmark appends its JSON to benchmarks/results.jsonl; collect.py merges them into
+# benchmarks/results.json (machine described) and regenerates the README's performance table.
 bench: $(STAMP)
-	for script in benchmarks/*.py; do $(PY) $$script || exit 1; done
+	rm -f benchmarks/results.jsonl
+	for name in $(BENCHMARKS); do SYNTHQ_BENCH_JSON=benchmarks/results.jsonl $(PY) benchmarks/$$name.py || exit 1; done
+	$(PY) benchmarks/collect.py benchmarks/results.jsonl benchmarks/results.json --readme README.md

@@ -1,15 +1,25 @@
-"""Shared helpers for benchmarks: run a callable in a fresh process and report time and peak RSS."""
+"""Shared helpers for benchmarks: step time and peak RSS of configurations, each in a fresh process,
+or timed side by side (:func:`measure_interleaved`) so that a ratio survives a shared CPU."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import resource
 import statistics
 import time
 
 
+def _threads() -> None:
+    """synthq's thread rule, as a stage would apply it (:mod:`synthq.threads`)."""
+    from synthq.threads import configure_threads
+
+    configure_threads()
+
+
 def _child(function, args, steps, warmup, queue):
+    _threads()
     setup = function(*args)
     times = []
     for index in range(warmup + steps):
@@ -37,11 +47,58 @@ def measure(function, *args, steps: int = 3, warmup: int = 1) -> dict:
     return result
 
 
-def report(name: str, results: dict, baseline: str) -> None:
-    base = results[baseline]
-    for value in results.values():
-        value["time_ratio_vs_" + baseline] = round(
-            value["median_step_seconds"] / base["median_step_seconds"], 3
-        )
-        value["memory_ratio_vs_" + baseline] = round(value["peak_rss_gb"] / base["peak_rss_gb"], 3)
-    print(json.dumps({"benchmark": name, "results": results}, indent=2))
+def _interleaved_child(function, configurations, steps, warmup, queue):
+    _threads()
+    built = {name: function(*args) for name, args in configurations.items()}
+    times = {name: [] for name in built}
+    for index in range(warmup + steps):
+        for name, step in built.items():  # round robin: load changes hit every configuration
+            started = time.perf_counter()
+            step()
+            if index >= warmup:
+                times[name].append(time.perf_counter() - started)
+    queue.put({name: statistics.median(values) for name, values in times.items()})
+
+
+def measure_interleaved(function, configurations: dict[str, tuple], steps: int = 2, warmup: int = 1) -> dict:
+    """Step times of several configurations built in ONE process and run in turn (A, B, A, B …),
+    so a change in load from other work on the machine reaches both sides of a ratio alike; peak
+    memory of each comes from its own process (one step). ``function(*args)`` returns a step."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(
+        target=_interleaved_child, args=(function, configurations, steps, warmup, queue)
+    )
+    process.start()
+    medians = queue.get()
+    process.join()
+    results = {}
+    for name, args in configurations.items():
+        memory = measure(function, *args, steps=1, warmup=0)
+        results[name] = {"median_step_seconds": medians[name], "peak_rss_gb": memory["peak_rss_gb"]}
+    return results
+
+
+def add_ratios(results: dict, baselines: dict[str, str]) -> None:
+    """``time_ratio`` / ``memory_ratio`` of each row against its baseline row (``baselines``:
+    row -> baseline row), measured in the same run."""
+    for key, value in results.items():
+        base = results[baselines[key]]
+        value["baseline"] = baselines[key]
+        value["time_ratio"] = round(value["median_step_seconds"] / base["median_step_seconds"], 3)
+        value["memory_ratio"] = round(value["peak_rss_gb"] / base["peak_rss_gb"], 3)
+
+
+def emit(payload: dict) -> None:
+    """Print a benchmark's JSON; with ``SYNTHQ_BENCH_JSON`` set (``make bench``) also append it to
+    that file, one JSON document per line, for :mod:`benchmarks.collect`. The load average at the
+    end of the run is recorded: above the core count, other work shared the CPU."""
+    import torch
+
+    threads = payload.pop("threads", torch.get_num_threads())
+    payload = {**payload, "torch_threads": threads, "load_average": os.getloadavg()}
+    print(json.dumps(payload, indent=2, ensure_ascii=False))
+    path = os.environ.get("SYNTHQ_BENCH_JSON")
+    if path:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(payload, ensure_ascii=False) + "\n")

@@ -10,13 +10,13 @@ the two log-likelihoods (they must agree).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._measure import emit  # noqa: E402
 
 
 def main() -> None:
@@ -50,19 +50,18 @@ def main() -> None:
     shared = [generator.candidate_log_likelihoods(d, c, batch_size=args.batch) for d, c in canaries]
     shared_seconds = time.perf_counter() - started
     difference = max(float((a - b).abs().max()) for a, b in zip(each, shared, strict=True))
-    print(
-        json.dumps(
-            {
-                "benchmark": f"canary_scoring[{args.model}, {1 + args.references} candidates per canary]",
-                "results": {
-                    "pair_by_pair_seconds_per_canary": round(each_seconds / args.canaries, 3),
-                    "shared_prefix_seconds_per_canary": round(shared_seconds / args.canaries, 3),
-                    "speedup": round(each_seconds / shared_seconds, 2),
-                    "max_abs_log_likelihood_difference": difference,
-                },
+    emit(
+        {
+            "benchmark": "canary_scoring",
+            "model": args.model,
+            "candidates_per_canary": 1 + args.references,
+            "results": {
+                "pair_by_pair_seconds_per_canary": round(each_seconds / args.canaries, 3),
+                "shared_prefix_seconds_per_canary": round(shared_seconds / args.canaries, 3),
+                "speedup": round(each_seconds / shared_seconds, 2),
+                "max_abs_log_likelihood_difference": difference,
             },
-            indent=2,
-        )
+        }
     )
 
 

@@ -15,7 +15,6 @@ synthq's chunked top-k merge and FAISS, with the top-100 lists compared.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._measure import emit  # noqa: E402
 
 
 def _timed(function):
@@ -178,7 +178,7 @@ def main() -> None:
         "embedded": embedded_part(args.repeats, args.model),
         "generated_search_only": generated_part(args.docs, args.queries, args.dim),
     }
-    print(json.dumps(results, indent=2))
+    emit(results)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """finetune-lm step time and peak memory: non-private vs each DP per-example clipping mode
 (ghost, hooks, vmap), full fine-tuning vs LoRA, on the packaged SmolLM2-135M and a
-T5-small-shaped model. Each configuration runs in its own process (peak RSS is its own).
+T5-small-shaped model. The full (and the LoRA) configurations are timed in one process, in turn
+(a shared CPU slows both sides of a ratio alike); peak RSS comes from a process of its own.
 
     python benchmarks/finetune_step.py [--batch 8] [--tokens 128] [--steps 3] [--modes ghost,hooks,vmap]
 """
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._measure import measure, report  # noqa: E402
+from benchmarks._measure import add_ratios, emit, measure_interleaved  # noqa: E402
 
 
 def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: int):
@@ -71,12 +72,29 @@ def main() -> None:
         if args.lora:
             configurations += [(f"non_private_lora{args.lora}", None, args.lora)]
             configurations += [(f"dp_{m}_lora{args.lora}", m, args.lora) for m in modes[:1]]
-        results = {
-            name: measure(make_step, model, mode, lora, args.batch, args.tokens, steps=args.steps)
-            for name, mode, lora in configurations
+        # each DP mode is timed interleaved with its non-private baseline (robust to a shared CPU)
+        results = {}
+        for lora in sorted({lora for _, _, lora in configurations}):
+            group = {
+                name: (model, mode, lora, args.batch, args.tokens)
+                for name, mode, rank in configurations if rank == lora
+            }  # fmt: skip
+            results.update(measure_interleaved(make_step, group, steps=args.steps))
+        # each DP row against the non-private step of the same kind (full or LoRA), same run
+        baselines = {
+            name: "non_private_full" if lora == 0 else f"non_private_lora{args.lora}"
+            for name, _, lora in configurations
         }
-        report(
-            f"finetune_step[{model}, batch {args.batch} x {args.tokens} tokens]", results, "non_private_full"
+        add_ratios(results, baselines)
+        emit(
+            {
+                "benchmark": "finetune_step",
+                "model": model,
+                "batch": args.batch,
+                "tokens": args.tokens,
+                "steps": args.steps,
+                "results": results,
+            }
         )
 
 

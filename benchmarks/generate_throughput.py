@@ -21,12 +21,12 @@ identical queries; under top-p ``naive_synthq`` and ``batched`` must (sampling i
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._measure import emit  # noqa: E402
 
 
 def main() -> None:
@@ -34,8 +34,8 @@ def main() -> None:
 
     from synthq.data import load_source
     from synthq.data.pairs import document_text
-    from synthq.generation import Request, length_sorted_batches, sample_queries, stop_token_ids
     from synthq.models.generator import QueryGenerator
+    from synthq.sampling import Request, length_sorted_batches, sample_queries, stop_token_ids
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=32)
@@ -43,6 +43,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--top-p", type=float, default=0.8)
     args = parser.parse_args()
+    from synthq.threads import configure_threads
+
+    threads = configure_threads()  # the rule `synthq generate` applies
     generator = QueryGenerator.load("smollm2-135m")
     generator.model.eval()
     tokenizer = generator.tokenizer
@@ -107,21 +110,17 @@ def main() -> None:
         mode["compared"] = same
         mode["example"] = outputs["batched"][:3]
         results["greedy" if greedy else f"top_p_{args.top_p}"] = mode
-    print(
-        json.dumps(
-            {
-                "benchmark": "generate_throughput",
-                "model": "smollm2-135m",
-                "prompts": args.prompts,
-                "mean_prompt_tokens": round(sum(prompt_tokens) / len(prompt_tokens), 1),
-                "batch": args.batch,
-                "max_new_tokens": args.new_tokens,
-                "threads": torch.get_num_threads(),
-                "results": results,
-            },
-            indent=2,
-            ensure_ascii=False,
-        )
+    emit(
+        {
+            "benchmark": "generate_throughput",
+            "model": "smollm2-135m",
+            "prompts": args.prompts,
+            "mean_prompt_tokens": round(sum(prompt_tokens) / len(prompt_tokens), 1),
+            "batch": args.batch,
+            "max_new_tokens": args.new_tokens,
+            "threads": threads,
+            "results": results,
+        }
     )
 
 

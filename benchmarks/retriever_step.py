@@ -1,10 +1,15 @@
 """train-retriever step time and peak memory on minilm-l6: non-private vs each DP mode.
 
 python benchmarks/retriever_step.py [--batch 32] [--query-tokens 32] [--doc-tokens 128] [--steps 2]
-    [--modes non_private,batch,group,group_loop,sample] [--logit-batch 8]
+    [--modes non_private,batch,group,group_loop,sample,sample_vmap] [--logit-batch 8]
 
-Every configuration runs in its own process (peak RSS is its own). Ratios are against the
-non-private step at the same batch size, measured in the same run; ``logit`` is measured at
+``group`` forces the one-pass per-group engine and ``group_loop`` one backward pass per group
+(whatever the CPU default is); ``sample_vmap`` is :func:`synthq.dp.contrastive_sample_vmap.
+per_query_clipped_sum` (the same clipped sum as ``sample``, per-query backward passes vmapped).
+
+The modes of one batch size are timed in one process, in turn (a shared CPU slows every side of
+a ratio alike); peak RSS comes from a process of its own. Ratios are against the non-private step
+at the same batch size, measured in the same run; ``logit`` is measured at
 ``--logit-batch`` (its cost grows with the square of the batch) against a non-private step there.
 """
 
@@ -15,13 +20,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._measure import measure  # noqa: E402
+from benchmarks._measure import add_ratios, emit, measure_interleaved  # noqa: E402
 
 
 def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int):
     import torch
 
     from synthq.dp.contrastive import Example, build_mechanism, privatize
+    from synthq.dp.contrastive_sample_vmap import per_query_clipped_sum
     from synthq.models.encoder import embed, features, load_encoder, training_loss
 
     torch.manual_seed(0)
@@ -43,10 +49,12 @@ def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int):
     mechanism = None
     if mode != "non_private":
         mechanism = build_mechanism(
-            "group" if mode == "group_loop" else mode, clip_norm=1.0, temperature=temperature,
-            model=None if mode == "group_loop" else encoder, group_size=8, expected_batch_size=batch,
+            {"group_loop": "group", "sample_vmap": "sample"}.get(mode, mode), clip_norm=1.0,
+            temperature=temperature, model=encoder, group_size=8, expected_batch_size=batch,
             max_query_length=query_tokens, max_doc_length=doc_tokens, pair_chunk=16,
         )  # fmt: skip
+        if mode.startswith("group"):
+            mechanism.one_pass = mode == "group"
     loss_function = training_loss(encoder, temperature)
     noise = torch.Generator().manual_seed(0)
 
@@ -58,7 +66,13 @@ def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int):
             ]
             loss_function(inputs, None).backward()
         else:
-            clipped, _ = mechanism.clipped_sum(encode, examples, parameters)
+            if mode == "sample_vmap":
+                clipped, _ = per_query_clipped_sum(
+                    encoder, [e.query for e in examples], [e.document for e in examples],
+                    [e.doc_id for e in examples], temperature, 1.0, parameters, query_tokens, doc_tokens,
+                )  # fmt: skip
+            else:
+                clipped, _ = mechanism.clipped_sum(encode, examples, parameters)
             noisy = privatize(clipped, mechanism.sensitivity(batch), 1.0, noise)
             for parameter, gradient in zip(parameters, noisy, strict=True):
                 parameter.grad = gradient / batch
@@ -69,34 +83,33 @@ def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int):
 
 
 def main() -> None:
-    import json
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--query-tokens", type=int, default=32)
     parser.add_argument("--doc-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--modes", default="non_private,batch,group,group_loop,sample")
+    parser.add_argument("--modes", default="non_private,batch,group,group_loop,sample,sample_vmap")
     parser.add_argument("--logit-batch", type=int, default=8, help="0 skips logit")
     args = parser.parse_args()
     runs = [(mode, args.batch) for mode in args.modes.split(",")]
     if args.logit_batch:
         runs += [("non_private", args.logit_batch), ("logit", args.logit_batch)]
     results = {}
-    for mode, batch in runs:
-        key = f"{mode}@{batch}"
-        if key not in results:
-            results[key] = measure(
-                make_step, mode, batch, args.query_tokens, args.doc_tokens, steps=args.steps
-            )
-    for key, value in results.items():
-        base = results[f"non_private@{key.split('@')[1]}"]
-        value["time_ratio_vs_non_private"] = round(
-            value["median_step_seconds"] / base["median_step_seconds"], 3
-        )
-        value["memory_ratio_vs_non_private"] = round(value["peak_rss_gb"] / base["peak_rss_gb"], 3)
-    name = f"retriever_step[minilm-l6, queries {args.query_tokens} / docs {args.doc_tokens} tokens]"
-    print(json.dumps({"benchmark": name, "results": results}, indent=2))
+    for batch in sorted({b for _, b in runs}):  # each batch size's modes timed in turn, one process
+        group = {f"{m}@{b}": (m, b, args.query_tokens, args.doc_tokens) for m, b in runs if b == batch}
+        results.update(measure_interleaved(make_step, group, steps=args.steps))
+    add_ratios(results, {key: f"non_private@{key.split('@')[1]}" for key in results})
+    emit(
+        {
+            "benchmark": "retriever_step",
+            "model": "minilm-l6",
+            "batch": args.batch,
+            "query_tokens": args.query_tokens,
+            "doc_tokens": args.doc_tokens,
+            "steps": args.steps,
+            "results": results,
+        }
+    )
 
 
 if __name__ == "__main__":

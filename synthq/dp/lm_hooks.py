@@ -14,6 +14,10 @@ of each example's gradient clipped to ``C`` — with less memory or time:
   a per-example gradient; the clipped sum ``Σ_i min(1, C/‖∇ℓ_i‖) ∇ℓ_i`` is then one weighted
   matrix product per layer from the same records (``Σ_{i,s} c_i g_{is} a_{is}ᵀ``) — no second
   backward. Memory: the output gradients of every trainable layer are kept until the update.
+  Mixed ghost clipping (Bu et al., 2022): each Linear / Embedding layer takes whichever of the
+  ghost norm and an instantiated per-example gradient is cheaper for its shape and the batch's
+  sequence length (:func:`choose_norm_method`); instantiated gradients are kept and weighted
+  directly (low-rank LoRA adapters), ghost layers keep their records.
 
 Exactness for T5 and Llama-style models (see :mod:`synthq.dp.lm_grad_samplers`): RMS norms get
 a registered grad sampler, T5's shared relative attention bias is looked up per example, and a
@@ -125,22 +129,66 @@ def tied_squared_norms(factors: list[tuple]) -> torch.Tensor:
     return total.clamp(min=0)
 
 
+NORM_METHODS = ("auto", "ghost", "instantiate")
+
+
+def choose_norm_method(tokens: int, rows: int, columns: int, embedding: bool = False) -> str:
+    """``ghost`` or ``instantiate`` for one layer's per-example gradient norm (mixed ghost clipping,
+    Bu et al.), from the cost of each for a weight of ``rows × columns`` used at ``tokens``
+    positions per example (Linear: ``rows × columns = out × in``; Embedding: ``vocabulary × dim``).
+
+    Per example, with ``T = tokens``, ``p = rows``, ``d = columns``:
+
+    * ghost: norm ``T²(d + p)`` flops from the ``[T, T]`` Gram matrices of output gradients and
+      activations; the clipped sum later costs one ``T·d·p`` product from the recorded
+      activations and output gradients, which are kept until the update (``T(d + p)`` numbers);
+    * instantiate: the per-example gradient ``[p, d]`` costs ``T·d·p`` flops and ``d·p`` numbers;
+      its norm is read off it, and it is kept, so the clipped sum is a weighted sum over the
+      batch (``d·p``) and the records can be dropped.
+
+    Instantiating is chosen when it keeps no more numbers than ghost's records
+    (``d·p ≤ T(d + p)``); it is then also the faster of the two (``T²(d + p) ≥ d·p``). LoRA
+    adapters (``d·p = 576·16`` at ``T ≈ 150`` in SmolLM2) instantiate; full-rank layers of a
+    ~100-token batch (``d·p = 576·1536``) keep ghost norms, whose records cost less memory than
+    ``b`` gradient copies (where ghost's extra ``T²(d + p)`` flops are what the memory saves).
+
+    An embedding's records are its ``T`` ids and ``T × d`` output gradients and its ghost norm
+    costs about as much (Opacus sorts the ids), so a table is instantiated only when
+    ``vocabulary · d ≤ T(d + 1)``: tiny tables such as T5's relative-position buckets."""
+    kept = tokens * (columns + 1) if embedding else tokens * (rows + columns)
+    return "instantiate" if rows * columns <= kept else "ghost"
+
+
 class TiedGhostClipping(GradSampleModuleFastGradientClipping):
-    """Opacus' ghost-clipping hooks with book-keeping and exact norms for tied parameters.
+    """Opacus' ghost-clipping hooks with book-keeping, a per-layer choice of norm method, and
+    exact norms for tied parameters.
 
     During the single backward pass each trainable layer's hook computes its per-example
-    gradient norms (Opacus' norm samplers for ``Linear``/``Embedding``, grad samplers for small
-    layers, :func:`tied_squared_norms` for shared weights) and keeps its input activations and
-    output gradients. :meth:`clipped_gradients` then forms ``Σ_i c_i ∇_W ℓ_i`` layer by layer
-    from those records (book-keeping, Bu et al. 2023), so no second backward pass is needed."""
+    gradient norms and keeps what the clipped sum needs:
 
-    def __init__(self, model: nn.Module, max_grad_norm: float):
+    * ``Linear`` / ``Embedding`` layers use :func:`choose_norm_method` (or ``norm_method`` when it
+      is forced): ghost norms (Opacus' norm samplers) keep the layer's input activations and
+      output gradients; instantiated ones keep the per-example gradients ``[b, *shape]`` only;
+    * small layers (RMS/layer norms, T5's relative bias) instantiate through their grad samplers;
+    * shared weights keep every use in factored form (:func:`tied_squared_norms`).
+
+    :meth:`clipped_gradients` then forms ``Σ_i c_i ∇_W ℓ_i`` from those records (book-keeping,
+    Bu et al. 2023), so no second backward pass is needed. :attr:`methods` says which method each
+    layer used in the last backward pass."""
+
+    def __init__(self, model: nn.Module, max_grad_norm: float, norm_method: str = "auto"):
+        if norm_method not in NORM_METHODS:
+            raise ValueError(f"norm_method must be one of {NORM_METHODS}, not {norm_method!r}")
+        self.norm_method = norm_method
         self._tied = tied_parameters(model)
         self._tied_modules = {
             id(m) for m in model.modules() for p in m.parameters(recurse=False) if id(p) in self._tied
         }
+        self._names = {id(m): name for name, m in model.named_modules()}
         self._factors: dict[int, list[tuple]] = defaultdict(list)
         self._records: list[tuple[nn.Module, list[torch.Tensor], torch.Tensor]] = []
+        self._instantiated: list[dict[nn.Parameter, torch.Tensor]] = []
+        self.methods: dict[str, str] = {}
         super().__init__(
             model,
             batch_first=True,
@@ -153,6 +201,7 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
     def reset(self) -> None:
         self._factors.clear()
         self._records.clear()
+        self._instantiated.clear()
         for parameter in self.trainable_parameters:
             parameter._norm_sample = None
 
@@ -178,18 +227,22 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
             # autograd gives the padding row no gradient; the norms and the update must agree
             keep = (activations[0] != module.padding_idx).unsqueeze(-1)
             backprops = backprops * keep.to(backprops.dtype)
-        self._records.append((module, activations, backprops))
         if id(module) in self._tied_modules:
+            self._records.append((module, activations, backprops))
             (parameter,) = [p for p in module.parameters(recurse=False) if p.requires_grad]
             self._factors[id(parameter)].append(_factor(module, activations[0], backprops))
+            self.methods[self._names[id(module)]] = "tied"
             return
-        if type(module) in self.NORM_SAMPLERS:
+        method = self._method(module, backprops)
+        self.methods[self._names[id(module)]] = method
+        if method == "ghost":
+            self._records.append((module, activations, backprops))
             norms = self.NORM_SAMPLERS[type(module)](module, activations, backprops)
         else:
             sampler = self.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
-            norms = {
-                p: g.flatten(1).norm(2, dim=1) for p, g in sampler(module, activations, backprops).items()
-            }
+            grads = {p: g for p, g in sampler(module, activations, backprops).items() if p.requires_grad}
+            self._instantiated.append(grads)
+            norms = {p: g.flatten(1).norm(2, dim=1) for p, g in grads.items()}
         for parameter, norm in norms.items():
             if not parameter.requires_grad:
                 continue
@@ -198,6 +251,16 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
                     f"{type(module).__name__} ran twice in one forward pass; use --grad-sample-mode hooks"
                 )
             parameter._norm_sample = norm
+
+    def _method(self, module: nn.Module, backprops: torch.Tensor) -> str:
+        """``ghost`` or ``instantiate`` for this call of ``module`` (see :func:`choose_norm_method`)."""
+        if type(module) not in self.NORM_SAMPLERS:
+            return "instantiate"  # no ghost norm: norms and small layers have tiny gradients
+        if self.norm_method != "auto":
+            return self.norm_method
+        tokens = backprops[0].numel() // backprops.shape[-1]
+        rows, columns = module.weight.shape
+        return choose_norm_method(tokens, rows, columns, embedding=isinstance(module, nn.Embedding))
 
     def get_norm_sample(self) -> torch.Tensor:
         for key, parameter in self._tied.items():
@@ -221,24 +284,24 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
                 key = id(parameter)
                 summed[key] = value if key not in summed else summed[key] + value
 
-        for module, activations, backprops in self._records:
+        for grads in self._instantiated:  # Σ_i c_i g_i of the kept per-example gradients
+            for parameter, value in grads.items():
+                add(parameter, torch.tensordot(factors.to(value.dtype), value, dims=1))
+        for module, activations, backprops in self._records:  # ghost and tied layers
             scaled = backprops * factors.to(backprops.dtype).view(-1, *[1] * (backprops.dim() - 1))
             if isinstance(module, nn.Linear):
                 flat = scaled.reshape(-1, scaled.shape[-1])
                 add(module.weight, flat.T @ activations[0].to(flat.dtype).reshape(flat.shape[0], -1))
                 if module.bias is not None:
                     add(module.bias, flat.sum(0))
-            elif type(module) is nn.Embedding:
+            else:  # nn.Embedding
                 weight = module.weight
                 value = torch.zeros_like(weight).index_add_(
                     0, activations[0].reshape(-1), scaled.reshape(-1, weight.shape[1]).to(weight.dtype)
                 )
                 add(weight, value)
-            else:
-                sampler = self.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
-                for parameter, grads in sampler(module, activations, scaled).items():
-                    add(parameter, grads.sum(0))
         self._records.clear()
+        self._instantiated.clear()
         return summed
 
 
@@ -318,6 +381,8 @@ class GhostClipper:
     Args:
         generator: the model being trained, in ``train()`` mode.
         clip_norm: ``C``.
+        norm_method: ``auto`` (per layer, by cost: :func:`choose_norm_method`), or ``ghost`` /
+            ``instantiate`` for every Linear and Embedding layer (the result is the same).
 
     Requirements:
         Parameters shared by several modules must be plain ``nn.Linear`` / ``nn.Embedding``
@@ -326,7 +391,7 @@ class GhostClipper:
 
     mode = "ghost"
 
-    def __init__(self, generator: QueryGenerator, clip_norm: float):
+    def __init__(self, generator: QueryGenerator, clip_norm: float, norm_method: str = "auto"):
         problems = unsupported_for_ghost(generator.model)
         if problems:
             raise NotImplementedError("ghost clipping: " + "; ".join(problems))
@@ -334,7 +399,7 @@ class GhostClipper:
         self.clip_norm = clip_norm
         prepare_model_for_hooks(generator.model)
         self.names = [n for n, _ in _trainable(generator.model)]
-        self.module = TiedGhostClipping(generator.model, max_grad_norm=clip_norm)
+        self.module = TiedGhostClipping(generator.model, max_grad_norm=clip_norm, norm_method=norm_method)
         self._roots: list[torch.Tensor] = []
         self._root_hooks = [
             m.register_forward_hook(self._record_root)

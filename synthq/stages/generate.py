@@ -14,7 +14,7 @@ remove its document from the release), so it is allowed only as a named assumpti
 judged-document set of split S is public", the paper's MS MARCO setting) that the guarantee
 records and every report prints.
 
-Sampling is reproducible per document (see :mod:`synthq.generation`), so ``--shard i/n`` runs
+Sampling is reproducible per document (see :mod:`synthq.sampling`), so ``--shard i/n`` runs
 merged with ``--merge`` equal one unsharded run, and ``--resume`` continues from the documents
 already finished. Under ``torchrun`` one command does both: each rank generates its shard and
 rank 0 merges them (:func:`run_over_ranks`).
@@ -44,8 +44,8 @@ from synthq.data.beir_io import read_corpus, read_qrels, read_queries, write_bei
 from synthq.data.pairs import document_text
 from synthq.data.sources import resolve_source
 from synthq.errors import ArtifactError, DataError, SynthqError
-from synthq.generation import Request, is_degenerate, length_sorted_batches, sample_queries
 from synthq.models.generator import QueryGenerator
+from synthq.sampling import Request, is_degenerate, length_sorted_batches, sample_queries
 
 STAGE = "generate"
 PROGRESS_FILE = "done.jsonl"

@@ -12,7 +12,13 @@ from synthq.dp.clipping import clip_and_sum
 from synthq.dp.engine import PrivacyPlan, SecretRandomness
 from synthq.dp.lm import DPStep, choose_grad_sample_mode, make_clipper
 from synthq.dp.lm_grad_samplers import batch_relative_attention_bias, register_rms_norm_grad_samplers
-from synthq.dp.lm_hooks import GhostClipper, HookClipper, tied_parameters, tied_squared_norms
+from synthq.dp.lm_hooks import (
+    GhostClipper,
+    HookClipper,
+    choose_norm_method,
+    tied_parameters,
+    tied_squared_norms,
+)
 from synthq.models.generator import QueryGenerator
 from tests.dp.test_lm import DOCS, QUERIES, ground_truth
 
@@ -78,6 +84,65 @@ def test_ghost_norms_and_clipped_sum_match_ground_truth(kind, lora, request):
         torch.testing.assert_close(summed[name], true_sum[name], atol=1e-6, rtol=1e-4, msg=name)
     # no gradient is left behind on the parameters for the optimizer to pick up by mistake
     assert all(p.grad is None for p in generator.model.parameters())
+    clipper.close()
+
+
+@pytest.mark.parametrize("kind", ["seq2seq", "causal"])
+@pytest.mark.parametrize("method", ["ghost", "instantiate"])
+def test_each_norm_method_forced_on_every_layer_matches_ground_truth(kind, method, request):
+    """Mixed ghost clipping: whichever branch a Linear/Embedding layer takes, norms and clipped
+    sum are the one-at-a-time ones (LoRA, so both adapter matrices and untied layers exist)."""
+    generator = load(request.getfixturevalue(MODELS[kind]), lora=True)
+    for parameter in generator.model.parameters():  # full layers too: norms and untied weights
+        parameter.requires_grad_(True)
+    batch = generator.training_batch(DOCS, QUERIES, max_target_length=16)
+    expected = ground_truth(generator, batch)
+    generator.model.zero_grad(set_to_none=True)
+    names = list(expected[0])
+    stacked = {n: torch.stack([t[n] for t in expected]) for n in names}
+    true_sum, true_norms = clip_and_sum(stacked, 0.05)
+    clipper = GhostClipper(generator, clip_norm=0.05, norm_method=method)
+    summed, norms, _ = clipper.clipped_sum(batch)
+    used = clipper.module.methods
+    linear = [n for n, m in generator.model.named_modules() if type(m) is torch.nn.Linear]
+    assert linear and all(used[n] in (method, "tied") for n in linear)
+    assert sum(used[n] == method for n in linear) > 10
+    torch.testing.assert_close(norms, true_norms, atol=1e-6, rtol=1e-4)
+    for name in names:
+        torch.testing.assert_close(summed[name], true_sum[name], atol=1e-6, rtol=1e-4, msg=name)
+    clipper.close()
+
+
+def test_auto_norm_method_instantiates_low_rank_adapters_and_keeps_ghost_for_wide_layers():
+    # SmolLM2 at ~150 tokens: LoRA r = 16 adapters (576 -> 16, 16 -> 576) vs its MLP (576 -> 1536)
+    assert choose_norm_method(150, 16, 576) == "instantiate"
+    assert choose_norm_method(150, 576, 16) == "instantiate"
+    assert choose_norm_method(150, 1536, 576) == "ghost"
+    # the boundary: instantiate while d·p ≤ T(d + p)
+    assert choose_norm_method(10, 20, 20) == "instantiate"  # 400 ≤ 400
+    assert choose_norm_method(9, 20, 20) == "ghost"  # 400 > 360
+    # embeddings: only tables no bigger than the records (T5's 32 relative-position buckets)
+    assert choose_norm_method(64, 32, 8, embedding=True) == "instantiate"
+    assert choose_norm_method(150, 49152, 576, embedding=True) == "ghost"
+
+
+def test_auto_norm_method_follows_the_cost_rule_on_a_real_batch(tiny_causal_dir):
+    generator = load(tiny_causal_dir, lora=True)
+    batch = generator.training_batch(DOCS, QUERIES, max_target_length=16)
+    expected = ground_truth(generator, batch)
+    generator.model.zero_grad(set_to_none=True)
+    tokens = batch["input_ids"].shape[1]
+    clipper = GhostClipper(generator, clip_norm=0.05)
+    summed, _, _ = clipper.clipped_sum(batch)
+    used = clipper.module.methods
+    for name, module in generator.model.named_modules():
+        if type(module) is torch.nn.Linear and name in used:
+            rows, columns = module.weight.shape
+            assert used[name] == choose_norm_method(tokens, rows, columns), name
+    names = list(expected[0])
+    true_sum, _ = clip_and_sum({n: torch.stack([t[n] for t in expected]) for n in names}, 0.05)
+    for name in names:
+        torch.testing.assert_close(summed[name], true_sum[name], atol=1e-6, rtol=1e-4, msg=name)
     clipper.close()
 
 

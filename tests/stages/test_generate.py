@@ -18,7 +18,9 @@ import torch
 from synthq.artifacts import create_artifact, open_artifact, partial_dir
 from synthq.config import GenerateConfig
 from synthq.errors import ArtifactError, DataError, SynthqError
-from synthq.generation import (
+from synthq.models.generator import QueryGenerator
+from synthq.privacy import Guarantee
+from synthq.sampling import (
     PerRowSampler,
     Request,
     nucleus_draw,
@@ -26,8 +28,6 @@ from synthq.generation import (
     stop_token_ids,
     top_p_filter,
 )
-from synthq.models.generator import QueryGenerator
-from synthq.privacy import Guarantee
 from synthq.stages import generate
 from tests import helpers
 

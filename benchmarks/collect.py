@@ -1,0 +1,87 @@
+"""Merge the JSON lines the benchmarks appended (``SYNTHQ_BENCH_JSON``) into one results file with
+the machine described, then regenerate the README's performance table from it.
+
+    python benchmarks/collect.py benchmarks/results.jsonl benchmarks/results.json [--readme README.md]
+
+A benchmark that emits one document per model is keyed ``name[model]``; a later run of the same
+benchmark replaces the earlier one, so re-running one script refreshes its rows only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def machine() -> dict:
+    """CPU model, cores this process may use, memory, OS, Python and torch versions."""
+    import torch
+
+    from synthq.threads import available_cores
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory_gb = None
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        memory_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)
+    return {
+        "cpu": model,
+        "cores": available_cores(),
+        "memory_gb": memory_gb,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def key(payload: dict) -> str:
+    return f"{payload['benchmark']}[{payload['model']}]" if "model" in payload else payload["benchmark"]
+
+
+def merge(lines_path: Path, results_path: Path) -> dict:
+    results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else {}
+    benchmarks = results.get("benchmarks", {})
+    for line in lines_path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            payload = json.loads(line)
+            benchmarks[key(payload)] = payload
+    merged = {
+        "machine": machine(),
+        "collected": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "benchmarks": dict(sorted(benchmarks.items())),
+    }
+    results_path.write_text(json.dumps(merged, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return merged
+
+
+def main() -> None:
+    from benchmarks.readme_table import update_readme
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("lines", type=Path)
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--readme", type=Path, default=Path("README.md"))
+    args = parser.parse_args()
+    merged = merge(args.lines, args.results)
+    if args.readme.is_file():
+        update_readme(merged, args.readme)
+    print(f"{len(merged['benchmarks'])} benchmarks -> {args.results}")
+
+
+if __name__ == "__main__":
+    main()

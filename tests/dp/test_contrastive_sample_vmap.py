@@ -1,0 +1,64 @@
+"""Per-query DP-SGD with vmapped per-query gradients equals SampleClipping's one-backward-per-query
+clipped sum (every query differentiated through its own embedding and every document)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from synthq.dp.contrastive import SampleClipping, _norm
+from synthq.dp.contrastive_sample_vmap import per_query_clipped_sum
+from synthq.models.encoder import embed
+from tests.dp.conftest import EXAMPLES
+
+
+def _reference(encoder, batch, clip_norm, parameters, rows=None):
+    mechanism = SampleClipping(clip_norm, 0.05)
+    encode = lambda texts, side: embed(encoder, texts, 64)  # noqa: E731
+    if rows is None:
+        return mechanism.clipped_sum(encode, batch, parameters)
+    gradients, losses = mechanism.per_example_gradients(encode, batch, parameters, rows)
+    from synthq.dp.contrastive import _add, clip
+
+    total = [torch.zeros_like(p) for p in parameters]
+    for gradient in gradients:
+        _add(total, clip(gradient, clip_norm))
+    return total, losses.mean().item()
+
+
+def _vmapped(encoder, batch, clip_norm, parameters, **kwargs):
+    return per_query_clipped_sum(
+        encoder, [e.query for e in batch], [e.document for e in batch], [e.doc_id for e in batch],
+        0.05, clip_norm, parameters, max_query_length=64, max_doc_length=64, **kwargs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("clip_norm", "chunk"), [(1e-3, 3), (1e3, 16)], ids=["clipped-uneven-chunks", "unclipped-one-chunk"]
+)
+def test_vmapped_per_query_sum_equals_sample_clipping(encoder, clip_norm, chunk):
+    parameters = [p for p in encoder.parameters() if p.requires_grad]
+    # a batch with two queries of one document: the duplicate-document mask is exercised too
+    batch = EXAMPLES[:7]
+    assert len({e.doc_id for e in batch}) < len(batch)
+    expected, expected_loss = _reference(encoder, batch, clip_norm, parameters)
+    got, loss = _vmapped(encoder, batch, clip_norm, parameters, chunk=chunk)
+    assert loss == pytest.approx(expected_loss, rel=1e-6)
+    assert float(_norm(expected)) > 0
+    if clip_norm < 1:  # every query really is clipped, so the sum's norm is at most B·C
+        assert float(_norm(got)) <= len(batch) * clip_norm * (1 + 1e-5)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-7 if clip_norm < 1 else 1e-5, rtol=1e-4)
+
+
+def test_a_share_of_the_queries_and_an_empty_batch(encoder):
+    parameters = [p for p in encoder.parameters() if p.requires_grad]
+    batch = EXAMPLES[:5]
+    expected, _ = _reference(encoder, batch, 1e-3, parameters, rows=[1, 3])
+    got, _ = _vmapped(encoder, batch, 1e-3, parameters, rows=[1, 3])
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
+    empty, loss = per_query_clipped_sum(encoder, [], [], [], 0.05, 1.0, parameters)
+    assert math.isnan(loss) and all(float(t.abs().sum()) == 0 for t in empty)
