@@ -26,8 +26,9 @@ from benchmarks._measure import add_ratios, emit, measure_interleaved  # noqa: E
 def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int):
     import torch
 
-    from synthq.dp.contrastive import Example, build_mechanism, privatize
+    from synthq.dp.contrastive import Example
     from synthq.dp.contrastive_sample_vmap import per_query_clipped_sum
+    from synthq.dp.engine import PrivacyPlan, SecretRandomness, build_mechanism
     from synthq.models.encoder import embed, features, load_encoder, training_loss
 
     torch.manual_seed(0)
@@ -37,7 +38,7 @@ def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int):
     optimizer = torch.optim.AdamW(parameters, lr=1e-5)
     # texts long enough to fill the token budgets (the tokenizer truncates them)
     examples = [
-        Example(" ".join([f"query{i}"] * query_tokens), " ".join([f"word{i}"] * doc_tokens), f"d{i}", i)
+        Example(" ".join([f"query{i}"] * query_tokens), " ".join([f"word{i}"] * doc_tokens), f"d{i}", f"q{i}")
         for i in range(batch)
     ]
     lengths = {"query": query_tokens, "doc": doc_tokens}
@@ -52,11 +53,13 @@ def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int):
             {"group_loop": "group", "sample_vmap": "sample"}.get(mode, mode), clip_norm=1.0,
             temperature=temperature, model=encoder, group_size=8, expected_batch_size=batch,
             max_query_length=query_tokens, max_doc_length=doc_tokens, pair_chunk=16,
+            randomness=SecretRandomness(seed=0),
         )  # fmt: skip
         if mode.startswith("group"):
             mechanism.one_pass = mode == "group"
     loss_function = training_loss(encoder, temperature)
-    noise = torch.Generator().manual_seed(0)
+    randomness = SecretRandomness(seed=0)
+    plan = PrivacyPlan.with_noise(1.0, mechanism.sensitivity(batch), batch) if mechanism else None
 
     def step():
         if mechanism is None:
@@ -73,9 +76,8 @@ def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int):
                 )  # fmt: skip
             else:
                 clipped, _ = mechanism.clipped_sum(encode, examples, parameters)
-            noisy = privatize(clipped, mechanism.sensitivity(batch), 1.0, noise)
-            for parameter, gradient in zip(parameters, noisy, strict=True):
-                parameter.grad = gradient / batch
+            for parameter, gradient in zip(parameters, plan.privatize(clipped, randomness), strict=True):
+                parameter.grad = gradient
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
