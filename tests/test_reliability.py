@@ -243,13 +243,13 @@ def test_second_writer_on_the_same_out_is_refused(tmp_path):
         assert holder.stdout.readline().strip() == "locked"
         refused = pytest.raises(ArtifactError, match=f"being written by synthq pid {holder.pid} on ")
         with refused, create_artifact(out, "eval", {}) as writer:
-            writer.privacy = Guarantee(epsilon=0.0)
+            writer.privacy = Guarantee.public()
         assert not out.exists()
     finally:
         holder.kill()
         holder.wait()
     with create_artifact(out, "eval", {}) as writer:  # a killed holder leaves no stale lock
-        writer.privacy = Guarantee(epsilon=0.0)
+        writer.privacy = Guarantee.public()
     assert open_artifact(out) and not artifacts.lock_path(out).exists()
 
 
@@ -333,7 +333,7 @@ def test_model_artifacts_carry_a_model_card(tmp_path):
     assert card.startswith("---\nlibrary_name: sentence-transformers") and "# ST card" in card
     assert "| ε | ∞ (no differential privacy) |" in card and "Not private" in card
     with create_artifact(tmp_path / "ev", "eval", {}) as writer:
-        writer.privacy = Guarantee(epsilon=0.0)
+        writer.privacy = Guarantee.public()
     assert not (tmp_path / "ev" / "README.md").exists()
 
 

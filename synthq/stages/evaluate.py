@@ -139,8 +139,9 @@ def dataset_parts(root: Path) -> list[tuple[str, Path]]:
 def _payload_hash(artifact: Artifact) -> str:
     """A content hash of a retriever's files (weights, tokenizer, pooling), from the sha256s its
     manifest records and :func:`open_artifact` verified: retraining to identical weights, or
-    rewriting the manifest alone, still hits the embedding cache."""
-    files = sorted(artifact.manifest.get("files", {}).items())
+    rewriting the manifest alone, still hits the embedding cache. The model card (``README.md``)
+    states the guarantee, not the weights, so it is left out."""
+    files = sorted((k, v) for k, v in artifact.manifest.get("files", {}).items() if k != "README.md")
     return hashlib.sha256(json.dumps(files).encode()).hexdigest()
 
 

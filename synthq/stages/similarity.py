@@ -106,7 +106,7 @@ def mauve_scores(
 def run(config: SimilarityConfig) -> Artifact:
     synthetic = open_artifact(config.synthetic, stage="generate")
     root = resolve_source(config.original)
-    inputs = [synthetic.input_record(), data_input_record(root, name=config.original)]
+    inputs = [synthetic.input_record(), {**data_input_record(root, name=config.original), "private": True}]
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
     started = time.perf_counter()
