@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from synthq.errors import DataError
 from synthq.paths import cache_dir
@@ -194,6 +193,33 @@ def string_buffers(array: pa.Array) -> tuple[np.ndarray, memoryview]:
     return offsets, memoryview(data) if data is not None else memoryview(b"")
 
 
+class StringColumn:
+    """Random access to one ``large_string`` column of a mapped table, decoding one value at a
+    time straight from the buffers (a Python ``int`` per offset via ``memoryview``, no Arrow
+    scalar objects); each chunk's views are made on its first use."""
+
+    def __init__(self, column: pa.ChunkedArray):
+        self._chunks = column.chunks
+        if any(len(chunk) != BATCH_ROWS for chunk in self._chunks[:-1]):
+            raise ValueError(f"not a cache column: chunks must hold {BATCH_ROWS} rows each")
+        self._views: list[tuple[memoryview, memoryview] | None] = [None] * len(self._chunks)
+
+    def _view(self, chunk: int) -> tuple[memoryview, memoryview]:
+        view = self._views[chunk]
+        if view is None:
+            offsets, data = string_buffers(self._chunks[chunk])
+            view = self._views[chunk] = (memoryview(offsets).cast("B").cast("q"), data)
+        return view
+
+    def bytes_at(self, row: int) -> bytes:
+        chunk, position = divmod(row, BATCH_ROWS)
+        offsets, data = self._view(chunk)
+        return bytes(data[offsets[position] : offsets[position + 1]])
+
+    def __getitem__(self, row: int) -> str:
+        return self.bytes_at(row).decode("utf-8")
+
+
 class IdIndex:
     """id -> row by binary search over a sorted, memory-mapped copy of the id column.
 
@@ -207,12 +233,16 @@ class IdIndex:
         table = open_table(directory / self.FILE)
         ids = table.column("_id")
         self._ids = ids.chunk(0) if ids.num_chunks else pa.array([], pa.large_string())
-        self._offsets, self._data = string_buffers(self._ids)
+        offsets, self._data = string_buffers(self._ids)
+        self._offsets = memoryview(np.ascontiguousarray(offsets)).cast("B").cast("q")
         rows = table.column("row")
         self._rows = rows.chunk(0).to_numpy() if rows.num_chunks else np.zeros(0, dtype=np.int64)
+        self._row_view = memoryview(self._rows).cast("B").cast("q")
 
     @staticmethod
     def write(directory: Path, ids: pa.ChunkedArray | pa.Array) -> None:
+        import pyarrow.compute as pc
+
         order = pc.sort_indices(ids)
         sorted_ids = pc.take(ids, order)
         if isinstance(sorted_ids, pa.ChunkedArray):
@@ -236,11 +266,13 @@ class IdIndex:
             else:
                 high = middle
         if low < len(self._rows) and bytes(data[offsets[low] : offsets[low + 1]]) == target:
-            return int(self._rows[low])
+            return self._row_view[low]
         return -1
 
     def find_many(self, keys: pa.Array | pa.ChunkedArray | Iterable[str]) -> np.ndarray:
         """Rows of many keys at once (-1 where absent), vectorised in Arrow's C++ hash join."""
+        import pyarrow.compute as pc
+
         if not isinstance(keys, pa.Array | pa.ChunkedArray):
             keys = pa.array(list(keys), pa.large_string())
         if len(keys) == 0:

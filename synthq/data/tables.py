@@ -15,13 +15,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from synthq.data.store import BATCH_ROWS, IdIndex, open_table, string_buffers
+from synthq.data.store import IdIndex, StringColumn, open_table, string_buffers
 
 DATA_FILE = "data.arrow"
-
-
-def _value(column: pa.ChunkedArray, row: int):
-    return column.chunk(row // BATCH_ROWS)[row % BATCH_ROWS].as_py()
 
 
 class ArrowMapping(Mapping):
@@ -31,6 +27,11 @@ class ArrowMapping(Mapping):
         self.directory = Path(directory)
         self.table = open_table(self.directory / DATA_FILE)
         self.index = IdIndex(self.directory)
+        self.columns = {
+            name: StringColumn(self.table.column(name))
+            for name, kind in zip(self.table.column_names, self.table.schema.types, strict=True)
+            if kind == pa.large_string()
+        }
 
     def __reduce__(self):
         return (type(self), (str(self.directory),))
@@ -56,7 +57,7 @@ class ArrowMapping(Mapping):
         return row
 
     def id_at(self, row: int) -> str:
-        return _value(self.table.column("_id"), row)
+        return self.columns["_id"][row]
 
     def dataset(self):
         """The same rows as a Hugging Face ``datasets.Dataset``, memory-mapped from the cache file."""
@@ -88,10 +89,7 @@ class Corpus(ArrowMapping):
 
     def document(self, row: int) -> dict[str, str]:
         """The document at ``row`` (file order)."""
-        return {
-            "title": _value(self.table.column("title"), row),
-            "text": _value(self.table.column("text"), row),
-        }
+        return {"title": self.columns["title"][row], "text": self.columns["text"][row]}
 
     def _items(self) -> Iterator[tuple[str, dict[str, str]]]:
         for record in self._rows():
@@ -134,7 +132,7 @@ class Queries(ArrowMapping):
         return self.text_at(self.row(key))
 
     def text_at(self, row: int) -> str:
-        return _value(self.table.column("text"), row)
+        return self.columns["text"][row]
 
     def _items(self) -> Iterator[tuple[str, str]]:
         for record in self._rows():
@@ -160,6 +158,7 @@ class Qrels(ArrowMapping):
         super().__init__(directory)
         groups = open_table(self.directory / self.GROUPS_FILE)
         self.groups = groups
+        self.group_ids = StringColumn(groups.column("_id"))
         self.starts = np.concatenate(
             [groups.column("start").to_numpy(), np.array([self.table.num_rows], dtype=np.int64)]
         )
@@ -172,7 +171,7 @@ class Qrels(ArrowMapping):
             yield from chunk.to_pylist()
 
     def id_at(self, group: int) -> str:
-        return _value(self.groups.column("_id"), group)
+        return self.group_ids[group]
 
     def __getitem__(self, key: str) -> dict[str, int]:
         return self.group(self.row(key))
