@@ -254,6 +254,11 @@ class IdIndex:
         ):
             w.write_table(table, max_chunksize=max(len(table), 1))
 
+    @property
+    def rows(self) -> np.ndarray:
+        """The row of each id in sorted-id order (memory-mapped)."""
+        return self._rows
+
     def find(self, key: str) -> int:
         """The row of ``key``, or -1."""
         target = key.encode("utf-8")

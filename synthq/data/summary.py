@@ -18,7 +18,8 @@ def summarize(dataset: BeirDataset) -> dict:
         judged_queries.update(qrels)
         texts_by_split[split] = {dataset.queries[q].strip().lower() for q in qrels}
     warnings = []
-    unjudged = len(dataset.queries) - len(judged_queries & set(dataset.queries))
+    # loading checked that every judged query exists, so no set of all query ids is needed
+    unjudged = len(dataset.queries) - len(judged_queries)
     if unjudged:
         warnings.append(f"{unjudged} queries have no judgement in any split")
     names = sorted(texts_by_split)

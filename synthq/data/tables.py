@@ -112,17 +112,42 @@ class Corpus(ArrowMapping):
             start += n
         return lengths
 
-    def length_sorted_shards(self, ids: list[str] | None = None, shard_size: int = 10_000):
+    def sorted_rows(self) -> np.ndarray:
+        """Rows in the order of ``sorted(corpus)`` (the index's order: UTF-8 byte order equals code
+        point order), memory-mapped; ``sorted_rows()[:k]`` selects like ``sorted(corpus)[:k]``."""
+        return self.index.rows
+
+    def length_sorted_shards(
+        self, ids: list[str] | None = None, shard_size: int = 10_000, rows: np.ndarray | None = None
+    ) -> Iterator[dict[str, dict[str, str]]]:
         """Documents longest first, ``shard_size`` at a time, as ``{doc_id: document}`` dicts.
 
-        ``ids`` = None takes the whole corpus. Only one shard's text is decoded at a time, so a
-        stage can walk a corpus of any size in bounded memory with batches of similar length."""
-        rows = np.arange(len(self)) if ids is None else self.index.find_many(ids)
-        if ids is not None and (rows < 0).any():
-            raise KeyError(ids[int(np.flatnonzero(rows < 0)[0])])
+        The selection is ``ids``, or ``rows``, or else the whole corpus. Only one shard's text is
+        decoded at a time, so a stage can walk a corpus of any size in bounded memory with
+        batches of similar length (ties keep the selection's order)."""
+        if ids is not None:
+            rows = self.index.find_many(ids)
+            if (rows < 0).any():
+                raise KeyError(ids[int(np.flatnonzero(rows < 0)[0])])
+        elif rows is None:
+            rows = np.arange(len(self))
+        rows = np.asarray(rows, dtype=np.int64)
         order = rows[np.argsort(-self.byte_lengths()[rows], kind="stable")]
         for start in range(0, len(order), shard_size):
             yield {self.id_at(int(r)): self.document(int(r)) for r in order[start : start + shard_size]}
+
+    def batches(self, size: int = 10_000) -> Iterator[tuple[list[str], list[dict[str, str]]]]:
+        """``(ids, documents)`` of ``size`` consecutive rows at a time, in file order (e.g. to
+        encode a corpus chunk by chunk straight into a memory-mapped embedding file)."""
+        for batch in self.table.to_batches(max_chunksize=size):
+            columns = batch.to_pydict()
+            yield (
+                columns["_id"],
+                [
+                    {"title": title, "text": text}
+                    for title, text in zip(columns["title"], columns["text"], strict=True)
+                ],
+            )
 
 
 class Queries(ArrowMapping):

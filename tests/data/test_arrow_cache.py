@@ -159,6 +159,17 @@ def test_length_sorted_shards_cover_the_selection_longest_first(cache, unicode_b
     ]
 
 
+def test_sorted_rows_and_batches(cache, unicode_beir):
+    corpus = load_beir_dir(unicode_beir).corpus
+    assert [corpus.id_at(int(r)) for r in corpus.sorted_rows()] == sorted(corpus)
+    selection = corpus.sorted_rows()[:10][1::3]
+    shards = list(corpus.length_sorted_shards(rows=selection, shard_size=100))
+    assert sorted(shards[0]) == [sorted(corpus)[i] for i in (1, 4, 7)]
+    batches = list(corpus.batches(16))
+    assert [len(ids) for ids, _ in batches] == [16, 16, 16, 2]
+    assert [(i, d) for ids, docs in batches for i, d in zip(ids, docs, strict=True)] == list(corpus.items())
+
+
 def test_training_pairs_is_a_lazy_sequence_equal_to_the_eager_list(cache, unicode_beir):
     dataset = load_beir_dir(unicode_beir)
     corpus, queries, qrels = reference(unicode_beir)
