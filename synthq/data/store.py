@@ -84,7 +84,8 @@ def content_digest(path: Path) -> str:
 
 def remember_digest(path: Path, stat: os.stat_result, digest: str) -> None:
     """Store ``digest`` for ``path`` unless the file changed too recently to trust its stat."""
-    if time.time() - max(stat.st_mtime, stat.st_ctime) < RACY_SECONDS or path.stat() != stat:
+    racy = time.time() - max(stat.st_mtime, stat.st_ctime) < RACY_SECONDS
+    if racy or _stat_key(path.stat()) != _stat_key(stat):
         return
     memo = _memo_path(path)
     tmp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
