@@ -1,25 +1,30 @@
 """What a large corpus costs a stage: the Arrow cache's build, and what opening it adds afterwards.
 
-    python benchmarks/data_scale.py [--passages 1000000 2000000] [--compare-with /work/main] [--out x.json]
+    python benchmarks/data_scale.py [--passages 1000000 2000000] [--repeats 3]
+        [--compare-with /work/main] [--workdir DIR [--keep-corpora]] [--out x.json]
 
 For each ``--passages`` N it writes a synthetic BEIR directory (N passages of 40-80 words from a
-5 000-word vocabulary, N/10 queries, one judgement each: 90 % train, 10 % test) into a temporary
-directory, then runs every operation in a fresh Python process and reads that process's own peak
-RSS (``os.wait4``) and wall time (interpreter start-up and imports included):
+5 000-word vocabulary, N/10 queries, one judgement each: 90 % train, 10 % test), then runs each
+operation in a fresh Python process and records its wall time (interpreter start-up and imports
+included), its peak RSS (``os.wait4``) and the peaks of its anonymous and file-backed resident
+memory (``/proc/PID/status`` every 10 ms; file-backed pages of the mapped cache are the shared
+page cache: one copy for every process and torchrun rank on the machine, reclaimable):
 
 * ``build``: ``load_beir_dir`` with an empty cache (one validating pass per file, sorted id
   index, qrels -> row links);
 * ``open_rehash``: open after the build with the remembered digests deleted (full sha256 of
   every file, then memory-map);
 * ``open_lookup``: open with the cache warm, look up 10 000 random document ids;
-* ``data_info``: ``python -m synthq data info DIR --json``;
 * ``pairs``: ``training_pairs`` on the train split, then decode 1 000 pairs drawn by index;
-* ``length_sorted``: the first length-sorted shard of 10 000 documents (what generate needs).
+* ``length_sorted``: the first length-sorted shard of 10 000 documents (what generate needs);
+* ``data_info``: ``python -m synthq data info DIR --json``.
 
 The same operations on a 12-passage corpus give the fixed cost of Python and the imports;
-``adds_*`` subtracts it, which is what the corpus itself adds to a stage. With
-``--compare-with PATH`` (a checkout of the dict-based reader) ``open_lookup`` and ``data_info``
-also run against that code on the same files. Generated files and caches are deleted afterwards.
+``adds`` subtracts it (warm operations alternate between the two corpora ``--repeats`` times and
+report medians, so that load from other processes on a shared CPU hits both alike): what the
+corpus itself adds to a stage. With ``--compare-with PATH`` (a checkout of the dict-based reader)
+``open_lookup`` and ``data_info`` also run once against that code on the same files. Generated
+corpora and caches are deleted afterwards unless ``--keep-corpora``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -111,49 +117,105 @@ def write_corpus(root: Path, passages: int, seed: int = 0) -> None:
             (test if q % 10 == 0 else train).write(f"q{q}\tdoc{rng.randrange(passages):08d}\t1\n")
 
 
+def _rss_parts(pid: int) -> tuple[int, int]:
+    """(RssAnon, RssFile) of a live process in kB, from /proc (0, 0 once it is gone)."""
+    try:
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+        )
+        return int(fields["RssAnon"].split()[0]), int(fields["RssFile"].split()[0])
+    except (OSError, KeyError, ValueError):
+        return 0, 0
+
+
 def run(code_or_args: list[str], root: Path, env: dict, cwd: Path) -> dict:
-    """Run a child; its own peak RSS from ``wait4`` and wall time, plus what it printed."""
+    """Run a child: wall time, its own peak RSS (``wait4``), and the peaks of its anonymous and
+    file-backed resident memory sampled every 10 ms (mapped cache pages are file-backed: shared
+    page cache, one copy for every process that maps the file, reclaimable)."""
     started = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, *code_or_args, str(root)] if code_or_args[0] == "-c" else code_or_args,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    stdout, stderr = process.stdout.read(), process.stderr.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - started
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, *code_or_args, str(root)] if code_or_args[0] == "-c" else code_or_args,
+            cwd=cwd,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+        )
+        anon = file = 0
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            a, f = _rss_parts(process.pid)
+            anon, file = max(anon, a), max(file, f)
+            time.sleep(0.01)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - started
+        stdout.seek(0), stderr.seek(0)
+        out, err = stdout.read(), stderr.read()
     if process.returncode != 0:
-        raise RuntimeError(f"{code_or_args[:2]} failed: {stderr[-2000:]}")
-    result = {"wall_seconds": round(wall, 3), "peak_rss_gb": round(usage.ru_maxrss / 1e6, 4)}
-    lines = stdout.strip().splitlines()
+        raise RuntimeError(f"{code_or_args[:2]} failed: {err[-2000:]}")
+    result = {
+        "wall_seconds": round(wall, 3),
+        "peak_rss_gb": round(usage.ru_maxrss / 1e6, 4),
+        "peak_anon_gb": round(anon / 1e6, 4),
+        "peak_file_gb": round(file / 1e6, 4),
+    }
+    lines = out.strip().splitlines()
     if lines and lines[-1].startswith("{"):
         result.update(json.loads(lines[-1]))
     return result
 
 
-def measure_all(root: Path, cache: Path, repo: Path, cli_only: bool = False) -> dict:
-    env = {**os.environ, "SYNTHQ_CACHE": str(cache), "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1"}
-    results = {}
-    info = [sys.executable, "-m", "synthq", "data", "info", str(root), "--json"]
-    if cli_only:  # the dict-based reader: no cache to build
-        code = PRELUDE + OPS["open_lookup"] + EPILOGUE
-        results["open_lookup"] = run(["-c", code], root, env, repo)
-        results["data_info"] = run(info, root, env, repo)
-        return results
+WARM_OPS = ("open_lookup", "pairs", "length_sorted", "data_info")
+
+
+def op_command(op: str, root: Path) -> list[str]:
+    if op == "data_info":
+        return [sys.executable, "-m", "synthq", "data", "info", str(root), "--json"]
+    return ["-c", PRELUDE + OPS[op] + EPILOGUE]
+
+
+def environment(cache: Path, repo: Path) -> dict:
+    return {**os.environ, "SYNTHQ_CACHE": str(cache), "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1"}
+
+
+def cold(root: Path, cache: Path, repo: Path) -> dict:
+    """Build the cache from nothing, then open with the digests forgotten (full re-hash)."""
+    env = environment(cache, repo)
     shutil.rmtree(cache, ignore_errors=True)
-    results["build"] = run(["-c", PRELUDE + OPS["build"] + EPILOGUE], root, env, repo)
+    results = {"build": run(op_command("build", root), root, env, repo)}
     shutil.rmtree(cache / "arrow" / "digests", ignore_errors=True)
-    results["open_rehash"] = run(["-c", PRELUDE + OPS["open_rehash"] + EPILOGUE], root, env, repo)
-    time.sleep(2.1)  # let freshly written files age past the racy window once
-    run(["-c", PRELUDE + OPS["open_rehash"] + EPILOGUE], root, env, repo)
-    for name in ("open_lookup", "pairs", "length_sorted"):
-        results[name] = run(["-c", PRELUDE + OPS[name] + EPILOGUE], root, env, repo)
-    results["data_info"] = run(info, root, env, repo)
+    results["open_rehash"] = run(op_command("open_rehash", root), root, env, repo)
+    time.sleep(2.1)  # let freshly written files age past the racy window, then remember digests
+    run(op_command("open_rehash", root), root, env, repo)
     return results
+
+
+def median_run(runs: list[dict]) -> dict:
+    return {
+        k: round(statistics.median(r[k] for r in runs), 4) for k in runs[0] if isinstance(runs[0][k], float)
+    }
+
+
+def warm(roots: dict[str, tuple[Path, Path]], repo: Path, repeats: int, ops=WARM_OPS) -> dict:
+    """Each op ``repeats`` times on every root, interleaved so that load on a shared CPU hits
+    the small and the large corpus alike; medians."""
+    runs: dict[str, dict[str, list]] = {name: {op: [] for op in ops} for name in roots}
+    for _ in range(repeats):
+        for op in ops:
+            for name, (root, cache) in roots.items():
+                runs[name][op].append(run(op_command(op, root), root, environment(cache, repo), repo))
+    return {
+        name: {op: {**median_run(r), "runs": len(r)} for op, r in by_op.items()}
+        for name, by_op in runs.items()
+    }
+
+
+def difference(large: dict, small: dict) -> dict:
+    keys = ("wall_seconds", "peak_rss_gb", "peak_anon_gb", "peak_file_gb")
+    return {op: {k: round(v[k] - small[op][k], 4) for k in keys if k in v} for op, v in large.items()}
 
 
 def disk_bytes(path: Path) -> int:
@@ -163,49 +225,53 @@ def disk_bytes(path: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--passages", type=int, nargs="+", default=[1_000_000])
+    parser.add_argument("--repeats", type=int, default=3, help="runs per warm operation (medians)")
     parser.add_argument("--compare-with", type=Path, help="a checkout with the dict-based reader")
     parser.add_argument("--workdir", type=Path, help="where to write corpora (default: a temp dir)")
+    parser.add_argument("--keep-corpora", action="store_true", help="reuse/keep corpus-N in --workdir")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    report = {"cpu_count": os.cpu_count(), "sizes": {}}
-    workdir = Path(tempfile.mkdtemp(prefix="data-scale-", dir=args.workdir))
+    report = {"cpu_count": os.cpu_count(), "load_average_start": os.getloadavg(), "sizes": {}}
+    workdir = (
+        args.workdir if args.keep_corpora else Path(tempfile.mkdtemp(prefix="data-scale-", dir=args.workdir))
+    )
     try:
-        tiny_root = workdir / "tiny"
-        write_corpus(tiny_root, 12)
-        tiny = measure_all(tiny_root, workdir / "cache-tiny", REPO)
-        report["tiny"] = tiny
+        tiny_root, tiny_cache = workdir / "corpus-12", workdir / "cache-12"
+        if not tiny_root.is_dir():
+            write_corpus(tiny_root, 12)
+        report["tiny_cold"] = cold(tiny_root, tiny_cache, REPO)
         for n in args.passages:
-            root = workdir / f"corpus-{n}"
-            started = time.perf_counter()
-            write_corpus(root, n)
-            entry = {"write_seconds": round(time.perf_counter() - started, 1)}
+            root, cache = workdir / f"corpus-{n}", workdir / f"cache-{n}"
+            entry = {}
+            if not root.is_dir():
+                started = time.perf_counter()
+                write_corpus(root, n)
+                entry["write_seconds"] = round(time.perf_counter() - started, 1)
             entry["source_bytes"] = disk_bytes(root)
-            entry["ops"] = measure_all(root, workdir / "cache", REPO)
-            entry["cache_bytes"] = disk_bytes(workdir / "cache")
-            entry["adds"] = {
-                op: {
-                    "peak_rss_gb": round(value["peak_rss_gb"] - tiny[op]["peak_rss_gb"], 4),
-                    "wall_seconds": round(value["wall_seconds"] - tiny[op]["wall_seconds"], 3),
-                }
-                for op, value in entry["ops"].items()
-            }
+            entry["cold"] = cold(root, cache, REPO)
+            entry["cache_bytes"] = disk_bytes(cache)
+            both = warm({"tiny": (tiny_root, tiny_cache), "large": (root, cache)}, REPO, args.repeats)
+            entry["warm"], entry["tiny_warm"] = both["large"], both["tiny"]
+            entry["adds"] = difference(both["large"], both["tiny"])
+            entry["adds"].update(difference(entry["cold"], report["tiny_cold"]))
             if args.compare_with:
-                old = args.compare_with
-                entry["dict_reader"] = measure_all(root, workdir / "cache-old", old, cli_only=True)
-                old_tiny = measure_all(tiny_root, workdir / "cache-old", old, cli_only=True)
-                entry["dict_reader_adds"] = {
-                    op: {
-                        "peak_rss_gb": round(value["peak_rss_gb"] - old_tiny[op]["peak_rss_gb"], 4),
-                        "wall_seconds": round(value["wall_seconds"] - old_tiny[op]["wall_seconds"], 3),
-                    }
-                    for op, value in entry["dict_reader"].items()
-                }
+                old = warm(
+                    {"tiny": (tiny_root, tiny_cache), "large": (root, cache)},
+                    args.compare_with,
+                    1,
+                    ("open_lookup", "data_info"),
+                )
+                entry["dict_reader"] = old["large"]
+                entry["dict_reader_adds"] = difference(old["large"], old["tiny"])
             report["sizes"][n] = entry
-            shutil.rmtree(root, ignore_errors=True)
-            shutil.rmtree(workdir / "cache", ignore_errors=True)
+            shutil.rmtree(cache, ignore_errors=True)
+            if not args.keep_corpora:
+                shutil.rmtree(root, ignore_errors=True)
             print(json.dumps({n: entry}, indent=2), file=sys.stderr)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not args.keep_corpora:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report["load_average_end"] = os.getloadavg()
     text = json.dumps(report, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
