@@ -9,6 +9,7 @@ from typing import overload
 import numpy as np
 
 from synthq.data.beir_io import BeirDataset, link
+from synthq.data.store import int64_values
 from synthq.data.tables import Corpus, Queries
 from synthq.errors import DataError
 
@@ -81,7 +82,7 @@ def training_pairs(dataset: BeirDataset, split: str = "train", min_relevance: in
     qrels = dataset.require_split(split)
     path = dataset.root / "qrels" / f"{split}.tsv"
     links = link(qrels, dataset.queries, dataset.corpus, split, path)
-    scores = qrels.judgements().column("score").to_numpy()
+    scores = int64_values(qrels.judgements().column("score"))
     keep = np.flatnonzero(scores >= min_relevance)
     if not len(keep):
         raise DataError(f"split {split!r} has no relevant (query, document) pairs", dataset.root)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from synthq.data.store import IdIndex, StringColumn, open_table, string_buffers
+from synthq.data.store import IdIndex, StringColumn, int64_values, open_table, string_buffers
 
 DATA_FILE = "data.arrow"
 
@@ -185,7 +185,7 @@ class Qrels(ArrowMapping):
         self.groups = groups
         self.group_ids = StringColumn(groups.column("_id"))
         self.starts = np.concatenate(
-            [groups.column("start").to_numpy(), np.array([self.table.num_rows], dtype=np.int64)]
+            [int64_values(groups.column("start")), np.array([self.table.num_rows], dtype=np.int64)]
         )
 
     def __len__(self) -> int:

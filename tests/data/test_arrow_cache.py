@@ -320,3 +320,22 @@ def test_find_many_agrees_with_find(cache, unicode_beir):
     keys = [*corpus, "x", "", "d0", "d049-éé"]
     assert corpus.index.find_many(keys).tolist() == [corpus.index.find(k) for k in keys]
     assert np.array_equal(corpus.index.find_many(list(corpus)), np.arange(len(corpus)))
+
+
+def test_opening_a_cached_dataset_imports_neither_pandas_nor_datasets(cache, tiny_beir):
+    """pyarrow's to_numpy/pa.array import pandas (~0.5 s, ~30 MB per process): not on the read path."""
+    load_beir_dir(tiny_beir)  # build
+    code = (
+        "import sys\n"
+        "from synthq.data import load_beir_dir, training_pairs\n"
+        "from synthq.data.summary import summarize\n"
+        f"dataset = load_beir_dir({str(tiny_beir)!r})\n"
+        "pairs = training_pairs(dataset, 'train')\n"
+        "pairs.take([0, 1]); summarize(dataset); dict(dataset.corpus); dataset.corpus['egg-0']\n"
+        "next(dataset.corpus.length_sorted_shards(shard_size=4)); next(dataset.corpus.batches(4))\n"
+        "print(sorted(m for m in ('pandas', 'datasets') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "SYNTHQ_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
