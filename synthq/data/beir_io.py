@@ -1,72 +1,78 @@
 """BEIR-format datasets on disk: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``.
 
-Reading validates as it goes and raises :class:`~synthq.errors.DataError` with the file and line
-of the first problem: non-UTF-8 bytes, malformed JSON, a missing or duplicate ``_id``, empty
-text, a malformed qrels row, or qrels naming unknown query or document ids.
+BEIR directories are the exchange format; reading one parses each file once, in one streaming
+pass, into an Arrow cache keyed by the file's sha256 (:mod:`synthq.data.store`) and returns
+lazy mappings over it (:mod:`synthq.data.tables`). The pass validates as it goes and raises
+:class:`~synthq.errors.DataError` with the file and line of the first problem: non-UTF-8 bytes,
+malformed JSON, a missing or duplicate ``_id``, empty text, a malformed qrels row; loading a
+directory then checks that the qrels name only known query and document ids.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from synthq.errors import DataError
+import numpy as np
+import pyarrow as pa
 
-Corpus = dict[str, dict[str, str]]  # doc id -> {"title": ..., "text": ...}
-Queries = dict[str, str]  # query id -> text
-Qrels = dict[str, dict[str, int]]  # query id -> {doc id: relevance}
+from synthq.data.store import (
+    HashingReader,
+    IdIndex,
+    TableWriter,
+    cached_build,
+    content_digest,
+    open_table,
+    write_table,
+)
+from synthq.data.tables import DATA_FILE, Corpus, Qrels, Queries
+from synthq.errors import DataError
 
 
 @dataclass
 class BeirDataset:
-    """A BEIR directory held in memory."""
+    """A BEIR directory, memory-mapped from its Arrow cache (see :mod:`synthq.data.tables`)."""
 
     root: Path
-    corpus: Corpus
-    queries: Queries
-    qrels: dict[str, Qrels] = field(default_factory=dict)
+    corpus: Mapping[str, dict[str, str]]
+    queries: Mapping[str, str]
+    qrels: dict[str, Mapping[str, dict[str, int]]] = field(default_factory=dict)
 
     @property
     def splits(self) -> list[str]:
         return sorted(self.qrels)
 
-    def split_queries(self, split: str) -> Queries:
+    def split_queries(self, split: str) -> dict[str, str]:
         """The queries that have judgements in ``split``."""
         qrels = self.require_split(split)
         return {qid: self.queries[qid] for qid in qrels}
 
-    def require_split(self, split: str) -> Qrels:
+    def require_split(self, split: str) -> Mapping[str, dict[str, int]]:
         if split not in self.qrels:
             available = ", ".join(self.splits) or "none"
             raise DataError(f"no qrels for split {split!r} (available: {available})", self.root / "qrels")
         return self.qrels[split]
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    if not path.is_file():
-        raise DataError("file not found", path)
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise DataError(
-                    f"not valid UTF-8 ({error.reason} at byte {error.start})", path, number
-                ) from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(
-                    f"malformed JSON ({error.msg} at column {error.colno})", path, number
-                ) from None
-            if not isinstance(record, dict):
-                raise DataError("expected a JSON object", path, number)
-            yield number, record
+def _iter_jsonl(lines: Iterable[bytes], path: Path) -> Iterator[tuple[int, dict]]:
+    for number, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DataError(f"not valid UTF-8 ({error.reason} at byte {error.start})", path, number) from None
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataError(f"malformed JSON ({error.msg} at column {error.colno})", path, number) from None
+        if not isinstance(record, dict):
+            raise DataError("expected a JSON object", path, number)
+        yield number, record
 
 
 def _record_id(record: dict, path: Path, number: int, seen: set[str]) -> str:
@@ -81,77 +87,166 @@ def _record_id(record: dict, path: Path, number: int, seen: set[str]) -> str:
     return record_id
 
 
-def read_corpus(path: str | Path) -> Corpus:
+CORPUS_SCHEMA = pa.schema(
+    [("_id", pa.large_string()), ("title", pa.large_string()), ("text", pa.large_string())]
+)
+QUERIES_SCHEMA = pa.schema([("_id", pa.large_string()), ("text", pa.large_string())])
+QRELS_SCHEMA = pa.schema(
+    [("query-id", pa.large_string()), ("corpus-id", pa.large_string()), ("score", pa.int64())]
+)
+
+
+def _build(kind: str, path: Path, parse) -> Path:
+    """The cache directory for ``path`` parsed by ``parse(lines, out_dir)`` (built on first use)."""
     path = Path(path)
-    corpus: Corpus = {}
-    seen: set[str] = set()
-    for number, record in _iter_jsonl(path):
-        doc_id = _record_id(record, path, number, seen)
-        text = str(record.get("text") or "").strip()
-        title = str(record.get("title") or "").strip()
-        if not text and not title:
-            raise DataError(f"document {doc_id!r} has empty text", path, number)
-        corpus[doc_id] = {"title": title, "text": text}
-    if not corpus:
+    digest = content_digest(path)
+
+    def build(out: Path) -> None:
+        lines = HashingReader(path)
+        parse(lines, out)
+        lines.check_unchanged(digest)
+
+    return cached_build(kind, digest, build)
+
+
+def _parse_corpus(lines: HashingReader, out: Path) -> None:
+    path, seen = lines.path, set()
+    with TableWriter(out / DATA_FILE, CORPUS_SCHEMA) as writer:
+        for number, record in _iter_jsonl(lines, path):
+            doc_id = _record_id(record, path, number, seen)
+            text = str(record.get("text") or "").strip()
+            title = str(record.get("title") or "").strip()
+            if not text and not title:
+                raise DataError(f"document {doc_id!r} has empty text", path, number)
+            writer.add(doc_id, title, text)
+    if not writer.rows:
         raise DataError("corpus is empty", path)
-    return corpus
+    IdIndex.write(out, open_table(out / DATA_FILE).column("_id"))
+
+
+def _parse_queries(lines: HashingReader, out: Path) -> None:
+    path, seen = lines.path, set()
+    with TableWriter(out / DATA_FILE, QUERIES_SCHEMA) as writer:
+        for number, record in _iter_jsonl(lines, path):
+            query_id = _record_id(record, path, number, seen)
+            text = str(record.get("text") or "").strip()
+            if not text:
+                raise DataError(f"query {query_id!r} has empty text", path, number)
+            writer.add(query_id, text)
+    IdIndex.write(out, open_table(out / DATA_FILE).column("_id"))
+
+
+def _parse_qrels(lines: HashingReader, out: Path) -> None:
+    path = lines.path
+    qrels: dict[str, dict[str, int]] = {}
+    for number, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as error:
+            raise DataError(f"not valid UTF-8 ({error.reason})", path, number) from None
+        if not line.strip():
+            continue
+        columns = line.split("\t")
+        if number == 1 and columns[0].strip().lower() in ("query-id", "query_id", "qid"):
+            continue
+        if len(columns) != 3:
+            raise DataError(f"expected 3 tab-separated columns, found {len(columns)}", path, number)
+        query_id, doc_id, score = (c.strip() for c in columns)
+        try:
+            relevance = int(float(score))
+        except ValueError:
+            raise DataError(f"relevance {score!r} is not a number", path, number) from None
+        qrels.setdefault(query_id, {})[doc_id] = relevance
+    starts = []
+    with TableWriter(out / DATA_FILE, QRELS_SCHEMA) as writer:
+        for query_id, docs in qrels.items():
+            starts.append(writer.rows)
+            for doc_id, relevance in docs.items():
+                writer.add(query_id, doc_id, relevance)
+    groups = pa.table(
+        {"_id": pa.array(list(qrels), pa.large_string()), "start": pa.array(starts, pa.int64())}
+    )
+    write_table(out / Qrels.GROUPS_FILE, groups)
+    IdIndex.write(out, groups.column("_id"))
+
+
+def read_corpus(path: str | Path) -> Corpus:
+    """``corpus.jsonl`` as a lazy :class:`~synthq.data.tables.Corpus` (validated and cached on first use)."""
+    return Corpus(_build("corpus", Path(path), _parse_corpus))
 
 
 def read_queries(path: str | Path) -> Queries:
-    path = Path(path)
-    queries: Queries = {}
-    seen: set[str] = set()
-    for number, record in _iter_jsonl(path):
-        query_id = _record_id(record, path, number, seen)
-        text = str(record.get("text") or "").strip()
-        if not text:
-            raise DataError(f"query {query_id!r} has empty text", path, number)
-        queries[query_id] = text
-    return queries
+    """``queries.jsonl`` as a lazy :class:`~synthq.data.tables.Queries` (validated, cached on first use)."""
+    return Queries(_build("queries", Path(path), _parse_queries))
 
 
 def read_qrels(path: str | Path) -> Qrels:
-    """Read a BEIR qrels TSV (``query-id  corpus-id  score``, with an optional header row)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError("file not found", path)
-    qrels: Qrels = {}
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as error:
-                raise DataError(f"not valid UTF-8 ({error.reason})", path, number) from None
-            if not line.strip():
-                continue
-            columns = line.split("\t")
-            if number == 1 and columns[0].strip().lower() in ("query-id", "query_id", "qid"):
-                continue
-            if len(columns) != 3:
-                raise DataError(f"expected 3 tab-separated columns, found {len(columns)}", path, number)
-            query_id, doc_id, score = (c.strip() for c in columns)
-            try:
-                relevance = int(float(score))
-            except ValueError:
-                raise DataError(f"relevance {score!r} is not a number", path, number) from None
-            qrels.setdefault(query_id, {})[doc_id] = relevance
-    return qrels
+    """A BEIR qrels TSV (``query-id  corpus-id  score``, optional header row) as a lazy
+    :class:`~synthq.data.tables.Qrels`; a (query, document) pair given twice keeps its first
+    position and its last score."""
+    return Qrels(_build("qrels", Path(path), _parse_qrels))
+
+
+@dataclass(frozen=True)
+class Links:
+    """Rows of a qrels split's queries (one per group) and documents (one per judgement)."""
+
+    query_rows: np.ndarray
+    doc_rows: np.ndarray
+
+
+def _unknown_ids_error(qrels: Qrels, links: Links, split: str, path: Path) -> DataError | None:
+    """The first problem in the order the dict-based validation met them: queries in order,
+    each query's own id before its documents."""
+    bad_queries = np.flatnonzero(links.query_rows < 0)
+    bad_docs = np.flatnonzero(links.doc_rows < 0)
+    first_query = int(bad_queries[0]) if len(bad_queries) else len(qrels)
+    doc_group = (
+        int(np.searchsorted(qrels.starts, bad_docs[0], side="right") - 1) if len(bad_docs) else len(qrels)
+    )
+    if first_query < len(qrels) and first_query <= doc_group:
+        return DataError(f"split {split!r} names unknown query id {qrels.id_at(first_query)!r}", path)
+    if doc_group < len(qrels):
+        doc_id = qrels.table.column("corpus-id")[int(bad_docs[0])].as_py()
+        return DataError(f"split {split!r} names unknown document id {doc_id!r}", path)
+    return None
+
+
+def link(qrels: Qrels, queries: Queries, corpus: Corpus, split: str, path: Path) -> Links:
+    """Resolve a split's ids to query and corpus rows, raising on unknown ids; cached per
+    (qrels, queries, corpus) so that only the first load of a dataset pays for the join."""
+    key = hashlib.sha256(
+        "|".join(str(t.directory.name) for t in (qrels, queries, corpus)).encode()
+    ).hexdigest()
+
+    def build(out: Path) -> None:
+        found = Links(
+            queries.index.find_many(qrels.groups.column("_id")),
+            corpus.index.find_many(qrels.table.column("corpus-id")),
+        )
+        if (error := _unknown_ids_error(qrels, found, split, path)) is not None:
+            raise error
+        np.save(out / "query_rows.npy", found.query_rows)
+        np.save(out / "doc_rows.npy", found.doc_rows)
+
+    directory = cached_build("links", key, build)
+    return Links(
+        np.load(directory / "query_rows.npy", mmap_mode="r"),
+        np.load(directory / "doc_rows.npy", mmap_mode="r"),
+    )
 
 
 def validate(dataset: BeirDataset) -> None:
     """Check that qrels name only known queries and documents."""
     for split, qrels in dataset.qrels.items():
-        path = dataset.root / "qrels" / f"{split}.tsv"
-        for query_id, docs in qrels.items():
-            if query_id not in dataset.queries:
-                raise DataError(f"split {split!r} names unknown query id {query_id!r}", path)
-            for doc_id in docs:
-                if doc_id not in dataset.corpus:
-                    raise DataError(f"split {split!r} names unknown document id {doc_id!r}", path)
+        link(qrels, dataset.queries, dataset.corpus, split, dataset.root / "qrels" / f"{split}.tsv")
 
 
 def load_beir_dir(root: str | Path, splits: Iterable[str] | None = None) -> BeirDataset:
-    """Load and validate a BEIR directory; ``splits`` = None loads every ``qrels/*.tsv``."""
+    """Load and validate a BEIR directory; ``splits`` = None loads every ``qrels/*.tsv``.
+
+    Each file is parsed once into the Arrow cache (see :mod:`synthq.data.store`); later loads
+    only check its digest and map it."""
     root = Path(root)
     if not root.is_dir():
         raise DataError("dataset directory not found", root)
@@ -179,17 +274,22 @@ def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
     os.replace(tmp, path)
 
 
-def write_corpus(path: Path, corpus: Corpus) -> None:
+CorpusLike = Mapping[str, Mapping[str, str]]
+QueriesLike = Mapping[str, str]
+QrelsLike = Mapping[str, Mapping[str, int]]
+
+
+def write_corpus(path: Path, corpus: CorpusLike) -> None:
     _write_jsonl(
         path, ({"_id": i, "title": d.get("title", ""), "text": d["text"]} for i, d in corpus.items())
     )
 
 
-def write_queries(path: Path, queries: Queries) -> None:
+def write_queries(path: Path, queries: QueriesLike) -> None:
     _write_jsonl(path, ({"_id": i, "text": t} for i, t in queries.items()))
 
 
-def write_qrels(path: Path, qrels: Qrels) -> None:
+def write_qrels(path: Path, qrels: QrelsLike) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write("query-id\tcorpus-id\tscore\n")
@@ -200,7 +300,7 @@ def write_qrels(path: Path, qrels: Qrels) -> None:
 
 
 def write_beir_dir(
-    root: str | Path, corpus: Corpus | None, queries: Queries, qrels: dict[str, Qrels]
+    root: str | Path, corpus: CorpusLike | None, queries: QueriesLike, qrels: Mapping[str, QrelsLike]
 ) -> Path:
     """Write a BEIR directory that ``beir.datasets.data_loader.GenericDataLoader`` reads.
 

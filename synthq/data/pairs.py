@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
-from synthq.data.beir_io import BeirDataset
+import numpy as np
+
+from synthq.data.beir_io import BeirDataset, link
+from synthq.data.store import int64_values
+from synthq.data.tables import Corpus, Queries
 from synthq.errors import DataError
 
 
@@ -24,15 +30,61 @@ def document_text(doc: dict[str, str]) -> str:
     return f"{title}. {doc['text']}".strip() if title else doc["text"]
 
 
-def training_pairs(dataset: BeirDataset, split: str = "train", min_relevance: int = 1) -> list[Pair]:
-    """Every (query, document) with relevance ≥ ``min_relevance`` in ``split``, in file order."""
+class PairList(Sequence[Pair]):
+    """A qrels split's relevant (query, document) pairs, decoded from the Arrow cache on access.
+
+    Holds two integer arrays (query row, document row per pair) over the memory-mapped tables,
+    so ``len``, ``pairs[i]``, ``pairs[a:b]`` and sampling by index cost nothing up front; a
+    batch of pairs drawn by index (e.g. a Poisson sample) decodes only its own texts."""
+
+    def __init__(self, queries: Queries, corpus: Corpus, query_rows: np.ndarray, doc_rows: np.ndarray):
+        self.queries, self.corpus = queries, corpus
+        self.query_rows, self.doc_rows = query_rows, doc_rows
+
+    def __len__(self) -> int:
+        return len(self.doc_rows)
+
+    @overload
+    def __getitem__(self, index: int) -> Pair: ...
+    @overload
+    def __getitem__(self, index: slice) -> PairList: ...
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return PairList(self.queries, self.corpus, self.query_rows[index], self.doc_rows[index])
+        query_row, doc_row = int(self.query_rows[index]), int(self.doc_rows[index])
+        return Pair(
+            self.queries.id_at(query_row),
+            self.queries.text_at(query_row),
+            self.corpus.id_at(doc_row),
+            document_text(self.corpus.document(doc_row)),
+        )
+
+    def take(self, indices) -> list[Pair]:
+        """The pairs at ``indices`` (any iterable of ints), e.g. one sampled batch."""
+        return [self[int(i)] for i in indices]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PairList({len(self)} pairs)"
+
+
+def training_pairs(dataset: BeirDataset, split: str = "train", min_relevance: int = 1) -> PairList:
+    """Every (query, document) with relevance ≥ ``min_relevance`` in ``split``, in file order.
+
+    Returns a lazy :class:`PairList`; ``list(...)`` of it is the list of :class:`Pair` that this
+    function returned before the Arrow cache."""
     qrels = dataset.require_split(split)
-    pairs = [
-        Pair(query_id, dataset.queries[query_id], doc_id, document_text(dataset.corpus[doc_id]))
-        for query_id, docs in qrels.items()
-        for doc_id, relevance in docs.items()
-        if relevance >= min_relevance
-    ]
-    if not pairs:
+    path = dataset.root / "qrels" / f"{split}.tsv"
+    links = link(qrels, dataset.queries, dataset.corpus, split, path)
+    scores = int64_values(qrels.judgements().column("score"))
+    keep = np.flatnonzero(scores >= min_relevance)
+    if not len(keep):
         raise DataError(f"split {split!r} has no relevant (query, document) pairs", dataset.root)
-    return pairs
+    group_of_row = np.searchsorted(qrels.starts, keep, side="right") - 1
+    return PairList(dataset.queries, dataset.corpus, links.query_rows[group_of_row], links.doc_rows[keep])

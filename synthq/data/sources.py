@@ -2,13 +2,18 @@
 
 ``embedded`` is the dataset shipped in ``data/embedded`` (found from a checkout or from the
 installed wheel, where it lives in ``synthq/_embedded``). ``msmarco`` and ``beir:<name>`` are
-downloaded from the official BEIR location into the cache the first time; offline, the error
-says where to put the unzipped directory by hand.
+fetched into the cache the first time: from the official BEIR zip, or, when that fails, from the
+Hugging Face hub's copies (``BeIR/<name>`` with its ``corpus`` and ``queries`` configs and
+``BeIR/<name>-qrels``) through ``datasets``, converted to the same BEIR directory (same ids and
+splits; the hub's ``validation`` split is BEIR's ``dev``). Offline, the error says where to put
+the unzipped directory by hand.
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -17,6 +22,11 @@ from synthq.errors import DataError
 from synthq.paths import cache_dir
 
 BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
+# The hub's copies: corpus and queries as configs of one repository, qrels as TSVs in another.
+HUB_REPO = "BeIR/{name}"
+HUB_QRELS_REPO = "BeIR/{name}-qrels"
+# ``datasets`` names a ``dev.tsv`` split ``validation``.
+HUB_SPLIT_NAMES = {"validation": "dev"}
 # The paper's eleven BEIR datasets plus MS MARCO.
 BEIR_DATASETS = (
     "msmarco",
@@ -61,6 +71,60 @@ def default_eval_split(spec: str) -> str:
     return "dev" if source_name(spec) == "msmarco" else "test"
 
 
+def _write_hub_rows(path: Path, dataset, fields: tuple[str, ...]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        for batch in dataset.iter(batch_size=10_000):
+            columns = [batch.get(f) or [""] * len(batch["_id"]) for f in fields]
+            for values in zip(batch["_id"], *columns, strict=True):
+                record = {
+                    "_id": str(values[0]),
+                    **{f: v or "" for f, v in zip(fields, values[1:], strict=True)},
+                }
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def hub_to_beir(name: str, target: Path) -> Path:
+    """Convert the hub's ``BeIR/<name>`` and ``BeIR/<name>-qrels`` into a BEIR directory at ``target``.
+
+    Rows are streamed from ``datasets``' memory-mapped download into ``corpus.jsonl``,
+    ``queries.jsonl`` and ``qrels/<split>.tsv`` (ids kept as strings: the qrels are read with
+    string features so numeric ids keep their leading zeros); the directory appears atomically.
+    ``datasets``' own copy is removed afterwards, the BEIR directory being the exchange format."""
+    import datasets
+
+    hf_cache = cache_dir("hub-datasets", name)
+    repo, qrels_repo = HUB_REPO.format(name=name), HUB_QRELS_REPO.format(name=name)
+    qrels_features = datasets.Features(
+        {
+            "query-id": datasets.Value("string"),
+            "corpus-id": datasets.Value("string"),
+            "score": datasets.Value("int64"),
+        }
+    )
+    tmp = target.with_name(f".{target.name}.hub-{os.getpid()}")
+    try:
+        corpus = datasets.load_dataset(repo, "corpus", split="corpus", cache_dir=str(hf_cache))
+        queries = datasets.load_dataset(repo, "queries", split="queries", cache_dir=str(hf_cache))
+        qrels = datasets.load_dataset(qrels_repo, features=qrels_features, cache_dir=str(hf_cache))
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "qrels").mkdir(parents=True)
+        _write_hub_rows(tmp / "corpus.jsonl", corpus, ("title", "text"))
+        _write_hub_rows(tmp / "queries.jsonl", queries, ("text",))
+        for split, rows in qrels.items():
+            with open(
+                tmp / "qrels" / f"{HUB_SPLIT_NAMES.get(split, split)}.tsv", "w", encoding="utf-8"
+            ) as out:
+                out.write("query-id\tcorpus-id\tscore\n")
+                for batch in rows.iter(batch_size=10_000):
+                    for row in zip(batch["query-id"], batch["corpus-id"], batch["score"], strict=True):
+                        out.write("\t".join(map(str, row)) + "\n")
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(hf_cache, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def _download_beir(name: str) -> Path:
     if name not in BEIR_DATASETS:
         raise DataError(f"unknown BEIR dataset {name!r}; known: {', '.join(BEIR_DATASETS)}")
@@ -73,12 +137,20 @@ def _download_beir(name: str) -> Path:
         from beir import util
 
         extracted = Path(util.download_and_unzip(url, str(root)))
-    except Exception as error:
+    except Exception as zip_error:
         shutil.rmtree(root / f"{name}.zip", ignore_errors=True)
+        if name == "cqadupstack":  # the hub has no single cqadupstack corpus
+            hub_problem = "not on the hub as one dataset"
+        else:
+            try:
+                return hub_to_beir(name, target)
+            except Exception as hub_error:
+                hub_problem = type(hub_error).__name__
         raise DataError(
-            f"could not download {url} ({type(error).__name__}). Offline, download and unzip it "
+            f"could not download {url} ({type(zip_error).__name__}) nor the hub's "
+            f"{HUB_REPO.format(name=name)} ({hub_problem}). Offline, download and unzip it "
             f"by hand so that {target}/corpus.jsonl exists, or pass the BEIR directory's path instead"
-        ) from error
+        ) from zip_error
     if name == "cqadupstack" and not (extracted / "corpus.jsonl").is_file():
         raise DataError(
             f"cqadupstack is a set of sub-forum datasets; pass one sub-directory, e.g. {extracted}/android"

@@ -2,23 +2,34 @@
 
 from __future__ import annotations
 
-from synthq.data.beir_io import BeirDataset
+import numpy as np
+
+from synthq.data.beir_io import BeirDataset, link
+from synthq.data.store import int64_values
 
 
 def summarize(dataset: BeirDataset) -> dict:
     """Per-split counts plus warnings that do not make the dataset unreadable: queries without
-    judgements, the same query text in two splits, and splits with no relevant pair."""
-    splits = {}
-    judged_queries: set[str] = set()
+    judgements, the same query text in two splits, and splits with no relevant pair.
+
+    Counts come from the cached qrels -> row links (numpy over row numbers), so only the judged
+    queries' texts are decoded, once each."""
+    splits, query_rows = {}, []
     texts_by_split: dict[str, set[str]] = {}
+    relevant: dict[str, bool] = {}
     for split, qrels in sorted(dataset.qrels.items()):
-        judgements = sum(len(docs) for docs in qrels.values())
-        documents = {doc for docs in qrels.values() for doc in docs}
-        splits[split] = {"queries": len(qrels), "judgements": judgements, "documents": len(documents)}
-        judged_queries.update(qrels)
-        texts_by_split[split] = {dataset.queries[q].strip().lower() for q in qrels}
+        rows = link(qrels, dataset.queries, dataset.corpus, split, dataset.root / "qrels" / f"{split}.tsv")
+        splits[split] = {
+            "queries": len(qrels),
+            "judgements": len(rows.doc_rows),
+            "documents": len(np.unique(rows.doc_rows)),
+        }
+        query_rows.append(np.asarray(rows.query_rows))
+        texts_by_split[split] = {dataset.queries.text_at(int(r)).strip().lower() for r in rows.query_rows}
+        relevant[split] = bool((int64_values(qrels.judgements().column("score")) > 0).any())
     warnings = []
-    unjudged = len(dataset.queries) - len(judged_queries & set(dataset.queries))
+    judged = len(np.unique(np.concatenate(query_rows))) if query_rows else 0
+    unjudged = len(dataset.queries) - judged
     if unjudged:
         warnings.append(f"{unjudged} queries have no judgement in any split")
     names = sorted(texts_by_split)
@@ -27,8 +38,8 @@ def summarize(dataset: BeirDataset) -> dict:
             shared = texts_by_split[first] & texts_by_split[second]
             if shared:
                 warnings.append(f"{len(shared)} query texts appear in both {first} and {second}")
-    for split, qrels in dataset.qrels.items():
-        if not any(rel > 0 for docs in qrels.values() for rel in docs.values()):
+    for split in dataset.qrels:
+        if not relevant[split]:
             warnings.append(f"split {split} has no relevant (score > 0) judgement")
     return {
         "root": str(dataset.root),

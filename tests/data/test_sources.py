@@ -70,3 +70,83 @@ def test_download_unzips_into_cache(monkeypatch, tiny_beir):
     assert calls == [sources_module.BEIR_URL.format(name="fiqa")]
     resolve_source("beir:fiqa")
     assert len(calls) == 1
+
+
+def _no_zip(monkeypatch):
+    import beir.util
+
+    def no_network(url, out_dir):
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr(beir.util, "download_and_unzip", no_network)
+
+
+def test_offline_error_names_zip_hub_and_local_path(monkeypatch):
+    """HF_HUB_OFFLINE=1 (conftest): both the zip and the hub fail; the message says what to do."""
+    _no_zip(monkeypatch)
+    with pytest.raises(DataError) as error:
+        resolve_source("msmarco")
+    message = str(error.value)
+    assert "msmarco.zip" in message and "BeIR/msmarco" in message
+    assert "msmarco/corpus.jsonl exists" in message and "by hand" in message
+
+
+def _imitate_hub(root, beir):
+    """The hub's layout: ``BeIR/<name>`` holds gzipped corpus/queries JSONL declared as configs in
+    its README, ``BeIR/<name>-qrels`` the split TSVs (``dev.tsv`` becomes ``validation``)."""
+    import gzip
+    import shutil
+
+    data, qrels = root / "scifact", root / "scifact-qrels"
+    data.mkdir(parents=True)
+    for name in ("corpus", "queries"):
+        with open(beir / f"{name}.jsonl", "rb") as source, gzip.open(data / f"{name}.jsonl.gz", "wb") as out:
+            out.write(source.read())
+    (data / "README.md").write_text(
+        "---\nconfigs:\n"
+        "- config_name: corpus\n  data_files:\n  - split: corpus\n    path: corpus.jsonl.gz\n"
+        "- config_name: queries\n  data_files:\n  - split: queries\n    path: queries.jsonl.gz\n---\n"
+    )
+    shutil.copytree(beir / "qrels", qrels)
+    return data, qrels
+
+
+def test_hub_layout_converts_to_the_same_beir_dataset(monkeypatch, tmp_path, tiny_beir):
+    from synthq.data import load_beir_dir
+
+    _no_zip(monkeypatch)
+    monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
+    data, qrels = _imitate_hub(tmp_path / "hub", tiny_beir)
+    with open(qrels / "test.tsv", "a") as handle:
+        handle.write("test-egg-0\tegg-1\t0\n")
+    monkeypatch.setattr(sources_module, "HUB_REPO", str(tmp_path / "hub" / "{name}"))
+    monkeypatch.setattr(sources_module, "HUB_QRELS_REPO", str(tmp_path / "hub" / "{name}-qrels"))
+    path = resolve_source("beir:scifact")
+    converted, original = load_beir_dir(path), load_beir_dir(tiny_beir)
+    assert converted.splits == ["dev", "test", "train"]
+    assert converted.corpus == original.corpus and list(converted.corpus) == list(original.corpus)
+    assert converted.queries == original.queries
+    assert converted.qrels["train"] == original.qrels["train"]
+    assert converted.qrels["dev"] == original.qrels["dev"]
+    assert converted.qrels["test"] == {**original.qrels["test"], "test-egg-0": {"egg-0": 1, "egg-1": 0}}
+    assert not list(path.parent.glob(".scifact.hub-*"))  # no temporary directory left behind
+
+
+def test_hub_keeps_string_ids(monkeypatch, tmp_path):
+    """Numeric ids with leading zeros survive the hub's CSV type inference."""
+    from synthq.data import load_beir_dir, write_beir_dir
+
+    _no_zip(monkeypatch)
+    monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
+    beir = write_beir_dir(
+        tmp_path / "numeric",
+        {"007": {"title": "", "text": "a passage"}, "7": {"title": "t", "text": "another"}},
+        {"0001": "a question"},
+        {"test": {"0001": {"007": 1, "7": 2}}},
+    )
+    _imitate_hub(tmp_path / "hub", beir)
+    monkeypatch.setattr(sources_module, "HUB_REPO", str(tmp_path / "hub" / "{name}"))
+    monkeypatch.setattr(sources_module, "HUB_QRELS_REPO", str(tmp_path / "hub" / "{name}-qrels"))
+    converted = load_beir_dir(resolve_source("beir:scifact"))
+    assert dict(converted.qrels["test"]) == {"0001": {"007": 1, "7": 2}}
+    assert sorted(converted.corpus) == ["007", "7"]
