@@ -26,6 +26,11 @@ def finetune(tmp_path, beir, model, name, **options):
     return finetune_lm.run(config)
 
 
+def retriever_config(out, beir, encoder, **options) -> TrainRetrieverConfig:
+    base = dict(max_steps=1, batch_size=4, max_query_length=16, max_doc_length=32, seed=0)
+    return TrainRetrieverConfig(data=str(beir), encoder=str(encoder), out=out, **{**base, **options})
+
+
 def released_text(artifact) -> str:
     """Everything a release of the artifact contains, as text (manifest + payload, no diagnostics)."""
     texts = [(artifact.path / "manifest.json").read_text()]
@@ -85,6 +90,8 @@ def test_dp_artifacts_release_no_unnoised_statistics(tmp_path, tiny_beir, tiny_c
     assert manifest["timings"] == {}  # wall time depends on the private batch sizes
     assert set(manifest["private_files"]) == {"diagnostics/metrics.json", "diagnostics/training.jsonl"}
     assert not any(name.startswith("diagnostics/") for name in manifest["files"])
+    released = released_text(artifact)
+    assert not any(key in released for key in ("first_loss", "final_loss", "examples_seen", "train_seconds"))
     assert "seed" not in json.dumps(manifest["privacy"]) or manifest["config"]["seed"] is None
     release = export_artifact(artifact.path, tmp_path / "release")
     assert not (release.path / "diagnostics").exists() and "private_files" not in release.manifest
@@ -108,33 +115,16 @@ def test_a_starting_model_is_an_input_and_composes(tmp_path, tiny_beir, tiny_cau
 
 
 def test_retriever_from_a_non_private_retriever_is_not_private(tmp_path, tiny_beir, tiny_encoder_dir):
-    base = dict(max_steps=1, batch_size=4, max_query_length=16, max_doc_length=32, seed=0)
-    original = train_retriever.run(
-        TrainRetrieverConfig(
-            data=str(tiny_beir), encoder=str(tiny_encoder_dir), out=tmp_path / "orig", **base
-        )
-    )
+    original = train_retriever.run(retriever_config(tmp_path / "orig", tiny_beir, tiny_encoder_dir))
     dp = train_retriever.run(
-        TrainRetrieverConfig(
-            data=str(tiny_beir),
-            encoder=str(original.path),
-            out=tmp_path / "dp",
-            dp="batch",
-            epsilon=8,
-            **base,
-        )
+        retriever_config(tmp_path / "dp", tiny_beir, original.path, dp="batch", epsilon=8)
     )
     assert math.isinf(dp.privacy.epsilon)
     assert dp.manifest["own_privacy"]["epsilon"] <= 8
 
 
 def test_eval_untrained_keeps_an_artifacts_own_guarantee(tmp_path, tiny_beir, tiny_encoder_dir):
-    base = dict(max_steps=1, batch_size=4, max_query_length=16, max_doc_length=32, seed=0)
-    original = train_retriever.run(
-        TrainRetrieverConfig(
-            data=str(tiny_beir), encoder=str(tiny_encoder_dir), out=tmp_path / "orig", **base
-        )
-    )
+    original = train_retriever.run(retriever_config(tmp_path / "orig", tiny_beir, tiny_encoder_dir))
     result = evaluate.run(
         EvalConfig(
             out=tmp_path / "eval", datasets=[str(tiny_beir)], untrained=[str(original.path)], bm25=False
