@@ -8,7 +8,10 @@ import math
 import pytest
 import torch
 
-from synthq.dp.contrastive import SampleClipping, _norm
+from synthq.dp.clipping import add_into as _add
+from synthq.dp.clipping import clip
+from synthq.dp.clipping import norm as _norm
+from synthq.dp.contrastive import SampleClipping
 from synthq.dp.contrastive_sample_vmap import per_query_clipped_sum
 from synthq.models.encoder import embed
 from tests.dp.conftest import EXAMPLES
@@ -20,7 +23,6 @@ def _reference(encoder, batch, clip_norm, parameters, rows=None):
     if rows is None:
         return mechanism.clipped_sum(encode, batch, parameters)
     gradients, losses = mechanism.per_example_gradients(encode, batch, parameters, rows)
-    from synthq.dp.contrastive import _add, clip
 
     total = [torch.zeros_like(p) for p in parameters]
     for gradient in gradients:
