@@ -60,7 +60,9 @@ def _interleaved_child(function, configurations, steps, warmup, queue):
     queue.put({name: statistics.median(values) for name, values in times.items()})
 
 
-def measure_interleaved(function, configurations: dict[str, tuple], steps: int = 2, warmup: int = 1) -> dict:
+def measure_interleaved(
+    function, configurations: dict[str, tuple], steps: int = 2, warmup: int = 1, memory: bool = True
+) -> dict:
     """Step times of several configurations built in ONE process and run in turn (A, B, A, B …),
     so a change in load from other work on the machine reaches both sides of a ratio alike; peak
     memory of each comes from its own process (one step). ``function(*args)`` returns a step."""
@@ -74,8 +76,8 @@ def measure_interleaved(function, configurations: dict[str, tuple], steps: int =
     process.join()
     results = {}
     for name, args in configurations.items():
-        memory = measure(function, *args, steps=1, warmup=0)
-        results[name] = {"median_step_seconds": medians[name], "peak_rss_gb": memory["peak_rss_gb"]}
+        peak = measure(function, *args, steps=1, warmup=0)["peak_rss_gb"] if memory else None
+        results[name] = {"median_step_seconds": medians[name], "peak_rss_gb": peak}
     return results
 
 
@@ -86,7 +88,8 @@ def add_ratios(results: dict, baselines: dict[str, str]) -> None:
         base = results[baselines[key]]
         value["baseline"] = baselines[key]
         value["time_ratio"] = round(value["median_step_seconds"] / base["median_step_seconds"], 3)
-        value["memory_ratio"] = round(value["peak_rss_gb"] / base["peak_rss_gb"], 3)
+        if value["peak_rss_gb"] and base["peak_rss_gb"]:
+            value["memory_ratio"] = round(value["peak_rss_gb"] / base["peak_rss_gb"], 3)
 
 
 def emit(payload: dict) -> None:

@@ -36,7 +36,7 @@ def _ratio(results: dict, row: str, memory: bool = True) -> str | None:
     if value is None:
         return None
     text = f"{value['time_ratio']:.2f}× time"
-    if memory:
+    if memory and "memory_ratio" in value:
         text += f", {value['memory_ratio']:.2f}× memory"
     base = results[value["baseline"]]
     return f"{text} ({base['median_step_seconds']:.2f} → {value['median_step_seconds']:.2f} s)"
