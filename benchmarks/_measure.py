@@ -48,6 +48,8 @@ def measure(function, *args, steps: int = 3, warmup: int = 1) -> dict:
 
 
 def _interleaved_child(function, configurations, steps, warmup, queue):
+    import torch
+
     _threads()
     built = {name: function(*args) for name, args in configurations.items()}
     times = {name: [] for name in built}
@@ -57,7 +59,8 @@ def _interleaved_child(function, configurations, steps, warmup, queue):
             step()
             if index >= warmup:
                 times[name].append(time.perf_counter() - started)
-    queue.put({name: statistics.median(values) for name, values in times.items()})
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    queue.put({**medians, "_threads": torch.get_num_threads()})
 
 
 def measure_interleaved(
@@ -77,7 +80,11 @@ def measure_interleaved(
     results = {}
     for name, args in configurations.items():
         peak = measure(function, *args, steps=1, warmup=0)["peak_rss_gb"] if memory else None
-        results[name] = {"median_step_seconds": medians[name], "peak_rss_gb": peak}
+        results[name] = {
+            "median_step_seconds": medians[name],
+            "peak_rss_gb": peak,
+            "threads": medians["_threads"],
+        }
     return results
 
 

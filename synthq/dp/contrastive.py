@@ -131,6 +131,12 @@ def augment(text: str, rng: random.Random, drop: float = 0.2) -> str:
     return " ".join(kept)
 
 
+# The one-pass per-group engine vs one backward pass per group, on CPU: the loop is faster there
+# (benchmarks/retriever_step.py, MiniLM-L6, 2 cores: 1.22× vs 1.32× of non-private at B = 32 and
+# 4 groups; README performance table), so CPU runs loop and accelerators take the one pass.
+GROUP_ONE_PASS_ON_CPU = False
+
+
 class GroupClipping:
     """DP-GCL (Wang et al.): in-group negatives, one clipped gradient per group.
 
@@ -139,9 +145,10 @@ class GroupClipping:
     ``aug_negatives`` augmented copies of each of them (intra-group sample augmentation,
     eq. 12), and each group's gradient is clipped to ``C`` before summing.
 
-    Given the encoder (``model``), all groups go through ONE forward and ONE backward pass and
+    Given the encoder (``model``) on an accelerator (or on CPU with
+    :data:`GROUP_ONE_PASS_ON_CPU`), all groups go through ONE forward and ONE backward pass and
     per-group gradients are read off the layers (:mod:`synthq.dp.contrastive_per_group`): a step
-    costs about one non-private step. Without it, or for layers the engine does not know (T5's
+    costs about one non-private step. Otherwise, or for layers the engine does not know (T5's
     relative attention bias), each group gets its own forward and backward pass.
 
     Args:
@@ -199,7 +206,8 @@ class GroupClipping:
         self.step = 0
         self.model = model
         self._engine: PerGroupGradients | None = None
-        self.one_pass = model is not None
+        on_cpu = model is not None and next(model.parameters()).device.type == "cpu"
+        self.one_pass = model is not None and (GROUP_ONE_PASS_ON_CPU or not on_cpu)
 
     def _draw(self, *key: int) -> random.Random:
         # Every random choice is keyed by (seed, step, own key), never by a shared stream, so no
