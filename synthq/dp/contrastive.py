@@ -131,9 +131,10 @@ def augment(text: str, rng: random.Random, drop: float = 0.2) -> str:
     return " ".join(kept)
 
 
-# The one-pass per-group engine vs one backward pass per group, on CPU: the loop is faster there
-# (benchmarks/retriever_step.py, MiniLM-L6, 2 cores: 1.22× vs 1.32× of non-private at B = 32 and
-# 4 groups; README performance table), so CPU runs loop and accelerators take the one pass.
+# The one-pass per-group engine vs one backward pass per group, on CPU: with groups of 8 (the
+# demo's) the loop is faster (benchmarks/retriever_step.py, MiniLM-L6, B = 32, S = 8, one run:
+# loop 1.18×, one pass 1.38× of non-private; the one pass wins only for tiny groups, B = 8, S = 2:
+# 1.41× vs 1.65×), so CPU runs the loop and accelerators take the one pass.
 GROUP_ONE_PASS_ON_CPU = False
 
 
