@@ -48,6 +48,8 @@ def measure(function, *args, steps: int = 3, warmup: int = 1) -> dict:
 
 
 def _interleaved_child(function, configurations, steps, warmup, queue):
+    import torch
+
     _threads()
     built = {name: function(*args) for name, args in configurations.items()}
     times = {name: [] for name in built}
@@ -57,10 +59,13 @@ def _interleaved_child(function, configurations, steps, warmup, queue):
             step()
             if index >= warmup:
                 times[name].append(time.perf_counter() - started)
-    queue.put({name: statistics.median(values) for name, values in times.items()})
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    queue.put({**medians, "_threads": torch.get_num_threads()})
 
 
-def measure_interleaved(function, configurations: dict[str, tuple], steps: int = 2, warmup: int = 1) -> dict:
+def measure_interleaved(
+    function, configurations: dict[str, tuple], steps: int = 2, warmup: int = 1, memory: bool = True
+) -> dict:
     """Step times of several configurations built in ONE process and run in turn (A, B, A, B …),
     so a change in load from other work on the machine reaches both sides of a ratio alike; peak
     memory of each comes from its own process (one step). ``function(*args)`` returns a step."""
@@ -74,8 +79,12 @@ def measure_interleaved(function, configurations: dict[str, tuple], steps: int =
     process.join()
     results = {}
     for name, args in configurations.items():
-        memory = measure(function, *args, steps=1, warmup=0)
-        results[name] = {"median_step_seconds": medians[name], "peak_rss_gb": memory["peak_rss_gb"]}
+        peak = measure(function, *args, steps=1, warmup=0)["peak_rss_gb"] if memory else None
+        results[name] = {
+            "median_step_seconds": medians[name],
+            "peak_rss_gb": peak,
+            "threads": medians["_threads"],
+        }
     return results
 
 
@@ -86,7 +95,8 @@ def add_ratios(results: dict, baselines: dict[str, str]) -> None:
         base = results[baselines[key]]
         value["baseline"] = baselines[key]
         value["time_ratio"] = round(value["median_step_seconds"] / base["median_step_seconds"], 3)
-        value["memory_ratio"] = round(value["peak_rss_gb"] / base["peak_rss_gb"], 3)
+        if value["peak_rss_gb"] and base["peak_rss_gb"]:
+            value["memory_ratio"] = round(value["peak_rss_gb"] / base["peak_rss_gb"], 3)
 
 
 def emit(payload: dict) -> None:

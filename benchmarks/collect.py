@@ -3,8 +3,8 @@ the machine described, then regenerate the README's performance table from it.
 
     python benchmarks/collect.py benchmarks/results.jsonl benchmarks/results.json [--readme README.md]
 
-A benchmark that emits one document per model is keyed ``name[model]``; a later run of the same
-benchmark replaces the earlier one, so re-running one script refreshes its rows only.
+Each document is keyed ``name[model, batch B]``; a later run with the same key replaces the
+earlier one, so re-running one script refreshes its rows only.
 """
 
 from __future__ import annotations
@@ -50,7 +50,10 @@ def machine() -> dict:
 
 
 def key(payload: dict) -> str:
-    return f"{payload['benchmark']}[{payload['model']}]" if "model" in payload else payload["benchmark"]
+    """``name[model, batch B]``: one entry per benchmark, model and batch size."""
+    tags = [str(payload["model"])] if "model" in payload else []
+    tags += [f"batch {payload['batch']}"] if "batch" in payload else []
+    return f"{payload['benchmark']}[{', '.join(tags)}]" if tags else payload["benchmark"]
 
 
 def merge(lines_path: Path, results_path: Path) -> dict:

@@ -65,10 +65,13 @@ def main() -> None:
     parser.add_argument("--models", default="smollm2-135m,t5-small-shape")
     parser.add_argument("--modes", default="ghost,hooks,vmap", help="DP modes to compare")
     parser.add_argument("--lora", type=int, default=16, help="LoRA rank for the LoRA rows (0 = skip)")
+    parser.add_argument("--no-full", action="store_true", help="LoRA rows only")
+    parser.add_argument("--no-memory", action="store_true", help="times only (no peak-RSS processes)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     for model in args.models.split(","):
-        configurations = [("non_private_full", None, 0)] + [(f"dp_{m}_full", m, 0) for m in modes]
+        configurations = [] if args.no_full else [("non_private_full", None, 0)]
+        configurations += [] if args.no_full else [(f"dp_{m}_full", m, 0) for m in modes]
         if args.lora:
             configurations += [(f"non_private_lora{args.lora}", None, args.lora)]
             configurations += [(f"dp_{m}_lora{args.lora}", m, args.lora) for m in modes[:1]]
@@ -79,7 +82,7 @@ def main() -> None:
                 name: (model, mode, lora, args.batch, args.tokens)
                 for name, mode, rank in configurations if rank == lora
             }  # fmt: skip
-            results.update(measure_interleaved(make_step, group, steps=args.steps))
+            results.update(measure_interleaved(make_step, group, steps=args.steps, memory=not args.no_memory))
         # each DP row against the non-private step of the same kind (full or LoRA), same run
         baselines = {
             name: "non_private_full" if lora == 0 else f"non_private_lora{args.lora}"

@@ -25,10 +25,20 @@ ANCHORS = {
 
 
 def _load(payload: dict | None) -> str:
+    """The run's conditions: 1-minute load average at its end, timed steps, threads of its rows."""
     if not payload:
         return ""
+    parts = []
     load = payload.get("load_average", [None])[0]
-    return f"load {load:.1f}" if load is not None else ""
+    if load is not None:
+        parts.append(f"load {load:.1f}")
+    if "steps" in payload:
+        parts.append(f"{payload['steps']} timed step(s) each")
+    threads = {row.get("threads") for row in payload.get("results", {}).values() if isinstance(row, dict)}
+    threads.discard(None)
+    if threads:
+        parts.append(f"{'/'.join(map(str, sorted(threads)))} thread(s)")
+    return ", ".join(parts)
 
 
 def _ratio(results: dict, row: str, memory: bool = True) -> str | None:
@@ -36,7 +46,7 @@ def _ratio(results: dict, row: str, memory: bool = True) -> str | None:
     if value is None:
         return None
     text = f"{value['time_ratio']:.2f}× time"
-    if memory:
+    if memory and "memory_ratio" in value:
         text += f", {value['memory_ratio']:.2f}× memory"
     base = results[value["baseline"]]
     return f"{text} ({base['median_step_seconds']:.2f} → {value['median_step_seconds']:.2f} s)"
@@ -46,8 +56,7 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
     """``(work, measured, anchor, aim, conditions)`` for every benchmark present."""
     benchmarks = results.get("benchmarks", {})
     out = []
-    finetune = benchmarks.get("finetune_step[smollm2-135m]")
-    if finetune:
+    for finetune in [v for k, v in benchmarks.items() if k.startswith("finetune_step[smollm2-135m")]:
         shape = f"batch {finetune['batch']} × {finetune['tokens']} tokens"
         lora = next((k for k in finetune["results"] if k.startswith("dp_ghost_lora")), None)
         full = _ratio(finetune["results"], "dp_ghost_full")
@@ -62,8 +71,7 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
                 (f"finetune-lm DP step (ghost) vs non-private, LoRA r = {rank} all-linear, {shape}",
                  _ratio(finetune["results"], lora), ANCHORS["lora"], "≤ 1.05×", _load(finetune))
             )  # fmt: skip
-    retriever = benchmarks.get("retriever_step[minilm-l6]")
-    if retriever:
+    for retriever in [v for k, v in benchmarks.items() if k.startswith("retriever_step[")]:
         found = retriever["results"]
         batch = retriever["batch"]
         for mode, label, anchor, aim in (
@@ -75,11 +83,11 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
             measured = _ratio(found, f"{mode}@{batch}")
             if measured:
                 out.append(
-                    (f"train-retriever {label} vs non-private, MiniLM-L6, B = {batch}", measured,
+                    (f"train-retriever {label} vs non-private, MiniLM-L6, B = {batch}"
+                     + (f", S = {retriever['group_size']}" if mode.startswith("group") else ""), measured,
                      ANCHORS[anchor], aim, _load(retriever))
                 )  # fmt: skip
-    generate = benchmarks.get("generate_throughput[smollm2-135m]")
-    if generate:
+    for generate in [v for k, v in benchmarks.items() if k.startswith("generate_throughput[")]:
         for mode, values in generate["results"].items():
             batched = values.get("batched")
             if batched:
@@ -89,8 +97,7 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
                      f"{batched['speedup']:.2f}× faster ({batched['documents_per_second']:.2f} docs/s)",
                      "—", "—", _load(generate))
                 )  # fmt: skip
-    canary = benchmarks.get("canary_scoring[smollm2-135m]")
-    if canary:
+    for canary in [v for k, v in benchmarks.items() if k.startswith("canary_scoring[")]:
         out.append(
             ("canary-audit scoring: shared prefix once vs pair by pair",
              f"{canary['results']['speedup']:.2f}× faster", "—", "—", _load(canary))

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._measure import add_ratios, emit, measure_interleaved  # noqa: E402
 
 
-def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int):
+def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int, group_size: int = 8):
     import torch
 
     from synthq.dp.contrastive import Example
@@ -51,7 +51,7 @@ def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int):
     if mode != "non_private":
         mechanism = build_mechanism(
             {"group_loop": "group", "sample_vmap": "sample"}.get(mode, mode), clip_norm=1.0,
-            temperature=temperature, model=encoder, group_size=8, expected_batch_size=batch,
+            temperature=temperature, model=encoder, group_size=group_size, expected_batch_size=batch,
             max_query_length=query_tokens, max_doc_length=doc_tokens, pair_chunk=16,
             randomness=SecretRandomness(seed=0),
         )  # fmt: skip
@@ -92,14 +92,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--modes", default="non_private,batch,group,group_loop,sample,sample_vmap")
     parser.add_argument("--logit-batch", type=int, default=8, help="0 skips logit")
+    parser.add_argument("--group-size", type=int, default=8, help="S for the group rows")
+    parser.add_argument("--no-memory", action="store_true", help="times only (no peak-RSS processes)")
     args = parser.parse_args()
     runs = [(mode, args.batch) for mode in args.modes.split(",")]
     if args.logit_batch:
         runs += [("non_private", args.logit_batch), ("logit", args.logit_batch)]
     results = {}
     for batch in sorted({b for _, b in runs}):  # each batch size's modes timed in turn, one process
-        group = {f"{m}@{b}": (m, b, args.query_tokens, args.doc_tokens) for m, b in runs if b == batch}
-        results.update(measure_interleaved(make_step, group, steps=args.steps))
+        shape = (args.query_tokens, args.doc_tokens, args.group_size)
+        group = {f"{m}@{b}": (m, b, *shape) for m, b in runs if b == batch}
+        results.update(measure_interleaved(make_step, group, steps=args.steps, memory=not args.no_memory))
     add_ratios(results, {key: f"non_private@{key.split('@')[1]}" for key in results})
     emit(
         {
@@ -108,6 +111,7 @@ def main() -> None:
             "batch": args.batch,
             "query_tokens": args.query_tokens,
             "doc_tokens": args.doc_tokens,
+            "group_size": args.group_size,
             "steps": args.steps,
             "results": results,
         }

@@ -124,6 +124,13 @@ def augment(text: str, rng: random.Random, drop: float = 0.2) -> str:
     return " ".join(kept)
 
 
+# The one-pass per-group engine vs one backward pass per group, on CPU: with groups of 8 (the
+# demo's) the loop is faster (benchmarks/retriever_step.py, MiniLM-L6, B = 32, S = 8, one run:
+# loop 1.18×, one pass 1.38× of non-private; the one pass wins only for tiny groups, B = 8, S = 2:
+# 1.41× vs 1.65×), so CPU runs the loop and accelerators take the one pass.
+GROUP_ONE_PASS_ON_CPU = False
+
+
 @register_mechanism("group")
 class GroupClipping(Mechanism):
     """DP-GCL (Wang et al.): in-group negatives, one clipped gradient per group.
@@ -134,9 +141,10 @@ class GroupClipping(Mechanism):
     group's documents plus ``aug_negatives`` augmented copies of each of them (intra-group
     sample augmentation, eq. 12), and each group's gradient is clipped to ``C`` before summing.
 
-    Given the encoder (``model``), all groups go through ONE forward and ONE backward pass and
+    Given the encoder (``model``) on an accelerator (or on CPU with
+    :data:`GROUP_ONE_PASS_ON_CPU`), all groups go through ONE forward and ONE backward pass and
     per-group gradients are read off the layers (:mod:`synthq.dp.contrastive_per_group`): a step
-    costs about one non-private step. Without it, or for layers the engine does not know (T5's
+    costs about one non-private step. Otherwise, or for layers the engine does not know (T5's
     relative attention bias), each group gets its own forward and backward pass.
 
     Args:
@@ -195,7 +203,8 @@ class GroupClipping(Mechanism):
         self.step = 0
         self.model = model
         self._engine: PerGroupGradients | None = None
-        self.one_pass = model is not None
+        on_cpu = model is not None and next(model.parameters()).device.type == "cpu"
+        self.one_pass = model is not None and (GROUP_ONE_PASS_ON_CPU or not on_cpu)
 
     def sensitivity(self, batch_cap: int | None) -> float:
         return 2 * self.clip_norm

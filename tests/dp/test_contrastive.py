@@ -66,6 +66,7 @@ def test_one_pass_group_gradients_equal_one_backward_per_group(encoder):
     encode = encode_with(encoder)
     batch = EXAMPLES[:10]
     one_pass = GroupClipping(1.0, 0.05, 3, 10, aug_negatives=1, randomness=SecretRandomness(4), model=encoder)
+    one_pass.one_pass = True  # the engine, whatever the CPU default (GROUP_ONE_PASS_ON_CPU)
     loop = GroupClipping(1.0, 0.05, 3, 10, aug_negatives=1, randomness=SecretRandomness(4))
     groups = one_pass.groups(batch)
     assert len(groups) > 1
@@ -152,6 +153,7 @@ def test_neighbouring_batches_differ_by_at_most_the_sensitivity(encoder, mode):
                         randomness=SecretRandomness(seed=1), model=model,
                     )  # fmt: skip
                 )
+                mechanisms[-1].one_pass = model is not None  # "group" = the one-pass engine
             else:
                 mechanisms.append({"batch": BatchClipping, "sample": SampleClipping}[mode](clip_norm, 0.05))
         full, _ = mechanisms[0].clipped_sum(encode, batch, parameters)
@@ -164,6 +166,16 @@ def test_neighbouring_batches_differ_by_at_most_the_sensitivity(encoder, mode):
         assert sensitivity == (2 * 8 - 1) * clip_norm
     else:
         assert sensitivity == 2 * clip_norm
+
+
+def test_group_engine_default_on_cpu_follows_the_switch(encoder, monkeypatch):
+    from synthq.dp import contrastive
+
+    assert contrastive.GROUP_ONE_PASS_ON_CPU is False  # measured: the loop is faster on CPU
+    assert GroupClipping(1.0, 0.05, 3, 10, model=encoder).one_pass is False
+    monkeypatch.setattr(contrastive, "GROUP_ONE_PASS_ON_CPU", True)
+    assert GroupClipping(1.0, 0.05, 3, 10, model=encoder).one_pass is True
+    assert GroupClipping(1.0, 0.05, 3, 10).one_pass is False  # no model, no engine
 
 
 def test_group_assignment_is_keyed_by_query_id_and_the_secret():
