@@ -26,7 +26,8 @@ overhead, not their flops. Measured (``benchmarks/retriever_step.py``, MiniLM-L6
 CPU shared at load 16, one interleaved run): the loop 5.26×, this 1.82× of a non-private step.
 Memory grows with ``chunk ×`` the trainable parameters plus the batched backward's activations.
 
-Privacy unit, sensitivity and requirements: those of ``SampleClipping`` (one pair; ``(2B − 1)C``).
+Privacy unit, sensitivity and requirements: those of ``SampleClipping`` (one query; ``(2B − 1)C``),
+which uses this function when it is given the encoder.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def per_query_clipped_sum(
     max_doc_length: int = 384,
     chunk: int = 8,
     rows: list[int] | None = None,
+    weights: list[float] | None = None,
 ) -> tuple[list[torch.Tensor], float]:
     """``Σ_i clip_C(∇θ L_i)`` over the queries ``rows`` (default: all) and the mean loss of the
     batch: exactly ``SampleClipping.clipped_sum`` on ``embed``-encoded texts.
@@ -65,6 +67,7 @@ def per_query_clipped_sum(
         max_query_length, max_doc_length: truncation, as in the rest of training.
         chunk: queries whose gradients are formed at once (memory ``chunk ×`` the parameters).
         rows: the queries to clip and sum (a torchrun rank's share); the graph is the whole batch.
+        weights: each row's weight after clipping (``1/k`` for a query with ``k`` pairs; default 1).
 
     Returns:
         The clipped sum, one tensor per parameter, and the batch's mean loss (``nan`` if empty).
@@ -101,7 +104,9 @@ def per_query_clipped_sum(
             for g, p in zip(grads, parameters, strict=True)
         ]
         norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads))
-        factors = (clip_norm / (norms + 1e-12)).clamp(max=1.0)  # the factor of contrastive.clip
+        factors = (clip_norm / (norms + 1e-12)).clamp(max=1.0)  # the factor of clipping.clip
+        if weights is not None:
+            factors = factors * torch.tensor([weights[i] for i in rows[start:stop]], dtype=factors.dtype)
         for t, g in zip(total, grads, strict=True):
             t.add_(torch.tensordot(factors.to(g.dtype), g, dims=1))
     return total, losses.mean().item()
