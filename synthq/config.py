@@ -319,13 +319,6 @@ class CanaryAuditConfig(StageConfig):
     def _comma_separated(cls, value: Any) -> Any:
         return value.split(",") if isinstance(value, str) else value
 
-    @field_validator("finetune", mode="before")
-    @classmethod
-    def _finetune_pairs(cls, value: Any) -> Any:
-        if isinstance(value, list | tuple):  # ["lora_rank=8", ...] from the command line
-            return apply_overrides({}, list(value))
-        return value
-
     @model_validator(mode="after")
     def _finetune_options_are_valid(self) -> CanaryAuditConfig:
         fixed = {"data", "model", "out", "epsilon", "seed", "split", "resume"}

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from synthq.artifacts import writes_so_far, written_here
-from synthq.config import validation_message
+from synthq.config import apply_overrides, validation_message
 from synthq.console import result
 from synthq.errors import SynthqError
 from synthq.stages.registry import stage_entry
@@ -142,12 +142,16 @@ def config_parameters(config_class: type[BaseModel], skip: set[str] = frozenset(
 
 
 def _value(field: FieldInfo, value: Any) -> Any:
-    """What the command line gave, in the form the config model parses."""
-    if isinstance(value, list | tuple) and _settings(field).get("commas", True):
-        annotation = _unwrap(field.annotation)
-        if typing.get_origin(annotation) is list:
-            return [part.strip() for item in value for part in item.split(",") if part.strip()]
-    return list(value) if isinstance(value, tuple) else value
+    """What the command line gave, in the form the config model parses: a list option's
+    values split on commas, a mapping option's ``key=value`` items as a dict."""
+    if not isinstance(value, list | tuple):
+        return value
+    annotation = _unwrap(field.annotation)
+    if typing.get_origin(annotation) is dict or annotation is dict:
+        return apply_overrides({}, list(value))
+    if typing.get_origin(annotation) is list and _settings(field).get("commas", True):
+        return [part.strip() for item in value for part in item.split(",") if part.strip()]
+    return list(value)
 
 
 def flags(config_class: type[BaseModel]) -> dict[str, str]:
