@@ -97,7 +97,7 @@ def _lineage(inputs: list[dict], depth: int = 0, max_depth: int = 6) -> list[str
 
 @app.command("info")
 def info_command(
-    path: Path = typer.Argument(..., help="An artifact directory written by a synthq stage."),
+    path: Path = typer.Argument(..., metavar="DIR", help="An artifact directory written by a synthq stage."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Show an artifact: stage, privacy guarantee, input lineage, metrics and timings."""
@@ -165,7 +165,9 @@ def export_command(
 
 @data_app.command("info")
 def data_info_command(
-    source: str = typer.Argument(..., help="A BEIR directory, or embedded, msmarco, beir:NAME."),
+    source: str = typer.Argument(
+        ..., metavar="SOURCE", help="A BEIR directory, or embedded, msmarco, beir:NAME."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
 ) -> None:
     """Count documents, queries and judgements per split, and report validation problems."""
@@ -308,23 +310,35 @@ def canary_audit_command(options: StageOptions):
 @app.command("search")
 def search_command(
     query: list[str] = typer.Argument(
-        ..., help="The query (several words, or several quoted queries with --each)."
+        ..., metavar="QUERY", help="The query (several words, or several quoted queries with --each)."
     ),
     retriever: str = typer.Option(
-        ..., "--retriever", help="A train-retriever artifact, or an encoder (alias, directory, hub id)."
+        ...,
+        "--retriever",
+        metavar="DIR",
+        help="A train-retriever artifact, or an encoder (alias, directory, hub id).",
     ),
-    corpus: str = typer.Option("embedded", "--corpus", help="Documents: a BEIR directory or source name."),
-    top_k: int = typer.Option(10, "--top-k", min=1, help="Documents shown per query."),
+    corpus: str = typer.Option(
+        "embedded", "--corpus", metavar="SOURCE", help="Documents: a BEIR directory or source name."
+    ),
+    top_k: int = typer.Option(10, "--top-k", metavar="N", min=1, help="Documents shown per query."),
     each: bool = typer.Option(False, "--each", help="Treat each argument as its own query."),
-    device: str = typer.Option("auto", "--device", help="Device: auto, cpu, cuda, cuda:N or mps."),
+    device: str = typer.Option(
+        "auto", "--device", metavar="DEVICE", help="Device: auto, cpu, cuda, cuda:N or mps."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the hits as JSON lines."),
 ) -> None:
     """Try a retriever: the top-k documents of a corpus for a query, with their scores.
 
     Corpus embeddings are cached (as eval's are), so a second query on the same corpus only
     encodes the query."""
+    from synthq.config import check_device
     from synthq.stages.search import search
 
+    try:
+        check_device(device)
+    except ValueError as error:
+        raise OptionError(f"--device: {error}") from None
     queries = list(query) if each else [" ".join(query)]
     hits = search(retriever, corpus, queries, top_k=top_k, device=device)
     for text, ranked in zip(queries, hits, strict=True):
@@ -347,10 +361,16 @@ def _shorten(text: str, width: int = 100) -> str:
 
 @app.command("run")
 def run_command(
-    pipeline: Path = typer.Argument(..., help="A pipeline YAML, e.g. pipelines/demo.yaml."),
-    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. vars.limit=100."),
+    pipeline: Path = typer.Argument(
+        ..., metavar="PIPELINE", help="A pipeline YAML, e.g. pipelines/demo.yaml."
+    ),
+    overrides: list[str] = typer.Argument(
+        None, metavar="KEY=VALUE", help="key=value overrides, e.g. vars.limit=100."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; run nothing."),
-    force: list[str] = typer.Option(None, "--force", help="Redo this stage (repeatable; all = every one)."),
+    force: list[str] = typer.Option(
+        None, "--force", metavar="STAGE", help="Redo this stage (repeatable; all = every one)."
+    ),
     check: bool = typer.Option(
         False,
         "--check",

@@ -56,7 +56,7 @@ def _parse_epsilon(value: Any) -> Any:
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
-def _check_device(value: str) -> str:
+def check_device(value: str) -> str:
     """``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N``; CUDA only where this build sees a GPU."""
     if not _DEVICE.fullmatch(value):
         raise ValueError(f"{value!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
@@ -74,7 +74,7 @@ def _check_device(value: str) -> str:
 Accountant = Literal["rdp", "prv"]
 Device = Annotated[
     str,
-    AfterValidator(_check_device),
+    AfterValidator(check_device),
     Field(description="Device: auto (a GPU if visible), cpu, cuda, cuda:N or mps."),
 ]
 # ε > 0; "inf" (or ∞) means no privacy and no noise.
@@ -335,13 +335,6 @@ class CanaryAuditConfig(StageConfig):
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         return value.split(",") if isinstance(value, str) else value
-
-    @field_validator("finetune", mode="before")
-    @classmethod
-    def _finetune_pairs(cls, value: Any) -> Any:
-        if isinstance(value, list | tuple):  # ["lora_rank=8", ...] from the command line
-            return apply_overrides({}, list(value))
-        return value
 
     @model_validator(mode="after")
     def _finetune_options_are_valid(self) -> CanaryAuditConfig:

@@ -78,8 +78,8 @@ class LoggedProgress(Progress):
         )
         share = f" ({100 * task.completed / total:.0f}%)" if total else ""
         return (
-            f"{task.description}: {task.completed:g}/{total:g}{share} {fields} "
-            f"rate={rate:.3g}/s elapsed={_duration(elapsed)} eta={_duration(eta)}"
+            f"{task.description}: {task.completed:g}/{total:g}{share} {fields} | "
+            f"{rate:.3g}/s elapsed={_duration(elapsed)} eta={_duration(eta)}"
         ).replace("  ", " ")
 
     def _maybe_log(self, task_id: TaskID, final: bool = False) -> None:

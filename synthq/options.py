@@ -8,9 +8,9 @@ from the field. A new config field is a new option with no code here. Per-field 
 settings (an option's name, old names kept as aliases, a positional argument) live beside the
 field, in ``Field(json_schema_extra=cli(...))``.
 
-Every value reaches the config as the user typed it, so the model alone parses and range-checks
-it; its complaints come back as one line naming the option (``--top-p: must be less than or
-equal to 1``).
+Every value reaches the config as the user typed it (only a ``Literal``'s choices are checked
+by the command line itself), so the model alone parses and range-checks it; its complaints come
+back as one line naming the option (``--top-p: must be less than or equal to 1``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ import typer
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from synthq.artifacts import writes_so_far, written_here
+from synthq.config import apply_overrides, validation_message
+from synthq.console import result
 from synthq.errors import SynthqError
+from synthq.stages.registry import stage_entry
 
 
 class OptionError(SynthqError):
@@ -43,26 +47,22 @@ def _settings(field: FieldInfo) -> dict:
     return dict(extra.get("cli", {})) if isinstance(extra, dict) else {}
 
 
-def _unwrap(annotation: Any) -> tuple[Any, bool]:
-    """(the type without ``| None`` and ``Annotated``, whether ``None`` is allowed)."""
-    optional = False
+def _unwrap(annotation: Any) -> Any:
+    """The type without ``| None`` and ``Annotated[...]``."""
     while True:
         origin = typing.get_origin(annotation)
         if origin is typing.Annotated:
             annotation = typing.get_args(annotation)[0]
         elif origin in (typing.Union, types.UnionType):
             members = [a for a in typing.get_args(annotation) if a is not type(None)]
-            optional = optional or len(members) < len(typing.get_args(annotation))
             if len(members) != 1:
-                return annotation, optional
+                return annotation
             annotation = members[0]
         else:
-            return annotation, optional
+            return annotation
 
 
 def _metavar(annotation: Any) -> str:
-    if annotation is bool:
-        return ""
     if annotation in (int, float):
         return annotation.__name__.upper()
     if annotation is Path:
@@ -92,7 +92,7 @@ def _parameter(name: str, field: FieldInfo) -> inspect.Parameter | None:
     settings = _settings(field)
     if settings.get("hidden"):
         return None
-    annotation, _ = _unwrap(field.annotation)
+    annotation = _unwrap(field.annotation)
     origin = typing.get_origin(annotation)
     help_text = field.description or name.replace("_", " ")
     if field.is_required():
@@ -119,7 +119,7 @@ def _parameter(name: str, field: FieldInfo) -> inspect.Parameter | None:
         if origin is dict or annotation is dict:
             extra["metavar"] = "KEY=VALUE"
         else:
-            item, _ = _unwrap(typing.get_args(annotation)[0]) if typing.get_args(annotation) else (str, False)
+            item = _unwrap(typing.get_args(annotation)[0]) if typing.get_args(annotation) else str
             choices = typing.get_args(item) if typing.get_origin(item) is typing.Literal else ()
             extra["metavar"] = ("|".join(map(str, choices)) if choices else _metavar(item)) + (
                 ",..." if settings.get("commas", True) else ""
@@ -142,12 +142,16 @@ def config_parameters(config_class: type[BaseModel], skip: set[str] = frozenset(
 
 
 def _value(field: FieldInfo, value: Any) -> Any:
-    """What the command line gave, in the form the config model parses."""
-    if isinstance(value, list | tuple) and _settings(field).get("commas", True):
-        annotation, _ = _unwrap(field.annotation)
-        if typing.get_origin(annotation) is list:
-            return [part.strip() for item in value for part in item.split(",") if part.strip()]
-    return list(value) if isinstance(value, tuple) else value
+    """What the command line gave, in the form the config model parses: a list option's
+    values split on commas, a mapping option's ``key=value`` items as a dict."""
+    if not isinstance(value, list | tuple):
+        return value
+    annotation = _unwrap(field.annotation)
+    if typing.get_origin(annotation) is dict or annotation is dict:
+        return apply_overrides({}, list(value))
+    if typing.get_origin(annotation) is list and _settings(field).get("commas", True):
+        return [part.strip() for item in value for part in item.split(",") if part.strip()]
+    return list(value)
 
 
 def flags(config_class: type[BaseModel]) -> dict[str, str]:
@@ -165,8 +169,6 @@ def build(config_class: type[BaseModel], options: dict) -> Any:
     try:
         return config_class(**options)
     except ValidationError as error:
-        from synthq.config import validation_message
-
         raise OptionError(validation_message(error, flags(config_class))) from None
 
 
@@ -192,8 +194,6 @@ def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -
     whose result line is printed here (or by ``report(artifact, mark)``); Ctrl-C becomes
     :class:`Interrupted` with the command's resume hint.
     """
-    from synthq.stages.registry import stage_entry
-
     config_class = stage_entry(name).config_type()
     resumable = "resume" in config_class.model_fields and not _settings(
         config_class.model_fields["resume"]
@@ -221,16 +221,12 @@ def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -
                     if key not in own_names and value is not None and value != [] and value != ()
                 },
             )
-            from synthq.artifacts import writes_so_far
-
             mark = writes_so_far()
             try:
                 artifact = function(options, **{k: kwargs[k] for k in own_names})
             except KeyboardInterrupt:
                 raise Interrupted(f"interrupted; {hint}") from None
             except ValidationError as error:
-                from synthq.config import validation_message
-
                 raise OptionError(validation_message(error, flags(config_class))) from None
             if artifact is not None:
                 (report or print_result)(artifact, mark)
@@ -248,8 +244,5 @@ def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -
 def print_result(artifact: Any, since: int = 0) -> None:
     """The one result line of a stage command: where the artifact is and its guarantee
     (``written to`` only if the command wrote it after the mark ``since``)."""
-    from synthq.artifacts import written_here
-    from synthq.console import result
-
     what = "written to" if written_here(artifact.path, since) else "up to date (pass --force to redo):"
     result(f"{artifact.stage} {what} {artifact.path}: {artifact.privacy.describe()}")

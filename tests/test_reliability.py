@@ -306,7 +306,7 @@ def test_progress_prints_plain_lines_when_not_a_terminal(capsys, monkeypatch):
             bar.update(task, advance=1, eps=f"{0.5 * (step + 1):.2f}", loss=1.0 / (step + 1))
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune-lm")]
     assert len(lines) == 4
-    assert lines[1].startswith("finetune-lm: 2/4 (50%) eps=1.00 loss=0.5 rate=")
+    assert lines[1].startswith("finetune-lm: 2/4 (50%) eps=1.00 loss=0.5 | ") and "/s elapsed=" in lines[1]
     assert "eta=" in lines[1] and "elapsed=" in lines[-1]
 
 

@@ -305,4 +305,4 @@ def test_cli_prints_metrics_with_epsilon(tmp_path, retriever, tiny_beir):
     bad = runner.invoke(
         app, ["eval", "--datasets", str(tiny_beir), "--top-k", "5", "--out", str(tmp_path / "x")]
     )
-    assert bad.exit_code != 0 and "top-k" in str(bad.exception)
+    assert bad.exit_code != 0 and "--top-k" in str(bad.exception)

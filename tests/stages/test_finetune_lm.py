@@ -11,7 +11,7 @@ from opacus.accountants import RDPAccountant
 
 from synthq.artifacts import open_artifact, partial_dir
 from synthq.config import FinetuneConfig
-from synthq.errors import DataError, ModelResolutionError, PrivacyError
+from synthq.errors import DataError, ModelResolutionError
 from synthq.models.generator import QueryGenerator
 from synthq.stages import finetune_lm
 
@@ -102,8 +102,8 @@ def test_up_to_date_run_is_skipped(tmp_path, tiny_beir, tiny_causal_dir):
 def test_bad_input(tmp_path, tiny_beir, tiny_causal_dir):
     with pytest.raises(ModelResolutionError):
         finetune_lm.run(config(tmp_path, tiny_beir, tmp_path / "no-such-model"))
-    with pytest.raises(PrivacyError, match="ε must be > 0"):
-        finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, epsilon=0))
+    with pytest.raises(ValueError, match="greater than 0"):  # refused by the config, before any work
+        config(tmp_path, tiny_beir, tiny_causal_dir, epsilon=0)
     with pytest.raises(PrivacyError, match="larger than the 17 privacy units"):
         finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, batch_size=64))
     with pytest.raises(DataError, match="no qrels for split 'validation'"):

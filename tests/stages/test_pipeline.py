@@ -170,11 +170,14 @@ def test_shipped_pipelines_plan_and_start_with_their_command(path, monkeypatch):
     assert plan.stages
 
 
-CHECKED = PIPELINE + """
+CHECKED = (
+    PIPELINE
+    + """
 expected:
   - {{stage: second, metric: [scores, value], value: 2.0, tolerance: 0.01}}
   - {{stage: first-3, metric: [scores, double], min: 5.5, max: 6.5}}
 """
+)
 
 
 def test_run_check_passes_and_fails_loudly_on_a_regression(tmp_path):
