@@ -285,6 +285,9 @@ def eval_command(
     top_k: int = typer.Option(100, help="Documents retrieved per query (≥ 100)."),
     search_chunk_size: int = typer.Option(50_000, help="Documents scored per matrix product."),
     faiss: bool = typer.Option(False, "--faiss", help="Search with FAISS (else exact torch chunks)."),
+    select_on: str = typer.Option(
+        None, "--select-on", help="Dev eval artifact: keep each method's dev-best configuration only."
+    ),
     device: str = typer.Option("auto"),
     force: bool = typer.Option(False, "--force"),
 ) -> None:
@@ -299,6 +302,7 @@ def eval_command(
             retrievers=retriever or [], datasets=[d.strip() for d in datasets.split(",") if d.strip()],
             split=split, bm25=bm25, untrained=untrained or [], batch_size=batch_size, top_k=top_k,
             search_chunk_size=search_chunk_size, faiss=faiss, device=device, out=out, force=force,
+            select_on=select_on,
         )  # fmt: skip
     except ValidationError as error:
         raise SynthqError(f"invalid eval options: {error}") from None
