@@ -13,12 +13,18 @@ Args (:class:`synthq.config.EvalConfig`):
     datasets: ``embedded``, ``msmarco``, ``beir:NAME`` (or a bare BEIR name) or BEIR directories.
     untrained: encoder specs (``minilm-l6``, a hub id, a local directory) evaluated as they are.
     bm25: add the BM25 row. ``faiss``: search with FAISS instead of torch chunks.
+    select_on: a dev ``eval`` artifact; only each method's dev-best configuration (every seed of
+        it) is evaluated (:mod:`synthq.retrieval.selection`).
 
 Outputs:
     ``results.json`` (one row per retriever × dataset: every metric, the retriever's ε, δ and
-    full guarantee), ``results.md`` (Tables 3-5 layout, ε beside every number) and
-    ``privacy_utility.png`` (NDCG@10 against ε). Encoding and search throughput (documents/s,
-    queries/s) and cache hits are in the manifest's ``timings``.
+    full guarantee, its seed and training settings), ``per_query.json`` (dataset -> retriever ->
+    metric -> query -> score), ``results.md`` (Tables 3-5 layout, ε beside every number, 95 %
+    intervals, mean ± std over seeds, and every pair's paired test with Holm's correction, see
+    :mod:`synthq.retrieval.significance`; with ``select_on`` also the candidates' dev scores,
+    ``selection.md``) and ``privacy_utility.png`` (NDCG@10 against ε with intervals). Encoding
+    and search throughput (documents/s, queries/s) and cache hits are in the manifest's
+    ``timings``.
 
 Privacy unit and sensitivity:
     The evaluation adds no mechanism: it reads the retrievers and public evaluation data only, so

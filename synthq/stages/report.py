@@ -8,8 +8,9 @@ Args (:class:`synthq.config.ReportConfig`):
     paper: the paper's rows (``row``, ``epsilon``, ``dataset``, metrics), matched to ours on
         dataset and ε.
 
-Outputs: ``README.md`` (Tables 3-5 layout, similarity, paper vs ours), ``results.json`` (the
-merged rows) and ``privacy_utility.png``.
+Outputs: ``README.md`` (Tables 3-5 layout with intervals and the pairwise significance tests
+when the evaluations kept per-query scores, the dev selection of each evaluation that made one,
+similarity, paper vs ours), ``results.json`` (the merged rows) and ``privacy_utility.png``.
 
 Privacy unit and sensitivity:
     The report only re-reads its inputs (post-processing). It publishes the results of every
