@@ -308,7 +308,10 @@ def epsilon_positions(values: list[float]) -> list[tuple[float, str]]:
 
 
 def _x_index(value: float, ticks: list[tuple[float, str]]) -> int:
-    return next(i for i, (t, _) in enumerate(ticks) if _same_epsilon(t, value))
+    """The tick of ``value``: ∞ on ∞, else the nearest finite tick (its own cluster's)."""
+    if math.isinf(value):
+        return len(ticks) - 1
+    return min((abs(t - value), i) for i, (t, _) in enumerate(ticks) if math.isfinite(t))[1]
 
 
 def privacy_utility_plot(rows: list[dict], path: Path, metric: str = "ndcg@10") -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from synthq.errors import DataError
+from synthq.privacy import format_epsilon
 
 # Training options that never change what is learned (or are shown elsewhere).
 NOT_SETTINGS = ("out", "force", "resume", "device", "seed", "data", "encoder", "dp", "epsilon", "delta")
@@ -47,14 +48,15 @@ class Choice:
 
 
 def select_best(rows: list[dict], metric: str = "ndcg@10") -> dict[str, Choice]:
-    """Per method, the configuration with the highest ``metric`` averaged over its seeds.
+    """Per method and ε, the configuration with the highest ``metric`` averaged over its seeds
+    (rows at different ε are different methods: each privacy level gets its own best).
 
     Args:
         rows: ``results.json`` rows of a dev evaluation (one dataset); only trained retrievers
             (``kind == "retriever"``) are candidates. Ties go to the configuration listed first.
         metric: the selection score.
 
-    Returns: method label -> :class:`Choice`.
+    Returns: ``"<method label>, ε = <ε>"`` -> :class:`Choice`.
     """
     datasets = {(r["dataset"], r.get("split")) for r in rows if r.get("kind") == "retriever"}
     if len(datasets) > 1:
@@ -64,7 +66,8 @@ def select_best(rows: list[dict], metric: str = "ndcg@10") -> dict[str, Choice]:
         if row.get("kind") != "retriever":
             continue
         variant = row.get("variant") or row["model_id"]
-        by_method.setdefault(row["method"], {}).setdefault(variant, []).append(row)
+        method = f"{row['method']}, ε = {format_epsilon(float(row['epsilon']))}"
+        by_method.setdefault(method, {}).setdefault(variant, []).append(row)
     choices = {}
     for method, variants in by_method.items():
         candidates = [

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -15,8 +16,9 @@ from synthq.retrieval.selection import select_best, selection_markdown, varying_
 from tests.helpers import tiny_retriever_artifact
 
 
-def _row(model, method, lr, seed, score, kind="retriever"):
+def _row(model, method, lr, seed, score, kind="retriever", epsilon=8.0):
     return {"dataset": "d", "split": "dev", "retriever": model, "model_id": f"artifact:{model}", "kind": kind,
+            "epsilon": epsilon,
             "method": method, "variant": f"{method}-{lr}", "seed": seed,
             "settings": {"lr": lr, "seed": seed, "epochs": 1}, "metrics": {"ndcg@10": score}}  # fmt: skip
 
@@ -29,19 +31,24 @@ def test_sweep_picks_the_dev_best_value_averaged_over_seeds():
         _row("dp-lr1e-3-s1", "direct DP", 1e-3, 1, 0.40),  # ... but not the best mean (0.55)
         _row("dp-lr1e-2-s0", "direct DP", 1e-2, 0, 0.60),
         _row("dp-lr1e-2-s1", "direct DP", 1e-2, 1, 0.58),
-        _row("orig-lr3e-5", "original", 3e-5, 0, 0.80),
-        _row("orig-lr1e-4", "original", 1e-4, 0, 0.75),
+        _row("orig-lr3e-5", "original", 3e-5, 0, 0.80, epsilon=math.inf),
+        _row("orig-lr1e-4", "original", 1e-4, 0, 0.75, epsilon=math.inf),
+        _row("dp-eps1-lr1e-3", "direct DP", 1e-3, 0, 0.30, epsilon=1.0),  # another ε: its own best
         _row("untrained", "untrained", None, None, 0.99, kind="untrained"),  # never a candidate
     ]
     choices = select_best(rows)
-    assert set(choices) == {"direct DP", "original"}
-    assert choices["direct DP"].best.settings["lr"] == 1e-2
-    assert choices["direct DP"].best.score == pytest.approx(0.59)
-    assert choices["direct DP"].model_ids == {"artifact:dp-lr1e-2-s0", "artifact:dp-lr1e-2-s1"}
-    assert choices["original"].model_ids == {"artifact:orig-lr3e-5"}
-    assert varying_settings(choices["direct DP"]) == ["lr"]  # seed differs within, not between
+    dp, original = choices["direct DP, ε = 8.00"], choices["original, ε = ∞"]
+    assert set(choices) == {"direct DP, ε = 8.00", "direct DP, ε = 1.00", "original, ε = ∞"}
+    assert dp.best.settings["lr"] == 1e-2
+    assert dp.best.score == pytest.approx(0.59)
+    assert dp.model_ids == {"artifact:dp-lr1e-2-s0", "artifact:dp-lr1e-2-s1"}
+    assert original.model_ids == {"artifact:orig-lr3e-5"}
+    assert choices["direct DP, ε = 1.00"].model_ids == {"artifact:dp-eps1-lr1e-3"}
+    assert varying_settings(dp) == ["lr"]  # seed differs within, not between
     text = selection_markdown(choices)
-    assert "| **direct DP** | **lr=0.01** | **2** | **0.5900** |" in text and "not** counted" in text
+    assert (
+        "| **direct DP, ε = 8.00** | **lr=0.01** | **2** | **0.5900** |" in text and "not** counted" in text
+    )
 
 
 def test_selection_needs_one_dataset():
