@@ -280,6 +280,11 @@ class EvalConfig(StageConfig):
     top_k: int = Field(100, ge=100, description="Documents retrieved per query (≥ 100 for NDCG@100).")
     search_chunk_size: int = Field(50_000, ge=1, description="Documents scored per matrix product.")
     faiss: bool = Field(False, description="Search with FAISS IndexFlatIP instead of exact torch chunks.")
+    select_on: str | None = Field(
+        None,
+        description="A dev eval artifact: evaluate only each method's best configuration on it "
+        "(every seed of it); retrievers it did not score are kept.",
+    )
     device: Device = "auto"
 
 

@@ -6,20 +6,24 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from synthq.config import EvalConfig, ReportConfig
 from synthq.errors import ArtifactError
 from synthq.privacy import Guarantee
-from synthq.report import (
+from synthq.retrieval.metrics import METRICS
+from synthq.tables import (
     combined_guarantee,
+    epsilon_positions,
     paper_comparison,
     privacy_utility_plot,
     results_markdown,
     results_table,
+    significance_table,
+    systems,
     zero_shot_table,
 )
-from synthq.retrieval.metrics import METRICS
 from tests.helpers import tiny_retriever_artifact
 
 SCORES = {**dict.fromkeys(METRICS, 0.1), "ndcg@10": 0.5, "recall@10": 0.7}
@@ -139,3 +143,65 @@ def test_report_merges_evaluations(tmp_path, two_evals):
     assert artifact.privacy.epsilon == pytest.approx(10.0)
     with pytest.raises(ArtifactError, match="expected 'eval'"):
         report.run(ReportConfig(evals=[str(artifact.path)], out=tmp_path / "again"))
+
+
+def _scored_rows() -> list[dict]:
+    """Rows with per-query NDCG@10: a baseline, a system +0.1 better on every query (trained with
+    seeds 0 and 1), and one tied with the baseline."""
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.2, 0.8, size=60)
+    queries = [f"q{i}" for i in range(60)]
+
+    def row(name, scores, epsilon, seed=None, variant=None, method="m"):
+        per_query = {"ndcg@10": dict(zip(queries, scores, strict=True))}
+        metrics = {**SCORES, "ndcg@10": float(np.mean(scores))}
+        return {"dataset": "d", "split": "test", "retriever": name, "method": method, "epsilon": epsilon,
+                "metrics": metrics, "per_query": per_query, "seed": seed, "variant": variant}  # fmt: skip
+
+    return [
+        row("untrained", base, 0.0, method="untrained") | {"kind": "untrained", "privacy": PUBLIC},
+        row("ret-syn-seed0", base + 0.08, 8.0, 0, "v1", "synthetic"),
+        row("ret-syn-seed1", base + 0.12, 8.0, 1, "v1", "synthetic"),
+        row("ret-dp", base + rng.normal(0, 0.001, size=60), 7.99, 0, "v2", "direct DP"),
+    ]
+
+
+def test_seeds_merge_and_significance_is_marked():
+    rows = _scored_rows()
+    merged = systems(rows)
+    assert [s["retriever"] for s in merged] == ["untrained", "ret-syn (2 seeds)", "ret-dp"]
+    syn = merged[1]
+    assert syn["metrics"]["ndcg@10"] == pytest.approx(np.mean([r["metrics"]["ndcg@10"] for r in rows[1:3]]))
+    assert syn["metrics_std"]["ndcg@10"] == pytest.approx(np.std([0.08, 0.12], ddof=1), abs=1e-9)
+    assert syn["per_query"]["ndcg@10"].shape == (2, 60)
+    table = results_table(rows)
+    assert f"| ret-syn (2 seeds) | synthetic | 8.00 | {syn['metrics']['ndcg@10']:.4f} ± 0.0283 [" in table
+    text = significance_table(rows)
+    assert "Holm-Bonferroni correction over all 3 pairs" in text
+    assert "| ret-syn (2 seeds) | untrained | +0.1000 |" in text
+    lines = {tuple(line.split(" | ")[:2]): line for line in text.splitlines() if line.startswith("| ")}
+    assert lines[("| ret-syn (2 seeds)", "untrained")].endswith("| **yes** |")
+    tied = lines.get(("| ret-dp", "untrained")) or lines[("| untrained", "ret-dp")]
+    assert tied.endswith("| no |")
+    assert "## Which differences are significant" in results_markdown(rows)
+
+
+def test_same_seed_twice_is_not_a_seed_sweep():
+    rows = _scored_rows()
+    rows[2] = {**rows[2], "seed": 0}
+    assert len(systems(rows)) == 4
+
+
+def test_epsilon_ticks_merge_close_values():
+    assert epsilon_positions([7.99, 8.0, math.inf]) == [(pytest.approx(7.995), "8"), (math.inf, "∞")]
+    assert [label for _, label in epsilon_positions([1.0, 3.0, 8.0, 8.0])] == ["1", "3", "8"]
+    assert [label for _, label in epsilon_positions([0.5, math.inf])] == ["0.5", "∞"]
+    assert epsilon_positions([]) == []
+
+
+@pytest.mark.parametrize("epsilons", [[8.0], [7.99, 8.0, math.inf], [1.0, 2.0, 4.0, 8.0, 16.0, math.inf]])
+def test_plot_with_one_or_many_epsilons(tmp_path, epsilons):
+    rows = _scored_rows()[:2]
+    rows += [{**rows[1], "retriever": f"r{e}", "epsilon": e, "seed": None, "variant": None} for e in epsilons]
+    privacy_utility_plot(rows, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 1000

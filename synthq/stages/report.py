@@ -8,12 +8,13 @@ Args (:class:`synthq.config.ReportConfig`):
     paper: the paper's rows (``row``, ``epsilon``, ``dataset``, metrics), matched to ours on
         dataset and ε.
 
-Outputs: ``README.md`` (Tables 3-5 layout, similarity, paper vs ours), ``results.json`` (the
-merged rows) and ``privacy_utility.png``.
+Outputs: ``README.md`` (Tables 3-5 layout with intervals and the pairwise significance tests
+when the evaluations kept per-query scores, the dev selection of each evaluation that made one,
+similarity, paper vs ours), ``results.json`` (the merged rows) and ``privacy_utility.png``.
 
 Privacy unit and sensitivity:
     The report only re-reads its inputs (post-processing). It publishes the results of every
-    model in every input, so its guarantee is :func:`synthq.report.combined_guarantee` over those
+    model in every input, so its guarantee is :func:`synthq.tables.combined_guarantee` over those
     models (one DP release counts once; independent releases compose; a non-private model, or a
     similarity artifact, which reads the private queries, makes it ε = ∞).
 """
@@ -28,17 +29,20 @@ from synthq.config import ReportConfig
 from synthq.console import console
 from synthq.errors import ArtifactError
 from synthq.privacy import Guarantee, format_epsilon
-from synthq.report import combined_guarantee, paper_comparison, privacy_utility_plot, results_markdown
+from synthq.stages.evaluate import attach_per_query, read_per_query
+from synthq.tables import combined_guarantee, paper_comparison, privacy_utility_plot, results_markdown
 
 STAGE = "report"
 
 
 def _rows(artifact: Artifact) -> list[dict]:
+    """The evaluation's rows, each with its per-query scores when the evaluation kept them."""
     path = artifact.path / "results.json"
     try:
         rows = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
         raise ArtifactError(f"{path}: unreadable evaluation results ({error})") from error
+    rows = attach_per_query(rows, read_per_query(artifact.path))
     return [{**r, "epsilon": float(r["epsilon"])} for r in rows]
 
 
@@ -91,13 +95,20 @@ def run(config: ReportConfig) -> Artifact:
     rows, sources = merge_rows(evals)
     with create_artifact(config.out, STAGE, config, inputs) as writer:
         sections = [results_markdown(rows, title=config.title), "![privacy-utility](privacy_utility.png)\n"]
+        for artifact in evals:
+            if (artifact.path / "selection.md").is_file():
+                sections += [
+                    f"## Hyper-parameters chosen on dev ({artifact.path.name})\n",
+                    (artifact.path / "selection.md").read_text(encoding="utf-8"),
+                ]
         if similarities:
             sections += ["## Synthetic vs original queries\n", _similarity_table(similarities)]
         if config.paper:
             sections += ["## Paper vs ours\n", paper_comparison(rows, config.paper)]
         text = "\n".join(sections)
         (writer.dir / "README.md").write_text(text, encoding="utf-8")
-        (writer.dir / "results.json").write_text(json.dumps(json_safe(rows), indent=2), encoding="utf-8")
+        published = [{k: v for k, v in r.items() if k != "per_query"} for r in rows]
+        (writer.dir / "results.json").write_text(json.dumps(json_safe(published), indent=2), encoding="utf-8")
         privacy_utility_plot(rows, writer.dir / "privacy_utility.png")
         sources += [(a.manifest_hash, a.privacy) for a in similarities]
         writer.privacy = combined_guarantee(sources)

@@ -36,7 +36,7 @@ def test_training_pairs(tiny_beir):
     assert len(pairs) == 17
     first = pairs[0]
     assert first.query == "how long to boil an egg" and first.doc_id == "egg-0"
-    assert first.document.startswith("egg. Boil eggs")
+    assert first.document.startswith("egg Boil eggs")  # BEIR join: title + " " + text
     with pytest.raises(DataError, match="no qrels for split 'nope'"):
         training_pairs(load_beir_dir(tiny_beir), "nope")
 

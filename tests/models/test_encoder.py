@@ -96,3 +96,57 @@ def test_functional_embedding_refuses_other_pooling(tiny_encoder_dir):
     cls = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="cls")
     with pytest.raises(ValueError, match="mean pooling"):
         functional_embedding(SentenceTransformer(modules=[transformer, cls], device="cpu"))
+
+
+def _train_one_step(model, pairs) -> None:
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    queries = embed(model, [q for q, _ in pairs], 32)
+    documents = embed(model, [d for _, d in pairs], 32)
+    in_batch_softmax_loss(queries, documents, temperature=0.05).backward()
+    optimizer.step()
+    model.eval()
+
+
+def test_lm_encoder_loads_encodes_trains_and_saves(tmp_path, tiny_causal_dir):
+    """A causal LM cut to its first layer, mean pooled: a sentence-transformers directory that
+    loads offline, pads on the right (a text's vector does not depend on its batch), trains and
+    saves, and that ``SentenceTransformer(path)`` reloads with the trained weights."""
+    from sentence_transformers import SentenceTransformer
+
+    from synthq.models.encoder import build_lm_encoder
+
+    path = build_lm_encoder(tiny_causal_dir, tmp_path / "enc", layers=1)
+    model = load_encoder(path)
+    assert [type(m).__name__ for m in model] == ["Transformer", "Pooling"]
+    assert model[0].auto_model.config.num_hidden_layers == 1 and len(model[0].auto_model.layers) == 1
+    model.eval()
+    alone = model.encode(["how long to boil an egg"], convert_to_tensor=True)
+    batched = model.encode(["how long to boil an egg", "a much longer text " * 5], convert_to_tensor=True)
+    assert torch.allclose(alone[0], batched[0], atol=1e-5)
+    before = model.encode(["git rebase"], convert_to_tensor=True)
+    _train_one_step(model, PAIRS)
+    after = model.encode(["git rebase"], convert_to_tensor=True)
+    assert not torch.allclose(before, after)
+    model.save(str(tmp_path / "trained"))
+    reloaded = SentenceTransformer(str(tmp_path / "trained"), device="cpu")
+    assert torch.allclose(reloaded.encode(["git rebase"], convert_to_tensor=True), after, atol=1e-5)
+    with pytest.raises(ValueError, match="cannot keep 5 layers"):
+        build_lm_encoder(tiny_causal_dir, tmp_path / "bad", layers=5)
+
+
+@pytest.mark.slow
+def test_packaged_smollm2_encoder_alias_offline(tmp_path, monkeypatch):
+    """The real alias: SmolLM2-135M's first 4 blocks from the packaged GGUF, no network."""
+    from sentence_transformers import SentenceTransformer
+
+    from synthq.models.resolve import resolve_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = resolve_model("smollm2-135m-enc-l4")
+    model = SentenceTransformer(str(path), device="cpu")
+    assert model[0].auto_model.config.num_hidden_layers == 4
+    assert model.encode(["hello"]).shape == (1, 576)
+    _train_one_step(model, PAIRS[:2])
+    model.save(str(tmp_path / "trained"))
+    assert SentenceTransformer(str(tmp_path / "trained"), device="cpu").encode(["hello"]).shape == (1, 576)

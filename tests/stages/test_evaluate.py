@@ -13,7 +13,6 @@ from pydantic import ValidationError
 from synthq.artifacts import create_artifact
 from synthq.config import EvalConfig
 from synthq.data import load_beir_dir
-from synthq.data.pairs import document_text
 from synthq.errors import ArtifactError, DataError
 from synthq.privacy import Guarantee
 from synthq.retrieval.metrics import METRICS
@@ -33,9 +32,11 @@ def _rows(artifact) -> list[dict]:
 
 
 def test_agrees_with_beir_search_and_evaluator(tmp_path, retriever, tiny_beir):
+    """BEIR's own SentenceBERT (its title + " " + text join), exact search and evaluator on a
+    corpus whose documents all have titles give synthq's numbers."""
     from beir.retrieval.evaluation import EvaluateRetrieval
+    from beir.retrieval.models import SentenceBERT
     from beir.retrieval.search.dense import DenseRetrievalExactSearch
-    from sentence_transformers import SentenceTransformer
 
     artifact = evaluate.run(
         EvalConfig(
@@ -44,19 +45,13 @@ def test_agrees_with_beir_search_and_evaluator(tmp_path, retriever, tiny_beir):
     )
     (row,) = _rows(artifact)
     ours = row["metrics"]
-    model = SentenceTransformer(str(retriever.path))
-
-    class Wrapper:  # BEIR's dense-search interface over the same model
-        def encode_queries(self, queries, batch_size=16, **kwargs):
-            return model.encode(queries, batch_size=batch_size, normalize_embeddings=True)
-
-        def encode_corpus(self, corpus, batch_size=16, **kwargs):
-            texts = [document_text(d) for d in corpus]
-            return model.encode(texts, batch_size=batch_size, normalize_embeddings=True)
+    assert all(doc["title"] for doc in load_beir_dir(tiny_beir).corpus.values())
 
     dataset = load_beir_dir(tiny_beir)
-    search = DenseRetrievalExactSearch(Wrapper(), batch_size=16, corpus_chunk_size=5)
-    results = search.search(dataset.corpus, dataset.split_queries("test"), top_k=100, score_function="dot")
+    search = DenseRetrievalExactSearch(SentenceBERT(str(retriever.path)), batch_size=16, corpus_chunk_size=5)
+    results = search.search(
+        dataset.corpus, dataset.split_queries("test"), top_k=100, score_function="cos_sim"
+    )
     qrels = dataset.qrels["test"]
     ndcg, _map, recall, _ = EvaluateRetrieval.evaluate(qrels, results, [1, 3, 5, 10, 100])
     mrr = EvaluateRetrieval.evaluate_custom(qrels, results, [10], metric="mrr")
@@ -113,7 +108,15 @@ def test_outputs_show_epsilon_and_public_reference_rows(tmp_path, retriever, tin
     assert rows[f"untrained {tiny_encoder_dir.name}"]["metrics"] == rows["ret-dp"]["metrics"]
     table = (artifact.path / "results.md").read_text()
     ndcg = rows["ret-dp"]["metrics"]["ndcg@10"]
-    assert f"| ret-dp | direct DP (group), tiny | 4.00 | {ndcg:.4f} |" in table
+    assert f"| ret-dp | direct DP (group), tiny | 4.00 | {ndcg:.4f} [" in table  # with its 95 % CI
+    # Per-query scores are kept, and their mean is the row's metric.
+    per_query = json.loads((artifact.path / "per_query.json").read_text())["tiny-beir0"]
+    scores = per_query["ret-dp"]["ndcg@10"]
+    assert len(scores) == 4 and sum(scores.values()) / 4 == pytest.approx(ndcg, abs=1e-6)
+    # The retriever and its untrained copy are identical systems: their difference is 0, not significant.
+    assert (
+        "## Which differences are significant" in table and "| +0.0000 | [+0.0000, +0.0000] | 1.0000" in table
+    )
     assert (
         "| BM25 | bm25 | 0 (public) |" in table
         and "| untrained encoder | untrained, encoder | 0 (public) |" in table
