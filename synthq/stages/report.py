@@ -28,6 +28,7 @@ from synthq.artifacts import Artifact, create_artifact, existing_result, json_sa
 from synthq.config import ReportConfig
 from synthq.console import console
 from synthq.errors import ArtifactError
+from synthq.ledger import ledger_lines
 from synthq.privacy import Guarantee, format_epsilon
 from synthq.stages.evaluate import attach_per_query, read_per_query
 from synthq.tables import combined_guarantee, paper_comparison, privacy_utility_plot, results_markdown
@@ -105,6 +106,8 @@ def run(config: ReportConfig) -> Artifact:
             sections += ["## Synthetic vs original queries\n", _similarity_table(similarities)]
         if config.paper:
             sections += ["## Paper vs ours\n", paper_comparison(rows, config.paper)]
+        ledger = ledger_lines([a.path for a in [*evals, *similarities]])
+        sections += ["## Privacy ledger\n", "```\n" + "\n".join(ledger) + "\n```\n"]
         text = "\n".join(sections)
         (writer.dir / "README.md").write_text(text, encoding="utf-8")
         published = [{k: v for k, v in r.items() if k != "per_query"} for r in rows]
