@@ -12,8 +12,7 @@ import pytest
 from synthq.config import EvalConfig, ReportConfig
 from synthq.errors import ArtifactError
 from synthq.privacy import Guarantee
-from synthq.retrieval.metrics import METRICS
-from synthq.tables import (
+from synthq.result_tables import (
     combined_guarantee,
     epsilon_positions,
     paper_comparison,
@@ -24,6 +23,7 @@ from synthq.tables import (
     systems,
     zero_shot_table,
 )
+from synthq.retrieval.metrics import METRICS
 from tests.helpers import tiny_retriever_artifact
 
 SCORES = {**dict.fromkeys(METRICS, 0.1), "ndcg@10": 0.5, "recall@10": 0.7}

@@ -30,7 +30,7 @@ Privacy unit and sensitivity:
     The evaluation adds no mechanism: it reads the retrievers and public evaluation data only, so
     every row carries its retriever's guarantee unchanged (post-processing) and BM25 and untrained
     encoders carry :meth:`Guarantee.public`. The artifact as a whole publishes results of all its
-    retrievers, so its guarantee is :func:`synthq.tables.combined_guarantee` of them, with
+    retrievers, so its guarantee is :func:`synthq.result_tables.combined_guarantee` of them, with
     ``derived_from`` listing every retriever: when all retrievers post-process one DP release
     (e.g. synthetic data from one generator) that is exactly the largest ε among them; retrievers
     from independent DP releases of the same private data compose (ε and δ add), because
@@ -64,12 +64,12 @@ from synthq.errors import ArtifactError, DataError
 from synthq.ledger import model_input
 from synthq.paths import cache_dir
 from synthq.privacy import Guarantee
+from synthq.result_tables import combined_guarantee, privacy_utility_plot, results_markdown, results_table
 from synthq.retrieval.bm25 import bm25_search
 from synthq.retrieval.cache import corpus_embeddings, encode_texts
 from synthq.retrieval.metrics import judged_queries, mean_metrics, per_query, query_means
 from synthq.retrieval.search import exact_search
 from synthq.retrieval.selection import select_best, selection_markdown
-from synthq.tables import combined_guarantee, privacy_utility_plot, results_markdown, results_table
 
 STAGE = "eval"
 

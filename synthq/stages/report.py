@@ -14,7 +14,7 @@ similarity, paper vs ours), ``results.json`` (the merged rows) and ``privacy_uti
 
 Privacy unit and sensitivity:
     The report only re-reads its inputs (post-processing). It publishes the results of every
-    model in every input, so its guarantee is :func:`synthq.tables.combined_guarantee` over those
+    model in every input, so its guarantee is :func:`synthq.result_tables.combined_guarantee` over those
     models (one DP release counts once; independent releases compose; a non-private model, or a
     similarity artifact, which reads the private queries, makes it ε = ∞).
 """
@@ -30,8 +30,8 @@ from synthq.console import console
 from synthq.errors import ArtifactError
 from synthq.ledger import ledger_lines
 from synthq.privacy import Guarantee, format_epsilon
+from synthq.result_tables import combined_guarantee, paper_comparison, privacy_utility_plot, results_markdown
 from synthq.stages.evaluate import attach_per_query, read_per_query
-from synthq.tables import combined_guarantee, paper_comparison, privacy_utility_plot, results_markdown
 
 STAGE = "report"
 

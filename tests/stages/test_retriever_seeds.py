@@ -9,8 +9,8 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from synthq.config import EvalConfig, TrainRetrieverConfig
+from synthq.result_tables import systems
 from synthq.stages import evaluate, train_retriever
-from synthq.tables import systems
 
 
 def _weights(path) -> torch.Tensor:
