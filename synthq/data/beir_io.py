@@ -109,31 +109,38 @@ def _build(kind: str, path: Path, parse) -> Path:
     return cached_build(kind, digest, build)
 
 
-def _parse_corpus(lines: HashingReader, out: Path) -> None:
+def _parse_jsonl(lines: HashingReader, out: Path, schema: pa.Schema, values) -> int:
+    """Write every record's ``values(record, id, line)`` (a tuple after the id, or a raised
+    :class:`DataError`) as one row, then the id index; the number of rows."""
     path, seen = lines.path, set()
-    with TableWriter(out / DATA_FILE, CORPUS_SCHEMA) as writer:
+    with TableWriter(out / DATA_FILE, schema) as writer:
         for number, record in _iter_jsonl(lines, path):
-            doc_id = _record_id(record, path, number, seen)
-            text = str(record.get("text") or "").strip()
-            title = str(record.get("title") or "").strip()
-            if not text and not title:
-                raise DataError(f"document {doc_id!r} has empty text", path, number)
-            writer.add(doc_id, title, text)
-    if not writer.rows:
-        raise DataError("corpus is empty", path)
+            record_id = _record_id(record, path, number, seen)
+            writer.add(record_id, *values(record, record_id, number))
     IdIndex.write(out, open_table(out / DATA_FILE).column("_id"))
+    return writer.rows
+
+
+def _parse_corpus(lines: HashingReader, out: Path) -> None:
+    def values(record: dict, doc_id: str, number: int) -> tuple[str, str]:
+        text = str(record.get("text") or "").strip()
+        title = str(record.get("title") or "").strip()
+        if not text and not title:
+            raise DataError(f"document {doc_id!r} has empty text", lines.path, number)
+        return title, text
+
+    if not _parse_jsonl(lines, out, CORPUS_SCHEMA, values):
+        raise DataError("corpus is empty", lines.path)
 
 
 def _parse_queries(lines: HashingReader, out: Path) -> None:
-    path, seen = lines.path, set()
-    with TableWriter(out / DATA_FILE, QUERIES_SCHEMA) as writer:
-        for number, record in _iter_jsonl(lines, path):
-            query_id = _record_id(record, path, number, seen)
-            text = str(record.get("text") or "").strip()
-            if not text:
-                raise DataError(f"query {query_id!r} has empty text", path, number)
-            writer.add(query_id, text)
-    IdIndex.write(out, open_table(out / DATA_FILE).column("_id"))
+    def values(record: dict, query_id: str, number: int) -> tuple[str]:
+        text = str(record.get("text") or "").strip()
+        if not text:
+            raise DataError(f"query {query_id!r} has empty text", lines.path, number)
+        return (text,)
+
+    _parse_jsonl(lines, out, QUERIES_SCHEMA, values)
 
 
 def _parse_qrels(lines: HashingReader, out: Path) -> None:

@@ -21,12 +21,15 @@ DATA_FILE = "data.arrow"
 
 
 class ArrowMapping(Mapping):
-    """Common part: the table in file order, its id index, iteration and pickling."""
+    """Common part: the table in file order, the keys (its ``_id`` column, or another table's),
+    the id index over the keys, iteration and pickling."""
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, keys: pa.Table | None = None):
         self.directory = Path(directory)
         self.table = open_table(self.directory / DATA_FILE)
+        self.key_table = self.table if keys is None else keys
         self.index = IdIndex(self.directory)
+        self.key_column = StringColumn(self.key_table.column("_id"))
         self.columns = {
             name: StringColumn(self.table.column(name))
             for name, kind in zip(self.table.column_names, self.table.schema.types, strict=True)
@@ -40,10 +43,10 @@ class ArrowMapping(Mapping):
         return f"{type(self).__name__}({len(self)} rows from {self.directory})"
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        return self.key_table.num_rows
 
     def __iter__(self) -> Iterator[str]:
-        for chunk in self.table.column("_id").chunks:
+        for chunk in self.key_table.column("_id").chunks:
             yield from chunk.to_pylist()
 
     def __contains__(self, key: object) -> bool:
@@ -57,7 +60,8 @@ class ArrowMapping(Mapping):
         return row
 
     def id_at(self, row: int) -> str:
-        return self.columns["_id"][row]
+        """The key at ``row`` (a document or query id; a qrels group's query id)."""
+        return self.key_column[row]
 
     def dataset(self):
         """The same rows as a Hugging Face ``datasets.Dataset``, memory-mapped from the cache file."""
@@ -180,23 +184,12 @@ class Qrels(ArrowMapping):
     GROUPS_FILE = "groups.arrow"
 
     def __init__(self, directory: str | Path):
-        super().__init__(directory)
-        groups = open_table(self.directory / self.GROUPS_FILE)
+        groups = open_table(Path(directory) / self.GROUPS_FILE)
+        super().__init__(directory, keys=groups)
         self.groups = groups
-        self.group_ids = StringColumn(groups.column("_id"))
         self.starts = np.concatenate(
             [int64_values(groups.column("start")), np.array([self.table.num_rows], dtype=np.int64)]
         )
-
-    def __len__(self) -> int:
-        return self.groups.num_rows
-
-    def __iter__(self) -> Iterator[str]:
-        for chunk in self.groups.column("_id").chunks:
-            yield from chunk.to_pylist()
-
-    def id_at(self, group: int) -> str:
-        return self.group_ids[group]
 
     def __getitem__(self, key: str) -> dict[str, int]:
         return self.group(self.row(key))
