@@ -311,7 +311,8 @@ def auroc_interval(
     nonmembers = np.asarray(nonmember_scores, dtype=float)
     rng = np.random.default_rng(seed)
     values = [
-        auroc(rng.choice(members, members.size), rng.choice(nonmembers, nonmembers.size)) for _ in range(samples)
+        auroc(rng.choice(members, members.size), rng.choice(nonmembers, nonmembers.size))
+        for _ in range(samples)
     ]
     tail = (1 - confidence) / 2
     low, high = np.quantile(values, [tail, 1 - tail])

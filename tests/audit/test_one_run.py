@@ -51,7 +51,11 @@ def test_perfect_guesses_match_the_closed_form_and_grow_with_m():
     # δ only weakens the bound
     with_delta = epsilon_lower_bound(1000, 1000, 1000, 1e-5)
     assert with_delta < bounds[-1]
-    assert p_value(1000, 1000, 1000, with_delta, 1e-5) <= 0.05 < p_value(1000, 1000, 1000, with_delta + 1e-3, 1e-5)
+    assert (
+        p_value(1000, 1000, 1000, with_delta, 1e-5)
+        <= 0.05
+        < p_value(1000, 1000, 1000, with_delta + 1e-3, 1e-5)
+    )
 
 
 def test_no_evidence_gives_zero():
