@@ -367,20 +367,38 @@ def canary_audit_command(
     data: str = typer.Option(..., "--data", help="Private pairs: a BEIR dir, embedded, msmarco, beir:NAME."),
     model: str = typer.Option(..., "--model", help="Generator to fine-tune: hub id, local dir or alias."),
     out: Path = typer.Option(..., "--out", help="Audit artifact directory to write."),
+    method: str = typer.Option("one-run", help="one-run (Steinke et al. 2023), exposure (Table 7) or both."),
     epsilons: str = typer.Option("inf,8", help="Comma-separated ε values; inf = non-private."),
-    repetitions: str = typer.Option("10,100", help="Comma-separated insertion counts per canary."),
-    shapes: str = typer.Option("random-query,real-document,random-document", help="Canary shapes."),
-    canaries_per_shape: int = typer.Option(5, help="Canaries per shape and repetition count."),
-    references: int = typer.Option(99, help="Candidate secrets per canary for rank and exposure."),
-    leak_samples: int = typer.Option(10, help="Sampled queries per canary document for the leak test."),
+    canaries: int = typer.Option(500, help="One-run canaries, each included once with probability 1/2."),
+    canary_seed: int = typer.Option(
+        None, help="Reproducible canary secrets and coins (default: OS randomness)."
+    ),
+    private_pairs: int = typer.Option(None, help="Train the audited generators on this many private pairs."),
+    retriever_audit: bool = typer.Option(
+        True, help="Also audit retrievers trained on the synthetic queries."
+    ),
+    retriever_documents: int = typer.Option(
+        200, help="Public documents beside the canaries (retriever audit)."
+    ),
+    repetitions: str = typer.Option("10,100", help="Exposure method: comma-separated insertion counts."),
+    shapes: str = typer.Option("random-query,real-document,random-document", help="Exposure canary shapes."),
+    canaries_per_shape: int = typer.Option(
+        5, help="Exposure method: canaries per shape and repetition count."
+    ),
+    references: int = typer.Option(99, help="Exposure method: candidate secrets per canary."),
+    leak_samples: int = typer.Option(
+        10, help="Exposure method: sampled queries per canary for the leak test."
+    ),
+    scoring_batch_size: int = typer.Option(32, "--scoring-batch-size", "--batch-size", help="Scoring batch."),
     seed: int = typer.Option(0),
     finetune: list[str] = typer.Option(
         None, "--finetune", help="finetune-lm option as key=value (repeatable), e.g. lora_rank=8."
     ),
+    retriever: list[str] = typer.Option(None, "--retriever", help="train-retriever option as key=value."),
     force: bool = typer.Option(False, "--force", help="Redo an up-to-date audit."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted audit."),
 ) -> None:
-    """Insert canaries, fine-tune at each ε, and measure rank, exposure, leakage and an ε lower bound."""
+    """Train a generator per ε with canaries and prove empirical ε lower bounds (one-run, exposure)."""
     from synthq.config import CanaryAuditConfig, apply_overrides
     from synthq.stages import canary_audit
 
@@ -388,14 +406,22 @@ def canary_audit_command(
         data=data,
         model=model,
         out=out,
+        method=method,
         epsilons=epsilons,
+        canaries=canaries,
+        canary_seed=canary_seed,
+        private_pairs=private_pairs,
+        retriever_audit=retriever_audit,
+        retriever_documents=retriever_documents,
         repetitions=[int(r) for r in repetitions.split(",")],
         shapes=shapes.split(","),
         canaries_per_shape=canaries_per_shape,
         references=references,
         leak_samples=leak_samples,
+        scoring_batch_size=scoring_batch_size,
         seed=seed,
         finetune=apply_overrides({}, finetune or []),
+        retriever=apply_overrides({}, retriever or []),
         force=force,
         resume=resume,
     )

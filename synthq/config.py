@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from synthq.errors import SynthqError
 
@@ -176,11 +176,28 @@ class ReportConfig(StageConfig):
 
 
 class CanaryAuditConfig(StageConfig):
-    """``synthq canary-audit``: canary exposure, rank, leakage and an empirical ε lower bound."""
+    """``synthq canary-audit``: empirical ε lower bounds for the generator and the retriever.
+
+    ``one-run``: ``canaries`` secrets each included once with probability ½ (Steinke et al., 2023);
+    ``exposure``: Table 7's rank / exposure / leakage with canaries repeated ``repetitions`` times;
+    ``both`` shares one generator per ε between the two."""
 
     data: str
     model: str
+    method: Literal["one-run", "exposure", "both"] = "one-run"
     epsilons: list[float] = Field(default_factory=lambda: [math.inf, 8.0])
+    canaries: int = Field(500, ge=2, description="One-run canaries (each included with probability 1/2).")
+    canary_seed: int | None = Field(
+        None, description="Seed for canary secrets and coins; None = secret OS randomness."
+    )
+    private_pairs: int | None = Field(
+        None, ge=1, description="Train the audited generators on this many private pairs (None = all)."
+    )
+    confidence: float = Field(0.95, gt=0.5, lt=1)
+    retriever_audit: bool = Field(True, description="Also audit retrievers trained on the synthetic queries.")
+    retriever_documents: int = Field(
+        200, ge=0, description="Public documents beside the canary documents in the retriever audit."
+    )
     repetitions: list[int] = Field(default_factory=lambda: [10, 100])
     shapes: list[str] = Field(default_factory=lambda: ["random-query", "real-document", "random-document"])
     split: str = "train"
@@ -189,9 +206,19 @@ class CanaryAuditConfig(StageConfig):
     leak_samples: int = Field(10, description="Sampled queries per canary document for the leak test.")
     top_p: float = 0.8
     max_new_tokens: int = 24
-    batch_size: int = 32
+    scoring_batch_size: int = Field(
+        32,
+        validation_alias=AliasChoices("scoring_batch_size", "batch_size"),
+        description="Candidates per forward.",
+    )
     seed: int = 0
     finetune: dict[str, Any] = Field(default_factory=dict, description="Extra finetune-lm options.")
+    generate: dict[str, Any] = Field(
+        default_factory=dict, description="Extra generate options (retriever audit)."
+    )
+    retriever: dict[str, Any] = Field(
+        default_factory=dict, description="Extra train-retriever options (retriever audit)."
+    )
 
     @field_validator("epsilons", mode="before")
     @classmethod
