@@ -170,8 +170,8 @@ def per_pair_from_group(group_bound_at: Callable[[float], float], repetitions: i
     """Per-pair ε lower bound from a bound on an r-fold group (see the module docstring).
 
     If the per-pair mechanism were (ε, δ)-DP, the group would be (rε, r e^{(r−1)ε} δ)-DP; so
-    every ε with ``group_bound_at(r e^{(r−1)ε} δ) ≥ rε`` is refuted... up to the largest such ε,
-    found by bisection (the left side falls and the right side grows with ε)."""
+    every ε with ``group_bound_at(r e^{(r−1)ε} δ) ≥ rε`` is refuted. The largest such ε is found
+    by bisection (the left side falls and the right side grows with ε)."""
     r = repetitions
 
     def group_delta(epsilon: float) -> float:
