@@ -135,7 +135,7 @@ def test_one_run_audit_detects_memorisation_without_dp_and_not_with_heavy_noise(
         model=str(tiny_causal_dir),
         out=tmp_path / "audit",
         method="both",
-        canaries=24,
+        canaries=32,
         canary_seed=0,
         epsilons=[math.inf, 0.5],
         repetitions=[2],
@@ -145,7 +145,14 @@ def test_one_run_audit_detects_memorisation_without_dp_and_not_with_heavy_noise(
         leak_samples=2,
         max_new_tokens=12,
         retriever_documents=4,
-        finetune={"batch_size": 8, "epochs": 30, "lr": 0.02, "physical_batch_size": 8, "clip_norm": 0.05},
+        finetune={
+            "batch_size": 8,
+            "epochs": 30,
+            "lr": 0.02,
+            "physical_batch_size": 8,
+            "clip_norm": 0.05,
+            "delta": 1e-5,  # the one-run bound pays 2mδ: 1/(2n) of 30 pairs would swamp it
+        },
         retriever={"encoder": str(tiny_encoder_dir), "batch_size": 8, "epochs": 2, "lr": 1e-3},
     )
     artifact = canary_audit.run(config)
@@ -156,7 +163,7 @@ def test_one_run_audit_detects_memorisation_without_dp_and_not_with_heavy_noise(
     assert non_private["epsilon_lower_bound"] > 0.5 and non_private["auroc"] > 0.9
     assert noisy["epsilon_lower_bound"] == 0.0 and noisy["epsilon_lower_bound"] <= noisy["proven_epsilon"]
     assert {"retriever (synthetic)", "retriever (private pairs)"} <= {audited for audited, _ in rows}
-    assert len(report["one_run_scores"]["generator[eps=∞]"]) == 24
+    assert len(report["one_run_scores"]["generator[eps=∞]"]) == 32
     assert report["exposure"]["summary"] and (artifact.path / "exposure.png").stat().st_size > 1000
     assert (artifact.path / "scores.png").stat().st_size > 1000
     # the audit artifact reads private data: ε = ∞, and no private query text in any file
