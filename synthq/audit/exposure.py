@@ -107,24 +107,13 @@ def epsilon_lower_bound(
         raise ValueError("need both inserted and held-out canaries")
     best = {"epsilon_lower_bound": 0.0, "threshold": None, "tpr": None, "fpr": None}
     for threshold in np.unique(np.concatenate([members, nonmembers])):
-        true_positives = int(np.sum(members >= threshold))
-        false_positives = int(np.sum(nonmembers >= threshold))
-        tpr_low, _ = clopper_pearson(true_positives, members.size, confidence)
-        _, fpr_high = clopper_pearson(false_positives, nonmembers.size, confidence)
-        tnr_low, _ = clopper_pearson(nonmembers.size - false_positives, nonmembers.size, confidence)
-        _, fnr_high = clopper_pearson(members.size - true_positives, members.size, confidence)
-        # (ε, δ)-DP implies TPR <= e^ε FPR + δ and TNR <= e^ε FNR + δ (Kairouz et al., 2015).
-        candidates = [
-            math.log((tpr_low - delta) / fpr_high) if tpr_low > delta else 0.0,
-            math.log((tnr_low - delta) / fnr_high) if tnr_low > delta else 0.0,
-        ]
-        bound = max(candidates)
+        bound = threshold_bound(members, nonmembers, threshold, delta, confidence)
         if bound > best["epsilon_lower_bound"]:
             best = {
                 "epsilon_lower_bound": bound,
                 "threshold": float(threshold),
-                "tpr": true_positives / members.size,
-                "fpr": false_positives / nonmembers.size,
+                "tpr": float(np.mean(members >= threshold)),
+                "fpr": float(np.mean(nonmembers >= threshold)),
             }
     return best
 
@@ -140,6 +129,7 @@ def threshold_bound(
     _, fpr_high = clopper_pearson(false_positives, nonmembers.size, confidence)
     tnr_low, _ = clopper_pearson(nonmembers.size - false_positives, nonmembers.size, confidence)
     _, fnr_high = clopper_pearson(members.size - true_positives, members.size, confidence)
+    # (ε, δ)-DP implies TPR <= e^ε FPR + δ and TNR <= e^ε FNR + δ (Kairouz et al., 2015).
     candidates = [0.0]
     if tpr_low > delta:
         candidates.append(math.log((tpr_low - delta) / fpr_high))

@@ -86,12 +86,18 @@ def epsilon_lower_bound(
     level = 1 - confidence
     if r == 0 or p_value(m, r, v, 0.0, delta) > level:
         return 0.0
-    low, high = 0.0, EPSILON_SEARCH_MAX
-    if p_value(m, r, v, high, delta) <= level:
+    return _largest_rejected(lambda e: p_value(m, r, v, e, delta) <= level, EPSILON_SEARCH_MAX, tolerance)
+
+
+def _largest_rejected(rejected, high: float, tolerance: float) -> float:
+    """The largest x in [0, high] with ``rejected(x)``, for a predicate true at 0 that stays
+    false once false (bisection, rounded down)."""
+    if rejected(high):
         return high
+    low = 0.0
     while high - low > tolerance:
         middle = (low + high) / 2
-        if p_value(m, r, v, middle, delta) <= level:
+        if rejected(middle):
             low = middle
         else:
             high = middle
@@ -141,18 +147,7 @@ def gaussian_mu_lower_bound(
     if r == 0 or p_value(m, r, v, 0.0, 0.0) > level:
         return 0.0
     grid = np.linspace(0.0, 12.0, 97)
-    low, high = 0.0, 1.0
-    while _gaussian_p_value(m, r, v, high, grid) <= level:
-        low, high = high, 2 * high
-        if high > 64:
-            return low
-    while high - low > tolerance:
-        middle = (low + high) / 2
-        if _gaussian_p_value(m, r, v, middle, grid) <= level:
-            low = middle
-        else:
-            high = middle
-    return low
+    return _largest_rejected(lambda mu: _gaussian_p_value(m, r, v, mu, grid) <= level, 64.0, tolerance)
 
 
 @dataclass
