@@ -406,9 +406,8 @@ def run(config: CanaryAuditConfig) -> Artifact:
         else []
     )
     private = _private_pairs(dataset, config)
-    expected = len(one_run) / 2 + inserted_pair_count(
-        exposure
-    )  # not the coins: refusing must not depend on them
+    # the expected count, not the coins: whether the audit is refused must not depend on them
+    expected = len(one_run) / 2 + inserted_pair_count(exposure)
     if expected > len(private):
         raise SynthqError(
             f"the canaries would add ~{expected:.0f} pairs to {len(private)} private pairs: lower "
