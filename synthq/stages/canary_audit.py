@@ -332,6 +332,13 @@ def _retriever_documents(dataset: BeirDataset, count: int) -> dict[str, dict]:
     return {d: dataset.corpus[d] for d in ids}
 
 
+def audit_delta(config: CanaryAuditConfig, training_pairs: int) -> float:
+    """The δ the bounds are tested at: the audited generators' δ (``--finetune delta``, which
+    arrives as text from the command line, or finetune-lm's default 1/(2n))."""
+    value = config.finetune.get("delta")
+    return default_delta(training_pairs) if value is None else float(value)
+
+
 def _train_stage(name: str, options: dict):
     entry = stage_entry(name)
     return entry.run_function()(entry.config_type()(**options))
@@ -425,7 +432,7 @@ def run(config: CanaryAuditConfig) -> Artifact:
             "".join(json.dumps(c.record()) + "\n" for c in [*one_run, *exposure]), encoding="utf-8"
         )
         finetune = {**config.finetune, "data": str(augmented), "split": config.split, "model": config.model}
-        delta = config.finetune.get("delta") or default_delta(len(private) + inserted)
+        delta = audit_delta(config, len(private) + inserted)
         phases: dict[str, float] = {}
         reference = None
         if use_one_run:

@@ -90,6 +90,12 @@ def test_too_many_canaries_are_refused(tmp_path, tiny_beir, tiny_causal_dir):
         canary_audit.run(one_run)
 
 
+def test_audit_delta_reads_command_line_text(tmp_path):
+    config = CanaryAuditConfig(data="embedded", model="m", out=tmp_path, finetune={"delta": "1e-5"})
+    assert canary_audit.audit_delta(config, 100) == 1e-5
+    assert canary_audit.audit_delta(config.model_copy(update={"finetune": {}}), 100) == 1 / 200
+
+
 def test_batch_size_is_an_alias_of_scoring_batch_size(tmp_path):
     config = CanaryAuditConfig(data="embedded", model="m", out=tmp_path, batch_size=7)
     assert config.scoring_batch_size == 7
