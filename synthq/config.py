@@ -309,30 +309,64 @@ CANARY_SHAPES = ("random-query", "real-document", "random-document")
 
 
 class CanaryAuditConfig(StageConfig):
-    """``synthq canary-audit``: canary exposure, rank, leakage and an empirical ε lower bound."""
+    """``synthq canary-audit``: empirical ε lower bounds for the generator and the retriever.
+
+    ``one-run``: ``canaries`` secrets each included once with probability ½ (Steinke et al., 2023);
+    ``exposure``: Table 7's rank / exposure / leakage with canaries repeated ``repetitions`` times;
+    ``both`` shares one generator per ε between the two."""
 
     data: str = Field(description="Private pairs: a BEIR directory or source name.")
     model: str = Field(description="Generator to fine-tune: hub id, local directory or alias.")
+    method: Literal["one-run", "exposure", "both"] = Field(
+        "one-run",
+        description="one-run (canaries included once by a secret coin), exposure (Table 7) or both.",
+    )
     epsilons: list[Epsilon] = Field(
         default_factory=lambda: [math.inf, 8.0], description="ε values (comma-separated); inf = non-private."
     )
+    canaries: int = Field(500, ge=2, description="One-run canaries (each included with probability 1/2).")
+    canary_seed: int | None = Field(
+        None, ge=0, description="Seed for canary secrets and coins; default: secret OS randomness."
+    )
+    private_pairs: int | None = Field(
+        None, ge=1, description="Train the audited generators on this many private pairs (default: all)."
+    )
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of the ε lower bounds.")
+    retriever_audit: bool = Field(True, description="Also audit retrievers trained on the synthetic queries.")
+    retriever_documents: int = Field(
+        200, ge=0, description="Public documents beside the canary documents in the retriever audit."
+    )
     repetitions: list[Annotated[int, Field(ge=1)]] = Field(
-        default_factory=lambda: [10, 100], description="Insertion counts per canary (comma-separated)."
+        default_factory=lambda: [10, 100],
+        description="exposure: insertion counts per canary (comma-separated).",
     )
     shapes: list[Literal[CANARY_SHAPES]] = Field(  # type: ignore[valid-type]
-        default_factory=lambda: list(CANARY_SHAPES), description="Canary shapes (comma-separated)."
+        default_factory=lambda: list(CANARY_SHAPES), description="exposure: canary shapes (comma-separated)."
     )
     split: str = Field("train", description="qrels split of the private pairs.")
-    canaries_per_shape: int = Field(5, ge=1, description="Canaries per shape and repetition count.")
-    references: int = Field(99, ge=1, description="Candidate secrets per canary for rank and exposure.")
+    canaries_per_shape: int = Field(5, ge=1, description="exposure: canaries per shape and repetition count.")
+    references: int = Field(99, ge=1, description="exposure: candidate secrets per canary (rank, exposure).")
     leak_samples: int = Field(10, ge=0, description="Sampled queries per canary document for the leak test.")
     top_p: Probability = Field(0.8, description="Nucleus mass of the leak test's sampling.")
     max_new_tokens: int = Field(24, ge=1, description="Longest sampled query in the leak test.")
-    batch_size: int = Field(32, ge=1, description="Candidates scored per batch.")
+    scoring_batch_size: int = Field(
+        32,
+        ge=1,
+        validation_alias=AliasChoices("scoring_batch_size", "batch_size"),
+        description="Candidates scored per forward pass.",
+        json_schema_extra=cli(aliases=["--batch-size"]),
+    )
     seed: Seed = 0
     finetune: dict[str, Any] = Field(
         default_factory=dict,
         description="A finetune-lm option as key=value (repeatable), e.g. lora_rank=8.",
+    )
+    generate: dict[str, Any] = Field(
+        default_factory=dict, description="A generate option as key=value (repeatable; retriever audit)."
+    )
+    retriever: dict[str, Any] = Field(
+        default_factory=dict,
+        description="A train-retriever option as key=value (repeatable; retriever audit).",
     )
     resume: Resume = False
 

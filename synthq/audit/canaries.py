@@ -15,6 +15,17 @@ Each canary has ``references`` candidate queries that differ only in the secret 
 10-digit strings), so ranking the true query among them measures what the model memorised
 about the secret itself. Held-out canaries are built the same way and never inserted: they are
 the control group.
+
+One-run canaries (:func:`make_one_run_canaries`, for :mod:`synthq.audit.one_run`) are the
+``random-query`` shape — a few random corpus words as the document, the secret alone as the
+query — each with its own secret coin: included once in training with probability ½.
+
+Randomness: with ``seed=None`` secrets and coins come from the operating system
+(:class:`random.SystemRandom`), so nobody can replay them; an integer seed makes the canaries
+reproducible (for tests and research runs) and is then as public as the config it sits in.
+
+Stored records (:meth:`Canary.record`) never contain private text: a ``real-document``
+canary's prefix is a private training query, so only its query id is written.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from synthq.data.beir_io import BeirDataset
 from synthq.data.pairs import document_text
@@ -42,6 +54,22 @@ class Canary:
     secret: str
     repetitions: int  # 0 = held out (never inserted)
     reference_secrets: list[str] = field(default_factory=list)
+    document_id: str | None = None  # real-document: the corpus document
+    query_prefix_id: str | None = None  # real-document: the private query used as prefix
+
+    def record(self) -> dict[str, Any]:
+        """What the audit artifact stores: ids and the secret, never a private query's text."""
+        record = {
+            "canary": self.canary_id,
+            "shape": self.shape,
+            "secret": self.secret,
+            "repetitions": self.repetitions,
+        }
+        if self.query_prefix_id is not None:
+            record.update(document_id=self.document_id, query_prefix_id=self.query_prefix_id)
+        else:
+            record.update(document=self.document, query_prefix=self.query_prefix)
+        return record
 
     def query_with(self, secret: str) -> str:
         return f"{self.query_prefix} {secret}".strip()
@@ -49,6 +77,11 @@ class Canary:
     @property
     def query(self) -> str:
         return self.query_with(self.secret)
+
+
+def canary_rng(seed: int | None) -> random.Random:
+    """Secret OS randomness for ``None``, a reproducible generator for an integer seed."""
+    return random.SystemRandom() if seed is None else random.Random(seed)
 
 
 def random_secret(rng: random.Random) -> str:
@@ -75,10 +108,10 @@ def make_canaries(
     per_shape: int,
     repetitions: list[int],
     references: int,
-    seed: int,
+    seed: int | None,
 ) -> list[Canary]:
     """``per_shape`` canaries for each shape and each repetition count, plus as many held-out
-    controls (repetitions = 0) per shape. Deterministic for a seed."""
+    controls (repetitions = 0) per shape. Deterministic for an integer seed."""
     unknown = sorted(set(shapes) - set(SHAPES))
     if unknown:
         raise SynthqError(f"unknown canary shape(s) {', '.join(unknown)}; choose from {', '.join(SHAPES)}")
@@ -86,7 +119,7 @@ def make_canaries(
         raise SynthqError("need at least 1 canary per shape and at least 10 references")
     if any(r < 1 for r in repetitions):
         raise SynthqError(f"repetitions must be ≥ 1, got {repetitions}")
-    rng = random.Random(seed)
+    rng = canary_rng(seed)
     vocabulary = _vocabulary(dataset)
     qrels = dataset.require_split(split)
     real_pairs = sorted((q, d) for q, docs in qrels.items() for d, rel in docs.items() if rel > 0)
@@ -94,6 +127,7 @@ def make_canaries(
     for shape in shapes:
         for repetition in [*repetitions, 0]:
             for index in range(per_shape):
+                query_id = doc_id = None
                 if shape == "random-query":
                     document, prefix = _random_words(rng, vocabulary, 3, 6), ""
                 elif shape == "real-document":
@@ -117,8 +151,51 @@ def make_canaries(
                         secret=secret,
                         repetitions=repetition,
                         reference_secrets=reference_secrets,
+                        document_id=doc_id,
+                        query_prefix_id=query_id,
                     )
                 )
+    return canaries
+
+
+@dataclass
+class OneRunCanary:
+    """A one-run canary: random words as the document, a secret as the query, and its coin."""
+
+    canary_id: str
+    document: str
+    secret: str
+    included: bool
+
+    @property
+    def query(self) -> str:
+        return self.secret
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "canary": self.canary_id,
+            "document": self.document,
+            "secret": self.secret,
+            "included": self.included,
+        }
+
+
+def make_one_run_canaries(dataset: BeirDataset, count: int, seed: int | None) -> list[OneRunCanary]:
+    """``count`` canaries with distinct secrets, each included with probability ½ by its own coin.
+
+    The documents are random corpus words (public), so no canary carries private text."""
+    if count < 2:
+        raise SynthqError(f"the one-run audit needs at least 2 canaries, got {count}")
+    rng = canary_rng(seed)
+    vocabulary = _vocabulary(dataset)
+    canaries, secrets = [], set()
+    for index in range(count):
+        secret = random_secret(rng)
+        while secret in secrets:
+            secret = random_secret(rng)
+        secrets.add(secret)
+        document = _random_words(rng, vocabulary, 4, 8)
+        canaries.append(OneRunCanary(f"canary-{index}", document, secret, rng.random() < 0.5))
     return canaries
 
 

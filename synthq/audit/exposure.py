@@ -16,12 +16,23 @@ secret; lower log-perplexity = more likely.
   (ε, δ)-DP mechanism satisfies ``TPR <= e^ε FPR + δ`` (and the same for the complements), so
   ``ε >= log((TPR - δ) / FPR)``. Clopper–Pearson intervals make this a bound that holds with
   the stated confidence (Jagielski et al., 2020; Stock et al., 2022).
+* **held-out thresholds** (:func:`held_out_epsilon_lower_bound`): the threshold is chosen on
+  one half of the canaries (alternate members and controls) and the bound is computed on the
+  other half, so the choice does not flatter the bound.
+* **groups** (:func:`per_pair_from_group`): a canary inserted r times is a group of r pairs; its
+  bound is about the r-fold group, whose guarantee under per-pair (ε, δ)-DP is
+  (rε, r e^{(r−1)ε} δ) (group privacy). The per-pair lower bound is the largest ε with
+  "group bound at δ_group(ε) ≥ rε" — about bound / r, smaller when δ_group grows.
+
+Canaries pooled from one training run are not independent trials of one neighbouring pair, so
+read these bounds as indicative; :mod:`synthq.audit.one_run` gives bounds that are proved for
+pooled canaries.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from scipy import stats
@@ -96,23 +107,74 @@ def epsilon_lower_bound(
         raise ValueError("need both inserted and held-out canaries")
     best = {"epsilon_lower_bound": 0.0, "threshold": None, "tpr": None, "fpr": None}
     for threshold in np.unique(np.concatenate([members, nonmembers])):
-        true_positives = int(np.sum(members >= threshold))
-        false_positives = int(np.sum(nonmembers >= threshold))
-        tpr_low, _ = clopper_pearson(true_positives, members.size, confidence)
-        _, fpr_high = clopper_pearson(false_positives, nonmembers.size, confidence)
-        tnr_low, _ = clopper_pearson(nonmembers.size - false_positives, nonmembers.size, confidence)
-        _, fnr_high = clopper_pearson(members.size - true_positives, members.size, confidence)
-        # (ε, δ)-DP implies TPR <= e^ε FPR + δ and TNR <= e^ε FNR + δ (Kairouz et al., 2015).
-        candidates = [
-            math.log((tpr_low - delta) / fpr_high) if tpr_low > delta else 0.0,
-            math.log((tnr_low - delta) / fnr_high) if tnr_low > delta else 0.0,
-        ]
-        bound = max(candidates)
+        bound = threshold_bound(members, nonmembers, threshold, delta, confidence)
         if bound > best["epsilon_lower_bound"]:
             best = {
                 "epsilon_lower_bound": bound,
                 "threshold": float(threshold),
-                "tpr": true_positives / members.size,
-                "fpr": false_positives / nonmembers.size,
+                "tpr": float(np.mean(members >= threshold)),
+                "fpr": float(np.mean(nonmembers >= threshold)),
             }
     return best
+
+
+def threshold_bound(
+    members: np.ndarray, nonmembers: np.ndarray, threshold: float, delta: float, confidence: float = 0.95
+) -> float:
+    """The Clopper–Pearson ε lower bound of the one test "member if score ≥ threshold" (and its
+    complement) at δ; 0 when the test shows nothing."""
+    true_positives = int(np.sum(members >= threshold))
+    false_positives = int(np.sum(nonmembers >= threshold))
+    tpr_low, _ = clopper_pearson(true_positives, members.size, confidence)
+    _, fpr_high = clopper_pearson(false_positives, nonmembers.size, confidence)
+    tnr_low, _ = clopper_pearson(nonmembers.size - false_positives, nonmembers.size, confidence)
+    _, fnr_high = clopper_pearson(members.size - true_positives, members.size, confidence)
+    # (ε, δ)-DP implies TPR <= e^ε FPR + δ and TNR <= e^ε FNR + δ (Kairouz et al., 2015).
+    candidates = [0.0]
+    if tpr_low > delta:
+        candidates.append(math.log((tpr_low - delta) / fpr_high))
+    if tnr_low > delta:
+        candidates.append(math.log((tnr_low - delta) / fnr_high))
+    return max(candidates)
+
+
+def held_out_epsilon_lower_bound(
+    member_scores: Sequence[float], nonmember_scores: Sequence[float], confidence: float = 0.95
+) -> Callable[[float], float] | None:
+    """The bound as a function of δ, for the threshold chosen on the *other* half of the canaries.
+
+    Even positions of each list choose the threshold (:func:`epsilon_lower_bound` at δ = 0);
+    odd positions are scored. ``None`` when a half is empty or no threshold separates anything."""
+    members = np.asarray(member_scores, dtype=float)
+    nonmembers = np.asarray(nonmember_scores, dtype=float)
+    if min(members.size, nonmembers.size) < 2:
+        return None
+    threshold = epsilon_lower_bound(members[0::2], nonmembers[0::2], confidence=confidence)["threshold"]
+    if threshold is None:
+        return None
+    scored_members, scored_nonmembers = members[1::2], nonmembers[1::2]
+    return lambda delta: threshold_bound(scored_members, scored_nonmembers, threshold, delta, confidence)
+
+
+def per_pair_from_group(group_bound_at: Callable[[float], float], repetitions: int, delta: float) -> float:
+    """Per-pair ε lower bound from a bound on an r-fold group (see the module docstring).
+
+    If the per-pair mechanism were (ε, δ)-DP, the group would be (rε, r e^{(r−1)ε} δ)-DP; so
+    every ε with ``group_bound_at(r e^{(r−1)ε} δ) ≥ rε`` is refuted. The largest such ε is found
+    by bisection (the left side falls and the right side grows with ε)."""
+    r = repetitions
+
+    def group_delta(epsilon: float) -> float:
+        return min(1.0, r * math.exp(min((r - 1) * epsilon, 700.0)) * delta)
+
+    high = group_bound_at(group_delta(0.0)) / r
+    if high <= 0:
+        return 0.0
+    low = 0.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if group_bound_at(group_delta(middle)) >= r * middle:
+            low = middle
+        else:
+            high = middle
+    return low

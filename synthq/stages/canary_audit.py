@@ -1,25 +1,37 @@
-"""``synthq canary-audit``: how much a fine-tuned query generator actually leaks.
+"""``synthq canary-audit``: how much a fine-tuned query generator — and the retriever trained on
+its synthetic queries — actually leaks.
 
-For every ε in ``--epsilons`` the stage trains a generator on the private pairs plus canaries
-(each inserted ``r`` times for every ``r`` in ``--repetitions``) by calling ``finetune-lm``'s
-public ``run`` — the audit measures the real training code — and then measures, per ε ×
-repetition × shape (held-out canaries, never inserted, are the control with repetition 0):
+For every ε in ``--epsilons`` the stage trains ONE generator on the private pairs plus the
+canaries, through the ``finetune-lm`` stage (the audit measures the real training code), and
+then audits it by one or both methods:
 
-* **rank** of the true canary query among ``--references`` candidates differing only in the
-  secret, by the generator's log-likelihood given the canary document (Table 7's "k/100");
-* **exposure** by rank interpolation and by skew-normal extrapolation (:mod:`synthq.audit.exposure`);
-* **leaked**: the share of canaries whose secret appears verbatim in ``--leak-samples`` sampled
-  queries for the canary document (nucleus sampling, as ``generate`` samples);
-* an **empirical ε lower bound** from inserted vs held-out canaries (Clopper–Pearson), printed
-  next to the proven ε.
+* ``one-run`` (default; Steinke, Nasr & Jagielski, NeurIPS 2023): ``--canaries`` m canaries
+  (random corpus words → a random 10-digit secret), each included **once** with probability ½
+  by a secret coin. Score = log p(secret | document) under the fine-tuned generator minus the
+  same under the un-fine-tuned model (the reference). From the k₊ highest / k₋ lowest scores,
+  :mod:`synthq.audit.one_run` proves an ε lower bound at 95 % confidence that is per pair
+  (each canary is one pair included once) and so directly comparable with the proven ε; also
+  its Gaussian-DP version, TPR at FPR 1 % / 10 % and the AUROC with a bootstrap interval.
+* ``exposure`` (Table 7 of Carranza et al.): canaries repeated r times; rank among
+  ``--references`` candidates, exposure, verbatim leakage in sampled queries, and a
+  Clopper–Pearson ε lower bound for the **r-fold group** with its threshold chosen on held-out
+  canaries, converted to a per-pair bound by group privacy (:mod:`synthq.audit.exposure`).
 
-Privacy of the audit artifact itself: its numbers are computed from generators trained on the
-private data, one per ε; by composition the artifact is (Σε, Σδ)-DP, and ε = ∞ as soon as one
-generator is non-private.
+**End-to-end** (``retriever_audit``, with ``one-run``): from each audited generator, one synthetic
+query is sampled for every canary document and ``retriever_documents`` public documents
+(``generate``), a retriever is trained on them (``train-retriever``), and each canary is scored
+by how much closer its secret is to its own document than to the other canary documents
+(:mod:`synthq.audit.retriever`); the same one-run bound follows. A retriever trained directly on
+the private pairs plus the included canaries (ε = ∞) is the reference row with power.
+
+Privacy of the audit artifact: it reads the private data and the canary coins without noise, so
+it is ε = ∞ whatever the generators' ε. It stores canary ids, secrets, coins and scores; never a
+private query's text (real-document canaries are stored by query id).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -27,36 +39,74 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from synthq.artifacts import Artifact, create_artifact, data_input_record, existing_result, open_artifact
-from synthq.audit.canaries import Canary, inserted_pair_count, make_canaries
+from synthq.audit.canaries import (
+    Canary,
+    OneRunCanary,
+    inserted_pair_count,
+    make_canaries,
+    make_one_run_canaries,
+)
 from synthq.audit.exposure import (
     SECRET_SPACE,
-    epsilon_lower_bound,
     exposure_extrapolated,
     exposure_from_rank,
+    held_out_epsilon_lower_bound,
+    per_pair_from_group,
     rank_of,
 )
-from synthq.config import CanaryAuditConfig, FinetuneConfig
+from synthq.audit.one_run import one_run_audit, score_summary
+from synthq.audit.retriever import retriever_scores
+from synthq.config import CanaryAuditConfig
 from synthq.console import info, progress
-from synthq.data.beir_io import write_beir_dir
+from synthq.data.beir_io import BeirDataset, write_beir_dir
 from synthq.data.sources import load_source, resolve_source
 from synthq.errors import SynthqError
 from synthq.models.resolve import resolve_device
-from synthq.privacy import Guarantee, format_epsilon
+from synthq.privacy import Guarantee, default_delta, format_epsilon
+from synthq.stages.registry import stage_entry
 
 STAGE = "canary-audit"
+AUDIT_DATA = "data"  # scratch BEIR directory with the private pairs; removed at the end
 
 
-def _augmented_dataset(config: CanaryAuditConfig, canaries: list[Canary], root: Path) -> Path:
-    """The private training split plus every inserted canary, repeated, as a BEIR directory."""
-    dataset = load_source(config.data, splits=[config.split])
+def _private_pairs(dataset: BeirDataset, config: CanaryAuditConfig) -> list[tuple[str, str]]:
+    """The private (query id, document id) pairs the audited generators train on.
+
+    ``private_pairs`` keeps a fixed subset: the pairs with the smallest SHA-256 of their ids, a
+    choice that depends on no seed and no coin."""
     qrels = dataset.require_split(config.split)
-    corpus = dict(dataset.corpus)
-    queries = {q: dataset.queries[q] for q in qrels}
-    train = {q: dict(docs) for q, docs in qrels.items()}
-    for canary in canaries:
+    pairs = sorted((q, d) for q, docs in qrels.items() for d, rel in docs.items() if rel > 0)
+    if config.private_pairs is not None and config.private_pairs < len(pairs):
+        pairs = sorted(pairs, key=lambda p: hashlib.sha256(f"{p[0]}\t{p[1]}".encode()).hexdigest())
+        pairs = sorted(pairs[: config.private_pairs])
+    return pairs
+
+
+def _augmented_dataset(
+    dataset: BeirDataset,
+    config: CanaryAuditConfig,
+    private: list[tuple[str, str]],
+    one_run: list[OneRunCanary],
+    exposure: list[Canary],
+    root: Path,
+) -> Path:
+    """The private pairs plus every included one-run canary (once) and every exposure canary
+    (``repetitions`` times), as a scratch BEIR directory."""
+    corpus = {d: dataset.corpus[d] for _, d in private}
+    queries = {q: dataset.queries[q] for q, _ in private}
+    train: dict[str, dict[str, int]] = {}
+    for query_id, doc_id in private:
+        train.setdefault(query_id, {})[doc_id] = 1
+    for canary in one_run:
+        if canary.included:
+            corpus[canary.canary_id] = {"title": "", "text": canary.document}
+            queries[canary.canary_id] = canary.query
+            train[canary.canary_id] = {canary.canary_id: 1}
+    for canary in exposure:
         if canary.repetitions == 0:
             continue
         corpus[canary.canary_id] = {"title": "", "text": canary.document}
@@ -65,6 +115,11 @@ def _augmented_dataset(config: CanaryAuditConfig, canaries: list[Canary], root: 
             queries[query_id] = canary.query
             train[query_id] = {canary.canary_id: 1}
     return write_beir_dir(root, corpus, queries, {config.split: train})
+
+
+def _secret_log_likelihoods(generator, canaries: list[OneRunCanary], batch_size: int) -> np.ndarray:
+    documents = [c.document for c in canaries]
+    return generator.query_log_likelihood(documents, [c.query for c in canaries], batch_size).numpy()
 
 
 def _score_canaries(generator, canaries: list[Canary], batch_size: int) -> list[dict]:
@@ -121,7 +176,11 @@ def _mean(values: list[float]) -> float:
 
 
 def summarize(rows: list[dict], epsilons: list[float], proven: dict[str, float], delta: float) -> list[dict]:
-    """Table 7 rows: one per ε × repetition (0 = held-out control) × shape, plus "all" shapes."""
+    """Table 7 rows: one per ε × repetition (0 = held-out control) × shape, plus "all" shapes.
+
+    The ε lower bound of repetition r is for the r-fold group, with the threshold chosen on half
+    of the canaries and scored on the other half; ``pair_epsilon_lower_bound`` is its per-pair
+    conversion by group privacy."""
     table = []
     for epsilon in epsilons:
         key = format_epsilon(epsilon)
@@ -135,11 +194,7 @@ def summarize(rows: list[dict], epsilons: list[float], proven: dict[str, float],
                 if not group:
                     continue
                 members = [r["exposure_extrapolated"] for r in group]
-                bound = (
-                    epsilon_lower_bound(members, controls, delta=delta)["epsilon_lower_bound"]
-                    if repetition > 0 and controls
-                    else None
-                )
+                bound_at = held_out_epsilon_lower_bound(members, controls) if repetition > 0 else None
                 table.append(
                     {
                         "epsilon": key,
@@ -152,30 +207,68 @@ def summarize(rows: list[dict], epsilons: list[float], proven: dict[str, float],
                         "leaked": _mean([float(r["leaked"]) for r in group]),
                         "exposure": _mean([r["exposure"] for r in group]),
                         "exposure_extrapolated": _mean(members),
-                        "epsilon_lower_bound": bound,
+                        "group_epsilon_lower_bound": (
+                            None if bound_at is None else bound_at(min(1.0, repetition * delta))
+                        ),
+                        "pair_epsilon_lower_bound": (
+                            None if bound_at is None else per_pair_from_group(bound_at, repetition, delta)
+                        ),
                     }
                 )
     return table
 
 
+def _bound_text(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
 def to_markdown(table: list[dict]) -> str:
+    """The exposure method's table (Table 7's layout plus the group and per-pair bounds)."""
     lines = [
         "| ε (proven) | repetitions | shape | canaries | rank | leaked | exposure (rank) "
-        "| exposure (extrapolated) | ε lower bound |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| exposure (extrapolated) | ε lower bound, r-fold group | per pair |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table:
         repetitions = "held out" if row["repetitions"] == 0 else str(row["repetitions"])
-        bound = "—" if row["epsilon_lower_bound"] is None else f"{row['epsilon_lower_bound']:.3f}"
         lines.append(
             f"| {row['epsilon']} ({format_epsilon(row['proven_epsilon'])}) | {repetitions} | {row['shape']} "
             f"| {row['canaries']} | {row['mean_rank']:.1f}/{row['candidates']} | {100 * row['leaked']:.0f}% "
-            f"| {row['exposure']:.2f} | {row['exposure_extrapolated']:.2f} | {bound} |"
+            f"| {row['exposure']:.2f} | {row['exposure_extrapolated']:.2f} "
+            f"| {_bound_text(row['group_epsilon_lower_bound'])} "
+            f"| {_bound_text(row['pair_epsilon_lower_bound'])} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def plot(table: list[dict], path: Path) -> None:
+def one_run_markdown(rows: list[dict]) -> str:
+    """The one-run table: one row per audited model (generator or retriever) and ε."""
+    lines = [
+        "| audited | ε (proven) | canaries in/out | guesses (k₊+k₋) | correct | ε lower bound (ε, δ) "
+        "| Gaussian-DP ε lower bound | TPR@FPR 1% | TPR@FPR 10% | AUROC [95% CI] |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['audited']} | {format_epsilon(row['proven_epsilon'])} "
+            f"| {row['included']}/{row['canaries'] - row['included']} | {row['guesses']} ({row['k_plus']}+"
+            f"{row['k_minus']}) | {row['correct']} | **{row['epsilon_lower_bound']:.2f}** "
+            f"| {row['gdp_epsilon_lower_bound']:.2f} | {100 * row['tpr_at_fpr_1']:.1f}% "
+            f"| {100 * row['tpr_at_fpr_10']:.1f}% | {row['auroc']:.3f} [{row['auroc_low']:.3f}, "
+            f"{row['auroc_high']:.3f}] |"
+        )
+    delta = rows[0]["delta"] if rows else math.nan
+    confidence = rows[0]["confidence"] if rows else math.nan
+    lines.append(
+        f"\nLower bounds hold with {100 * confidence:.0f}% confidence at δ = {delta:.2e} "
+        "(Steinke et al. 2023, Bonferroni over the guess counts tried); the Gaussian-DP column is "
+        "the ε at that δ of the largest μ-GDP profile the same test rejects "
+        "(not Mahloujifar et al.'s sharper f-DP analysis)."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def plot_exposure(table: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -204,113 +297,252 @@ def plot(table: list[dict], path: Path) -> None:
     plt.close(figure)
 
 
+def plot_scores(panels: list[tuple[str, np.ndarray, np.ndarray]], path: Path) -> None:
+    """Histograms of included vs excluded canaries' scores, one panel per audited model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
+    for axis, (title, scores, included) in zip(axes[0], panels, strict=True):
+        bins = np.histogram_bin_edges(scores, bins=30)
+        axis.hist(scores[included], bins=bins, alpha=0.6, label="included")
+        axis.hist(scores[~included], bins=bins, alpha=0.6, label="excluded")
+        axis.set_title(title, fontsize=9)
+        axis.set_xlabel("membership score")
+    axes[0][0].set_ylabel("canaries")
+    axes[0][0].legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _one_run_row(
+    audited: str, proven: float, scores: np.ndarray, coins: np.ndarray, delta: float, config
+) -> dict:
+    result = one_run_audit(scores, coins, delta=delta, confidence=config.confidence)
+    summary = score_summary(scores[coins], scores[~coins])
+    return {"audited": audited, "proven_epsilon": proven, **result.to_dict(), **summary}
+
+
+def _retriever_documents(dataset: BeirDataset, count: int) -> dict[str, dict]:
+    """``count`` corpus documents for the retriever audit (public), by smallest SHA-256 of their ids."""
+    ids = sorted(dataset.corpus, key=lambda d: hashlib.sha256(d.encode()).hexdigest())[:count]
+    return {d: dataset.corpus[d] for d in ids}
+
+
+def audit_delta(config: CanaryAuditConfig, training_pairs: int) -> float:
+    """The δ the bounds are tested at: the audited generators' δ (``--finetune delta``, which
+    arrives as text from the command line, or finetune-lm's default 1/(2n))."""
+    value = config.finetune.get("delta")
+    return default_delta(training_pairs) if value is None else float(value)
+
+
+def _train_stage(name: str, options: dict):
+    entry = stage_entry(name)
+    return entry.run_function()(entry.config_type()(**options))
+
+
+def _retriever_options(config: CanaryAuditConfig, data: str, out: Path) -> dict:
+    options = {"encoder": "minilm-l6", "epochs": 1, "batch_size": 32, "lr": 3e-5}
+    options.update(max_query_length=32, max_doc_length=128)
+    options.update(config.retriever)
+    options.update(data=data, split="train", out=out, resume=config.resume)
+    return options
+
+
+def _score_retriever(artifact, canaries: list[OneRunCanary], config: CanaryAuditConfig) -> np.ndarray:
+    from synthq.models.encoder import load_encoder
+
+    encoder = load_encoder(artifact.path, device=resolve_device())
+    max_query = int(config.retriever.get("max_query_length", 32))
+    max_doc = int(config.retriever.get("max_doc_length", 128))
+    return retriever_scores(
+        encoder, [c.query for c in canaries], [c.document for c in canaries], config.scoring_batch_size,
+        max_query, max_doc,
+    )  # fmt: skip
+
+
+def _audit_retriever_through(
+    generator_artifact, canaries, public_docs, config: CanaryAuditConfig, scratch: Path, name: str
+) -> np.ndarray:
+    """Synthetic queries for the canary and public documents → a retriever → canary scores."""
+    corpus = {c.canary_id: {"title": "", "text": c.document} for c in canaries} | public_docs
+    documents = write_beir_dir(scratch / f"documents-{name}", corpus, {}, {})
+    options = {
+        "num_queries": 1,
+        "top_p": config.top_p,
+        "max_new_tokens": config.max_new_tokens,
+        "batch_size": 32,
+    }
+    options.update(config.generate)
+    options.update(
+        generator=generator_artifact.path, corpus=str(documents), split=None, seed=config.seed,
+        out=scratch / f"synthetic-{name}", resume=config.resume,
+    )  # fmt: skip
+    synthetic = _train_stage("generate", options)
+    retriever = _train_stage(
+        "train-retriever", _retriever_options(config, str(synthetic.path), scratch / f"retriever-{name}")
+    )
+    return _score_retriever(retriever, canaries, config)
+
+
 def run(config: CanaryAuditConfig) -> Artifact:
     from synthq.models.generator import QueryGenerator
-    from synthq.stages import finetune_lm
 
     source = resolve_source(config.data)
-    inputs = [data_input_record(source, name=config.data)]
+    inputs = [{**data_input_record(source, name=config.data), "private": True}]
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
     dataset = load_source(config.data, splits=[config.split])
-    canaries = make_canaries(
-        dataset,
-        config.split,
-        config.shapes,
-        config.canaries_per_shape,
-        config.repetitions,
-        config.references,
-        config.seed,
+    use_one_run = config.method in ("one-run", "both")
+    use_exposure = config.method in ("exposure", "both")
+    one_run = make_one_run_canaries(dataset, config.canaries, config.canary_seed) if use_one_run else []
+    exposure = (
+        make_canaries(
+            dataset,
+            config.split,
+            config.shapes,
+            config.canaries_per_shape,
+            config.repetitions,
+            config.references,
+            config.canary_seed,
+        )  # fmt: skip
+        if use_exposure
+        else []
     )
-    private_pairs = sum(len(d) for d in dataset.require_split(config.split).values())
-    inserted = inserted_pair_count(canaries)
-    if inserted > private_pairs:
+    private = _private_pairs(dataset, config)
+    # the expected count, not the coins: whether the audit is refused must not depend on them
+    expected = len(one_run) / 2 + inserted_pair_count(exposure)
+    if expected > len(private):
         raise SynthqError(
-            f"the canaries would add {inserted} pairs to {private_pairs} private pairs: lower --repetitions "
-            "or --canaries-per-shape (canaries must not outnumber the data, or the audit measures a "
-            "different training set)"
+            f"the canaries would add ~{expected:.0f} pairs to {len(private)} private pairs: lower "
+            "--canaries, --repetitions or --canaries-per-shape (canaries must not outnumber the data, "
+            "or the audit measures a different training set)"
         )
+    coins = np.array([c.included for c in one_run], dtype=bool)
+    inserted = int(coins.sum()) + inserted_pair_count(exposure)
     with create_artifact(
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
     ) as writer:
         scratch = writer.checkpoint_dir
-        augmented = _augmented_dataset(config, canaries, scratch / "data")
+        augmented = _augmented_dataset(dataset, config, private, one_run, exposure, scratch / AUDIT_DATA)
         (writer.dir / "canaries.jsonl").write_text(
-            "".join(
-                json.dumps({k: v for k, v in vars(c).items() if k != "reference_secrets"}) + "\n"
-                for c in canaries
-            ),
-            encoding="utf-8",
+            "".join(json.dumps(c.record()) + "\n" for c in [*one_run, *exposure]), encoding="utf-8"
         )
-        rows, proven, guarantees, phases = [], {}, [], {}
+        finetune = {**config.finetune, "data": str(augmented), "split": config.split, "model": config.model}
+        delta = audit_delta(config, len(private) + inserted)
+        phases: dict[str, float] = {}
+        reference = None
+        if use_one_run:
+            started = time.perf_counter()
+            base = QueryGenerator.load(
+                config.model, device=resolve_device(), max_source_length=finetune.get("max_source_length")
+            )
+            base.model.eval()
+            reference = _secret_log_likelihoods(base, one_run, config.scoring_batch_size)
+            del base
+            phases["reference_seconds"] = round(time.perf_counter() - started, 1)
+        public_docs = _retriever_documents(dataset, config.retriever_documents)
+        exposure_rows, one_run_rows, panels, per_canary, proven = [], [], [], {}, {}
         for epsilon in config.epsilons:
             key = format_epsilon(epsilon)
-            info(f"[bold]canary audit[/]: fine-tuning at ε = {key} on {private_pairs} + {inserted} canaries")
             name = "inf" if math.isinf(epsilon) else f"{epsilon:g}"
-            options = {
-                **config.finetune,
-                "data": str(augmented),
-                "split": config.split,
-                "model": config.model,
-            }
-            options.update(epsilon=epsilon, seed=config.seed, out=scratch / f"generator-eps{name}")
-            options["resume"] = config.resume
+            info(
+                f"[bold]canary audit[/]: fine-tuning at ε = {key} on {len(private)} + {inserted} canary pairs"
+            )
             started = time.perf_counter()
-            generator_artifact = finetune_lm.run(FinetuneConfig(**options))
+            generator_artifact = _train_stage(
+                "finetune-lm",
+                {**finetune, "epsilon": epsilon, "seed": config.seed, "out": scratch / f"generator-eps{name}",
+                 "resume": config.resume},
+            )  # fmt: skip
             phases[f"train_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
-            guarantee = generator_artifact.privacy
-            guarantees.append(guarantee)
-            proven[key] = guarantee.epsilon
+            proven[key] = generator_artifact.privacy.epsilon
             generator = QueryGenerator.load(generator_artifact.path, device=resolve_device())
             generator.model.eval()
-            started = time.perf_counter()
-            with progress() as bar:
-                task = bar.add_task(f"scoring canaries (ε = {key})", total=len(canaries))
-                scored = []
-                for start in range(0, len(canaries), 4):
-                    chunk = canaries[start : start + 4]
-                    scored.extend(_score_canaries(generator, chunk, batch_size=config.batch_size))
-                    bar.advance(task, len(chunk))
-            phases[f"score_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
-            started = time.perf_counter()
-            leaks = _leaks(
-                generator, canaries, config.leak_samples, config.top_p, config.max_new_tokens, config.seed
-            )
-            phases[f"leak_sampling_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
-            for row, leaked in zip(scored, leaks, strict=True):
-                rows.append({**row, "epsilon": key, "leaked": leaked})
+            if use_one_run:
+                started = time.perf_counter()
+                scores = _secret_log_likelihoods(generator, one_run, config.scoring_batch_size) - reference
+                phases[f"one_run_score_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
+                one_run_rows.append(_one_run_row("generator", proven[key], scores, coins, delta, config))
+                panels.append((f"generator, ε = {key}", scores, coins))
+                per_canary[f"generator[eps={key}]"] = scores.round(4).tolist()
+            if use_exposure:
+                started = time.perf_counter()
+                with progress() as bar:
+                    task = bar.add_task(f"scoring canaries (ε = {key})", total=len(exposure))
+                    scored = []
+                    for start in range(0, len(exposure), 4):
+                        chunk = exposure[start : start + 4]
+                        scored.extend(_score_canaries(generator, chunk, batch_size=config.scoring_batch_size))
+                        bar.advance(task, len(chunk))
+                phases[f"score_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
+                started = time.perf_counter()
+                leaks = _leaks(
+                    generator, exposure, config.leak_samples, config.top_p, config.max_new_tokens, config.seed
+                )
+                phases[f"leak_sampling_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
+                for row, leaked in zip(scored, leaks, strict=True):
+                    exposure_rows.append({**row, "epsilon": key, "leaked": leaked})
             del generator
-        delta = max((g.delta for g in guarantees), default=0.0)
-        table = summarize(rows, config.epsilons, proven, delta)
-        (writer.dir / "audit.json").write_text(
-            json.dumps({"summary": table, "canaries": rows}, indent=2, default=str), encoding="utf-8"
-        )
-        (writer.dir / "audit.md").write_text(to_markdown(table), encoding="utf-8")
-        plot(table, writer.dir / "exposure.png")
-        if all(g.is_private for g in guarantees):
-            writer.privacy = Guarantee(
-                epsilon=sum(g.epsilon for g in guarantees),
-                delta=sum(g.delta for g in guarantees),
-                unit="example",
-                mechanism="composition of audited generators",
-                accountant="basic composition",
-                details={"per_generator": [g.epsilon for g in guarantees]},
+            if use_one_run and config.retriever_audit:
+                started = time.perf_counter()
+                scores = _audit_retriever_through(
+                    generator_artifact, one_run, public_docs, config, scratch, name
+                )
+                phases[f"retriever_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
+                one_run_rows.append(
+                    _one_run_row("retriever (synthetic)", proven[key], scores, coins, delta, config)
+                )
+                panels.append((f"retriever on synthetic, ε = {key}", scores, coins))
+                per_canary[f"retriever[eps={key}]"] = scores.round(4).tolist()
+        if use_one_run and config.retriever_audit:
+            started = time.perf_counter()
+            retriever = _train_stage(
+                "train-retriever", _retriever_options(config, str(augmented), scratch / "retriever-original")
             )
-        else:
-            writer.privacy = Guarantee.non_private("the audit includes a generator trained without DP")
+            scores = _score_retriever(retriever, one_run, config)
+            phases["retriever_seconds[original]"] = round(time.perf_counter() - started, 1)
+            one_run_rows.append(
+                _one_run_row("retriever (private pairs)", math.inf, scores, coins, delta, config)
+            )
+            panels.append(("retriever on private pairs, ε = ∞", scores, coins))
+            per_canary["retriever[original]"] = scores.round(4).tolist()
+        table = summarize(exposure_rows, config.epsilons, proven, delta) if use_exposure else []
+        report = {
+            "delta": delta,
+            "one_run": one_run_rows,
+            "one_run_scores": {"canaries": [c.canary_id for c in one_run], **per_canary},
+            "exposure": {"summary": table, "canaries": exposure_rows},
+        }
+        (writer.dir / "audit.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+        markdown = []
+        if one_run_rows:
+            markdown.append("## One-run audit\n\n" + one_run_markdown(one_run_rows))
+            plot_scores(panels, writer.dir / "scores.png")
+        if table:
+            markdown.append("## Exposure audit (Table 7)\n\n" + to_markdown(table))
+            plot_exposure(table, writer.dir / "exposure.png")
+        (writer.dir / "audit.md").write_text("\n".join(markdown), encoding="utf-8")
+        writer.privacy = Guarantee.non_private(
+            "the audit reads the private data and the canary coins without noise (the audited "
+            f"generators' ε: {', '.join(format_epsilon(v) for v in proven.values())})"
+        )
         writer.timings.update(phases)
         writer.metrics.update(
-            {
-                f"eps={r['epsilon']}/rep={r['repetitions']}/{r['shape']}": {
-                    "rank": r["mean_rank"],
-                    "leaked": r["leaked"],
-                    "exposure": r["exposure_extrapolated"],
-                    "epsilon_lower_bound": r["epsilon_lower_bound"],
-                }
-                for r in table
-                if r["shape"] == "all"
-            }
-        )
-        shutil.rmtree(scratch / "data", ignore_errors=True)
+            {f"one-run/{r['audited']}/eps={format_epsilon(r['proven_epsilon'])}": {
+                "epsilon_lower_bound": r["epsilon_lower_bound"],
+                "gdp_epsilon_lower_bound": r["gdp_epsilon_lower_bound"],
+                "auroc": r["auroc"],
+            } for r in one_run_rows}
+            | {f"exposure/eps={r['epsilon']}/rep={r['repetitions']}": {
+                "rank": r["mean_rank"], "leaked": r["leaked"], "exposure": r["exposure_extrapolated"],
+                "group_epsilon_lower_bound": r["group_epsilon_lower_bound"],
+                "pair_epsilon_lower_bound": r["pair_epsilon_lower_bound"],
+            } for r in table if r["shape"] == "all"}
+        )  # fmt: skip
+        shutil.rmtree(scratch, ignore_errors=True)
     info((Path(config.out) / "audit.md").read_text(encoding="utf-8"))
     return open_artifact(config.out, STAGE)

@@ -72,3 +72,29 @@ def test_epsilon_lower_bound():
     assert same["epsilon_lower_bound"] < 0.5
     with pytest.raises(ValueError):
         epsilon_lower_bound([], [1.0])
+
+
+def test_held_out_threshold_is_chosen_on_the_other_half():
+    from synthq.audit.exposure import held_out_epsilon_lower_bound, threshold_bound
+
+    members = np.array([10.0, 9.0, 8.0, 7.0, 6.0, 5.0] * 10)
+    nonmembers = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.5] * 10)
+    bound_at = held_out_epsilon_lower_bound(members, nonmembers)
+    # the threshold comes from the even positions; the bound is that test on the odd positions
+    threshold = epsilon_lower_bound(members[0::2], nonmembers[0::2])["threshold"]
+    expected = threshold_bound(members[1::2], nonmembers[1::2], threshold, 0.0)
+    assert bound_at(0.0) == pytest.approx(expected) and expected > 0
+    assert bound_at(0.1) < bound_at(0.0)  # δ only lowers the bound
+    assert held_out_epsilon_lower_bound([1.0], [0.0]) is None
+
+
+def test_per_pair_bound_from_a_group_bound():
+    from synthq.audit.exposure import per_pair_from_group
+
+    # a group bound of 6 that does not depend on δ: per pair exactly 6 / r
+    assert per_pair_from_group(lambda delta: 6.0, 3, 1e-5) == pytest.approx(2.0, abs=1e-9)
+    # a bound that vanishes once the group δ reaches 1e-3: with r = 10 and δ = 1e-5 the per-pair
+    # bound must keep 10 e^{9ε} 1e-5 < 1e-3, i.e. ε < ln(10) / 9, below the naive 5 / 10
+    bound = per_pair_from_group(lambda delta: 5.0 if delta < 1e-3 else 0.0, 10, 1e-5)
+    assert bound == pytest.approx(math.log(10) / 9, abs=1e-6)
+    assert per_pair_from_group(lambda delta: 0.0, 10, 1e-5) == 0.0
