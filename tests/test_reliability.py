@@ -357,7 +357,7 @@ def test_search_prints_top_k_with_scores(tiny_encoder_dir, tiny_beir, capsys, mo
     ids = sorted(records)
     model = load_encoder(str(tiny_encoder_dir), device="cpu")
     docs = model.encode(
-        [f"{records[i]['title']}. {records[i]['text']}" for i in ids], normalize_embeddings=True
+        [f"{records[i]['title']} {records[i]['text']}" for i in ids], normalize_embeddings=True
     )
     q = model.encode([query], normalize_embeddings=True)[0]
     scores = docs @ q
