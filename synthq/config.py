@@ -41,6 +41,18 @@ def cli(**settings: Any) -> dict:
     return {"cli": settings}
 
 
+def renamed_batch_size(name: str, default: int, description: str) -> Any:
+    """A batch-size field with its own name that still accepts the old ``batch_size`` key and
+    ``--batch-size`` flag."""
+    return Field(
+        default,
+        ge=1,
+        validation_alias=AliasChoices(name, "batch_size"),
+        description=description,
+        json_schema_extra=cli(aliases=["--batch-size"]),
+    )
+
+
 def _parse_epsilon(value: Any) -> Any:
     if isinstance(value, str):
         text = value.strip().lower()
@@ -174,12 +186,8 @@ class GenerateConfig(StageConfig):
     top_p: Probability = Field(0.8, description="Nucleus sampling mass, in (0, 1] (paper: 0.8).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (> 0).")
     max_new_tokens: int = Field(32, ge=1, description="Longest query, in tokens.")
-    generation_batch_size: int = Field(
-        16,
-        ge=1,
-        validation_alias=AliasChoices("generation_batch_size", "batch_size"),
-        description="Documents per generation batch.",
-        json_schema_extra=cli(aliases=["--batch-size"]),
+    generation_batch_size: int = renamed_batch_size(
+        "generation_batch_size", 16, "Documents per generation batch."
     )
     max_resample: int = Field(3, ge=0, description="Retries for empty or degenerate queries.")
     shard: str | None = Field(None, description="i/n: generate only the i-th of n document shards.")
@@ -270,13 +278,7 @@ class EvalConfig(StageConfig):
         description="Encoder evaluated as-is, e.g. minilm-l6 (repeatable; a reference row, ε = 0).",
         json_schema_extra=cli(commas=False),
     )
-    encode_batch_size: int = Field(
-        64,
-        ge=1,
-        validation_alias=AliasChoices("encode_batch_size", "batch_size"),
-        description="Texts per encoding batch.",
-        json_schema_extra=cli(aliases=["--batch-size"]),
-    )
+    encode_batch_size: int = renamed_batch_size("encode_batch_size", 64, "Texts per encoding batch.")
     top_k: int = Field(100, ge=100, description="Documents retrieved per query (≥ 100 for NDCG@100).")
     search_chunk_size: int = Field(50_000, ge=1, description="Documents scored per matrix product.")
     faiss: bool = Field(False, description="Search with FAISS IndexFlatIP instead of exact torch chunks.")
@@ -349,12 +351,8 @@ class CanaryAuditConfig(StageConfig):
     leak_samples: int = Field(10, ge=0, description="Sampled queries per canary document for the leak test.")
     top_p: Probability = Field(0.8, description="Nucleus mass of the leak test's sampling.")
     max_new_tokens: int = Field(24, ge=1, description="Longest sampled query in the leak test.")
-    scoring_batch_size: int = Field(
-        32,
-        ge=1,
-        validation_alias=AliasChoices("scoring_batch_size", "batch_size"),
-        description="Candidates scored per forward pass.",
-        json_schema_extra=cli(aliases=["--batch-size"]),
+    scoring_batch_size: int = renamed_batch_size(
+        "scoring_batch_size", 32, "Candidates scored per forward pass."
     )
     seed: Seed = 0
     finetune: dict[str, Any] = Field(
