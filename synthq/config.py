@@ -147,7 +147,7 @@ class FinetuneConfig(StageConfig):
     batch_size: int = Field(
         1024,
         ge=1,
-        description="Expected logical batch, in queries; Poisson rate q = batch / training queries (paper: 1024).",
+        description="Expected batch, in queries; Poisson rate q = batch / training queries (paper: 1024).",
     )
     physical_batch_size: int = Field(8, ge=1, description="Micro-batch that fits in memory.")
     max_source_length: int = Field(384, ge=1, description="Document tokens kept.")
