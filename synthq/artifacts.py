@@ -51,45 +51,24 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
 
 
 LARGE_FILE_BYTES = 16 << 20
-HASH_CACHE_FORMAT = 1
-
-
-def _cached_file_digest(path: Path) -> str:
-    """The full sha256 of a large file, remembered per (path, size, mtime_ns, inode) in
-    ``$SYNTHQ_CACHE/hashes`` so an unchanged multi-GB corpus is read once, not on every check.
-
-    Any edit changes the mtime (and usually the size), so it misses the cache and is re-read;
-    only a tool that rewrites a file and then restores its old mtime and size could fool it."""
-    from synthq.paths import cache_dir
-
-    stat = path.stat()
-    identity = json.dumps(
-        [HASH_CACHE_FORMAT, str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino]
-    )
-    entry = cache_dir("hashes") / (hashlib.sha256(identity.encode()).hexdigest() + ".sha256")
-    with contextlib.suppress(OSError):
-        cached = entry.read_text(encoding="ascii").strip()
-        if len(cached) == 64:
-            return cached
-    digest = sha256_file(path)
-    with contextlib.suppress(OSError):  # a read-only cache only costs speed
-        tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")
-        tmp.write_text(digest, encoding="ascii")
-        os.replace(tmp, entry)
-    return digest
-
-
 def file_digest(path: Path) -> str:
-    """sha256 of a file's whole content (large files through :func:`_cached_file_digest`)."""
+    """sha256 of a file's whole content. A large file's digest is remembered while its stat
+    (device, inode, size, mtime, ctime) is unchanged — the data layer's
+    :func:`synthq.data.store.content_digest`, one cache for both — so an unchanged multi-GB corpus
+    is read once, not on every up-to-date check."""
     path = Path(path)
-    return _cached_file_digest(path) if path.stat().st_size > LARGE_FILE_BYTES else sha256_file(path)
+    if path.stat().st_size <= LARGE_FILE_BYTES:
+        return sha256_file(path)
+    from synthq.data.store import content_digest  # numpy/pyarrow only when a large file is hashed
+
+    return content_digest(path)
 
 
 def sha256_tree(root: Path, exclude: Iterable[str] = ()) -> str:
     """One digest for a directory: relative paths and full contents of all files, sorted.
 
     Every byte counts (an edit in the middle of a 20 GB corpus is seen); files over 16 MiB
-    have their digest cached by path, size and modification time (see :func:`file_digest`)."""
+    have their digest remembered (see :func:`file_digest`)."""
     excluded = set(exclude)
     digest = hashlib.sha256()
     for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):

@@ -211,7 +211,10 @@ def test_quiet_still_prints_errors(tmp_path, capsys, monkeypatch):
 
 
 def test_edits_inside_large_files_are_seen_and_hashes_cached(tmp_path, monkeypatch):
+    from synthq.data import store
+
     monkeypatch.setattr(artifacts, "LARGE_FILE_BYTES", 1024)
+    monkeypatch.setattr(store, "RACY_SECONDS", -1.0)  # remember the digest of a file just written
     root = tmp_path / "data"
     root.mkdir()
     big = root / "corpus.jsonl"
@@ -219,8 +222,8 @@ def test_edits_inside_large_files_are_seen_and_hashes_cached(tmp_path, monkeypat
     big.write_bytes(content)
     first = sha256_tree(root)
     reads = []
-    real = artifacts.sha256_file
-    monkeypatch.setattr(artifacts, "sha256_file", lambda p, *a: reads.append(p) or real(p, *a))
+    real = store.file_sha256
+    monkeypatch.setattr(store, "file_sha256", lambda p, *a: reads.append(p) or real(p, *a))
     assert sha256_tree(root) == first and reads == []  # unchanged: from the cache, not re-read
     content[len(content) // 2] = ord("y")  # one byte in the middle, same size
     stat = big.stat()

@@ -29,6 +29,7 @@ who knows the seed is not covered. The secret state lives only in private checkp
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import hmac
 import importlib
@@ -57,7 +58,7 @@ from synthq.privacy import (
 # Mechanisms
 
 
-class Mechanism:
+class Mechanism(abc.ABC):
     """Base of every DP mechanism: what it clips, its sensitivity, and whether it needs a cap.
 
     Subclasses register themselves with :func:`register_mechanism` and document, in the style of
@@ -68,8 +69,9 @@ class Mechanism:
     needs_batch_cap: ClassVar[bool] = False
     sensitivity_rule: ClassVar[str] = ""
 
-    def sensitivity(self, batch_cap: int | None) -> float:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def sensitivity(self, batch_cap: int | None) -> float:
+        """The most the clipped sum can move when one unit is added or removed (batch ≤ cap)."""
 
     def describe(self) -> dict:
         """Extra accounting inputs for the guarantee's details."""
