@@ -122,29 +122,38 @@ class Guarantee(BaseModel):
 
 def compose(first: Guarantee, second: Guarantee, mechanism: str | None = None) -> Guarantee:
     """Sequential (basic) composition of two releases about the same private data: ε and δ add.
+    See :func:`compose_all`."""
+    label = mechanism or f"composition of {first.mechanism} and {second.mechanism}"
+    return compose_all([first, second], label)
+
+
+def compose_all(guarantees: list[Guarantee], mechanism: str) -> Guarantee:
+    """Sequential (basic) composition of releases about the same private data: ε and δ add.
 
     Public parts (ε = 0) add only their assumptions; an ε = ∞ part makes the result ∞. The
-    weaker unit wins (``example`` is weaker than ``query``); ``derived_from`` and assumptions are
-    the union. ``details.components`` keeps each part so the sum can be recomputed."""
-    parts = [g for g in (first, second) if g.mechanism != "public"]
-    assumptions = list(dict.fromkeys([*first.assumptions, *second.assumptions]))
-    derived = list(dict.fromkeys([*first.derived_from, *second.derived_from]))
+    weaker unit wins (``example`` is weaker than ``query``: protecting one query with all its
+    pairs implies protecting each pair, not the other way round); ``derived_from`` and
+    assumptions are the union. ``details.components`` keeps each part so the sum is recomputed
+    when the artifact is opened."""
+    assumptions = list(dict.fromkeys(a for g in guarantees for a in g.assumptions))
+    derived = list(dict.fromkeys(h for g in guarantees for h in g.derived_from))
+    parts = [g for g in guarantees if g.mechanism != "public"]
     if len(parts) < 2:
-        only = parts[0] if parts else second
+        only = parts[0] if parts else guarantees[-1]
         return only.model_copy(update={"assumptions": assumptions, "derived_from": derived})
     if not all(g.is_private for g in parts):
         infinite = next(g for g in parts if not g.is_private)
         return infinite.model_copy(update={"assumptions": assumptions, "derived_from": derived})
     unit = "example" if any(g.unit == "example" for g in parts) else "query"
     return Guarantee(
-        epsilon=first.epsilon + second.epsilon,
-        delta=first.delta + second.delta,
+        epsilon=sum(g.epsilon for g in parts),
+        delta=sum(g.delta for g in parts),
         unit=unit,
-        mechanism=mechanism or f"composition of {first.mechanism} and {second.mechanism}",
+        mechanism=mechanism,
         accountant="basic-composition",
         derived_from=derived,
         details={"components": [g.model_dump(mode="json") for g in parts]},
-        note="basic composition: both releases read the same private data, so ε and δ add",
+        note=f"basic composition: all {len(parts)} releases read the same private data, so ε and δ add",
         assumptions=assumptions,
     )
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from synthq.privacy import Guarantee, format_epsilon
+from synthq.privacy import Guarantee, compose_all, format_epsilon
 from synthq.retrieval.metrics import HEADLINE, METRICS
 from synthq.retrieval.significance import bootstrap_ci, compare_all
 
@@ -252,8 +252,8 @@ def combined_guarantee(sources: list[tuple[str, Guarantee]]) -> Guarantee:
     composes (basic composition: ε and δ add). With a single release this is exactly that
     release's guarantee, i.e. the largest ε of the models; taking the largest ε when there are
     several independent releases would understate the loss. Public models add nothing; one
-    non-private model makes the whole artifact ε = ∞. The unit is ``query`` if any release
-    protects only queries (an ``example`` guarantee implies the ``query`` one).
+    non-private model makes the whole artifact ε = ∞. The unit is the weakest of the releases'
+    (:func:`synthq.privacy.compose_all`), and the parts are kept so ε is recomputed on open.
     """
     derived = sorted({h for key, g in sources for h in [*g.derived_from, key] if g.mechanism != "public"})
     private = [(key, g) for key, g in sources if g.mechanism != "public" and g.epsilon > 0]
@@ -269,22 +269,13 @@ def combined_guarantee(sources: list[tuple[str, Guarantee]]) -> Guarantee:
         # so that a model that composed extra accounting on top is never understated.
         if release not in releases or g.epsilon > releases[release].epsilon:
             releases[release] = g
-    unit = "query" if any(g.unit == "query" for g in releases.values()) else "example"
     if len(releases) == 1:
         (only,) = releases.values()
         return only.model_copy(
             update={"derived_from": derived, "mechanism": f"{only.mechanism}+post-processing"}
         )
-    return Guarantee(
-        epsilon=sum(g.epsilon for g in releases.values()),
-        delta=sum(g.delta for g in releases.values()),
-        unit=unit,
-        mechanism=f"basic composition of {len(releases)} DP releases",
-        accountant="basic-composition",
-        derived_from=derived,
-        details={"releases": {key: {"epsilon": g.epsilon, "delta": g.delta} for key, g in releases.items()}},
-        note="each release's ε comes from its own accountant; they add up as all may read the same data",
-    )
+    combined = compose_all(list(releases.values()), f"basic composition of {len(releases)} DP releases")
+    return combined.model_copy(update={"derived_from": derived})
 
 
 def epsilon_positions(values: list[float]) -> list[tuple[float, str]]:

@@ -89,7 +89,8 @@ def test_combined_guarantee():
     # Independent releases compose; the weaker unit wins.
     both = combined_guarantee([("ra", syn_a), ("rd", direct), ("rq", query_level)])
     assert both.epsilon == pytest.approx(12.0) and both.delta == pytest.approx(3.1e-6)
-    assert both.unit == "query" and {"ra", "rd", "rq"} <= set(both.derived_from)
+    assert both.unit == "example" and {"ra", "rd", "rq"} <= set(both.derived_from)
+    assert [c["epsilon"] for c in both.details["components"]] == [8.0, 3.0, 1.0]
     assert math.isinf(combined_guarantee([("rd", direct), ("ro", Guarantee.non_private("raw"))]).epsilon)
     public = combined_guarantee([("bm25", Guarantee.public())])
     assert public.epsilon == 0 and public.mechanism == "public"

@@ -31,6 +31,16 @@ from synthq.data.pairs import document_text
 from synthq.errors import DataError
 from synthq.paths import cache_dir
 
+
+def weights_key(manifest: dict) -> str:
+    """The cache identity of a retriever artifact: a hash of the sha256s its manifest records
+    for its files (weights, tokenizer, pooling), which :func:`synthq.artifacts.open_artifact`
+    verified. Retraining to identical weights, or rewriting the manifest alone, still hits the
+    cache. The model card (``README.md``) states the guarantee, not the weights, so it is left out."""
+    files = sorted((k, v) for k, v in manifest.get("files", {}).items() if k != "README.md")
+    return "weights:" + hashlib.sha256(json.dumps(files).encode()).hexdigest()
+
+
 # Bump when what is stored changes meaning (e.g. normalisation), so old files are not reused.
 CACHE_FORMAT = 1
 # Texts handed to one ``model.encode`` call: large enough that per-call overhead vanishes,

@@ -66,7 +66,7 @@ from synthq.paths import cache_dir
 from synthq.privacy import Guarantee
 from synthq.result_tables import combined_guarantee, privacy_utility_plot, results_markdown, results_table
 from synthq.retrieval.bm25 import bm25_search
-from synthq.retrieval.cache import corpus_embeddings, encode_texts
+from synthq.retrieval.cache import corpus_embeddings, encode_texts, weights_key
 from synthq.retrieval.metrics import judged_queries, mean_metrics, per_query, query_means
 from synthq.retrieval.search import exact_search
 from synthq.retrieval.selection import select_best, selection_markdown
@@ -169,15 +169,6 @@ def dataset_parts(root: Path) -> list[tuple[str, Path]]:
     raise DataError("not a BEIR directory: no corpus.jsonl here nor in any sub-directory", root)
 
 
-def _payload_hash(artifact: Artifact) -> str:
-    """A content hash of a retriever's files (weights, tokenizer, pooling), from the sha256s its
-    manifest records and :func:`open_artifact` verified: retraining to identical weights, or
-    rewriting the manifest alone, still hits the embedding cache. The model card (``README.md``)
-    states the guarantee, not the weights, so it is left out."""
-    files = sorted((k, v) for k, v in artifact.manifest.get("files", {}).items() if k != "README.md")
-    return hashlib.sha256(json.dumps(files).encode()).hexdigest()
-
-
 def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dict, device: str):
     from sentence_transformers import SentenceTransformer
 
@@ -188,7 +179,7 @@ def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dic
             label=r.path.name,
             method=describe_method(r),
             kind="retriever",
-            key=f"weights:{_payload_hash(r)}",
+            key=weights_key(r.manifest),
             identity=f"artifact:{r.manifest_hash}",
             privacy=r.privacy,
             load=lambda r=r: SentenceTransformer(str(r.path), device=device),

@@ -14,7 +14,7 @@ from synthq.artifacts import data_input_record, is_artifact, open_artifact
 from synthq.data.beir_io import read_corpus
 from synthq.errors import DataError
 from synthq.models.resolve import resolve_device
-from synthq.retrieval.cache import corpus_embeddings, encode_texts
+from synthq.retrieval.cache import corpus_embeddings, encode_texts, weights_key
 from synthq.retrieval.search import exact_search
 
 QUERY_BATCH = 64
@@ -26,11 +26,10 @@ def _model(spec: str, device: str):
 
     from synthq.models.encoder import load_encoder
     from synthq.models.resolve import resolve_model
-    from synthq.stages.evaluate import _payload_hash
 
     if is_artifact(spec):
         artifact = open_artifact(spec, stage="train-retriever")
-        return SentenceTransformer(str(artifact.path), device=device), f"weights:{_payload_hash(artifact)}"
+        return SentenceTransformer(str(artifact.path), device=device), weights_key(artifact.manifest)
     record = data_input_record(resolve_model(spec), name=spec)
     return load_encoder(spec, device=device), f"encoder:{record['sha256']}"
 
