@@ -52,6 +52,13 @@ class ArrowMapping(Mapping):
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.index.find(key) >= 0
 
+    @property
+    def content_key(self) -> str | None:
+        """The cache directory's name, which is derived from the source file's content hash, when
+        this mapping covers the whole file; ``None`` for a mapping over other keys. Equal keys
+        mean equal records, so it can stand for a hash over every record."""
+        return self.directory.name if self.key_table is self.table else None
+
     def row(self, key: str) -> int:
         """The row of ``key`` in file order; :class:`KeyError` when absent."""
         row = self.index.find(key) if isinstance(key, str) else -1

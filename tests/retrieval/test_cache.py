@@ -72,3 +72,29 @@ def test_wrong_shape_file_is_re_encoded_and_empty_corpus_refused(model):
     assert not again.cache_hit and again.embeddings.shape == (len(corpus), 32)
     with pytest.raises(DataError, match="corpus is empty"):
         corpus_embeddings(model, "model-a", {}, batch_size=8)
+
+
+def test_a_corpus_read_from_a_file_is_keyed_by_its_bytes(tmp_path):
+    """No pass over every text for a file-backed corpus: the key is its cache's content key,
+    which follows the file's bytes (same file -> same key, one edited text -> another key)."""
+    import json
+
+    from synthq.data.beir_io import read_corpus
+
+    records = corpus_records()
+    path = tmp_path / "corpus.jsonl"
+
+    def write(records):
+        lines = [json.dumps({"_id": d, **doc}) for d, doc in records.items()]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    write(records)
+    first = cache.corpus_fingerprint(read_corpus(path))
+    assert first.startswith("file:") and cache.corpus_fingerprint(read_corpus(path)) == first
+    edited = dict(records)
+    some_id = next(iter(edited))
+    edited[some_id] = {**edited[some_id], "text": edited[some_id]["text"] + " changed"}
+    write(edited)
+    assert cache.corpus_fingerprint(read_corpus(path)) not in (first, cache.corpus_fingerprint(records))
+    # a plain dict (a subset, or synthetic text) still hashes every text
+    assert cache.corpus_fingerprint(records) != cache.corpus_fingerprint(edited)
