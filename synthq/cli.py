@@ -62,8 +62,17 @@ def _main(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Show the version."
     ),
+    threads: int | None = typer.Option(
+        None,
+        "--threads",
+        min=1,
+        help="Torch CPU threads per process (default: this process' share of the free cores; "
+        "same as SYNTHQ_THREADS).",
+    ),
 ) -> None:
     set_verbosity(0 if quiet else 2 if verbose else 1)
+    if threads is not None:  # read by synthq.threads when a stage sets up its device
+        os.environ["SYNTHQ_THREADS"] = str(threads)
     if not verbose:
         _quiet_libraries()
 

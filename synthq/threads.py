@@ -18,8 +18,8 @@ a SmolLM2 decoding step of 32 rows took 22 s with 2 threads and 2 s with 1 on 2 
 12). :func:`oversubscribed` detects it with a short burst of decoding-sized matrix products; the
 count then drops to one thread.
 
-Overrides, strongest first: an explicit ``threads`` (the CLI's ``--threads``); ``SYNTHQ_THREADS``;
-``OMP_NUM_THREADS`` — except torchrun's own default of ``1`` under a multi-rank launch, which is
+Overrides, strongest first: an explicit ``threads``; ``SYNTHQ_THREADS`` (what ``synthq --threads N``
+sets); ``OMP_NUM_THREADS`` — except torchrun's own default of ``1`` under a multi-rank launch, which is
 not a choice anyone made (set ``SYNTHQ_THREADS=1`` to really want one thread per rank).
 """
 

@@ -64,3 +64,20 @@ def test_configure_threads_sets_torch(monkeypatch):
         assert configure_threads() == 1 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_threads_option_reaches_every_stage(monkeypatch, tiny_beir):
+    """``synthq --threads N`` is what a stage's device setup then uses; below 1 is refused."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from synthq.cli import app
+
+    monkeypatch.delenv("SYNTHQ_THREADS", raising=False)
+    monkeypatch.setenv("SYNTHQ_THREADS", "")  # restored by monkeypatch after the test
+    result = CliRunner().invoke(app, ["--threads", "3", "data", "info", str(tiny_beir)])
+    assert result.exit_code == 0, result.output
+    assert os.environ["SYNTHQ_THREADS"] == "3" and thread_count(busy=idle) == 3
+    refused = CliRunner().invoke(app, ["--threads", "0", "data", "info", str(tiny_beir)])
+    assert refused.exit_code == 2 and "--threads" in refused.output
