@@ -135,7 +135,8 @@ def ledger(paths: list[str | Path]) -> tuple[list[Artifact], dict[str, DatasetCo
 
 
 def ledger_lines(paths: list[str | Path]) -> list[str]:
-    """The ledger as text: one block per private dataset, then every artifact's assumptions."""
+    """The ledger as text: one block per private dataset, then each assumption once, with the
+    artifact that makes it (or how many do)."""
     artifacts, costs = ledger(paths)
     lines = []
     if not costs:
@@ -149,12 +150,15 @@ def ledger_lines(paths: list[str | Path]) -> list[str]:
         for artifact, own in cost.releases:
             kind = "DP release" if own.is_private else "read WITHOUT DP"
             lines.append(f"  - {artifact.stage} {artifact.path}: {kind}, {own.describe()}")
-    assumed = [(a, a.privacy.assumptions) for a in artifacts if a.privacy.assumptions]
-    if assumed:
+    holders: dict[str, list[str]] = {}  # each assumption once, with the artifacts that make it
+    for artifact in artifacts:
+        for assumption in artifact.privacy.assumptions:
+            holders.setdefault(assumption, []).append(str(artifact.path))
+    if holders:
         lines.append("assumptions:")
-        for artifact, assumptions in assumed:
-            for assumption in assumptions:
-                lines.append(f"  - {artifact.path}: {assumption}")
+        for assumption, paths_making_it in holders.items():
+            where = paths_making_it[0] if len(paths_making_it) == 1 else f"{len(paths_making_it)} artifacts"
+            lines.append(f"  - {assumption} ({where})")
     return lines
 
 

@@ -209,3 +209,6 @@ def test_the_ledger_composes_releases_per_private_dataset(tmp_path, tiny_beir, t
     assert math.isinf(next(iter(dataset_totals([first.path, leaky]).values())))
     text = "\n".join(ledger_lines([first.path, leaky]))
     assert "read WITHOUT DP" in text and "DP release" in text and "is public" in text
+    # an assumption both generators make is listed once, with how many make it
+    shared = [line for line in ledger_lines([first.path, second.path]) if "(2 artifacts)" in line]
+    assert shared and all(shared.count(line) == 1 for line in shared)
