@@ -333,6 +333,12 @@ class CanaryAuditConfig(StageConfig):
     private_pairs: int | None = Field(
         None, ge=1, description="Train the audited generators on this many private pairs (default: all)."
     )
+    secret_references: int = Field(
+        7,
+        ge=0,
+        description="one-run: random secrets of the same form each secret is compared with under the "
+        "same model, so what every canary gains (the digit format) cancels (0 = raw likelihood).",
+    )
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of the ε lower bounds.")
     retriever_audit: bool = Field(True, description="Also audit retrievers trained on the synthetic queries.")
     retriever_documents: int = Field(

@@ -30,6 +30,7 @@ canary's prefix is a private training query, so only its query id is written.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from dataclasses import dataclass, field
@@ -170,6 +171,17 @@ class OneRunCanary:
     @property
     def query(self) -> str:
         return self.secret
+
+    def reference_secrets(self, count: int) -> list[str]:
+        """``count`` other random secrets of the same form, drawn from a generator seeded by this
+        canary's secret: fixed for the canary, independent of every coin, never the secret."""
+        rng = random.Random(hashlib.sha256(f"references\x00{self.secret}".encode()).digest())
+        references: list[str] = []
+        while len(references) < count:
+            candidate = random_secret(rng)
+            if candidate != self.secret and candidate not in references:
+                references.append(candidate)
+        return references
 
     def record(self) -> dict[str, Any]:
         return {

@@ -7,8 +7,10 @@ then audits it by one or both methods:
 
 * ``one-run`` (default; Steinke, Nasr & Jagielski, NeurIPS 2023): ``--canaries`` m canaries
   (random corpus words → a random 10-digit secret), each included **once** with probability ½
-  by a secret coin. Score = log p(secret | document) under the fine-tuned generator minus the
-  same under the un-fine-tuned model (the reference). From the k₊ highest / k₋ lowest scores,
+  by a secret coin. Score = log p(secret | document) relative to ``secret_references`` random
+  secrets of the same form under the fine-tuned generator, minus the same under the
+  un-fine-tuned model (so neither the learnt format nor an easy digit string looks like
+  membership). From the k₊ highest / k₋ lowest scores,
   :mod:`synthq.audit.one_run` proves an ε lower bound at 95 % confidence that is per pair
   (each canary is one pair included once) and so directly comparable with the proven ε; also
   its Gaussian-DP version, TPR at FPR 1 % / 10 % and the AUROC with a bootstrap interval.
@@ -117,9 +119,29 @@ def _augmented_dataset(
     return write_beir_dir(root, corpus, queries, {config.split: train})
 
 
-def _secret_log_likelihoods(generator, canaries: list[OneRunCanary], batch_size: int) -> np.ndarray:
-    documents = [c.document for c in canaries]
-    return generator.query_log_likelihood(documents, [c.query for c in canaries], batch_size).numpy()
+def _secret_log_likelihoods(
+    generator, canaries: list[OneRunCanary], references: int, batch_size: int, label: str
+) -> np.ndarray:
+    """Per canary, log p(secret | document) minus the mean of log p(reference | document) over
+    ``references`` random secrets of the same form (:meth:`OneRunCanary.reference_secrets`), under
+    the same model; the raw log-likelihood when ``references`` is 0.
+
+    Fine-tuning teaches the generator the canaries' format (ten digits after a few random words),
+    which raises included and excluded secrets alike and buries the membership signal in that
+    shared gain; the references take it out. The candidates share the document, which is
+    computed once (:meth:`QueryGenerator.candidate_log_likelihoods`)."""
+    if references == 0:
+        documents = [c.document for c in canaries]
+        return generator.query_log_likelihood(documents, [c.query for c in canaries], batch_size).numpy()
+    scores = np.empty(len(canaries))
+    with progress() as bar:
+        task = bar.add_task(f"scoring one-run canaries ({label})", total=len(canaries))
+        for index, canary in enumerate(canaries):
+            candidates = [canary.secret, *canary.reference_secrets(references)]
+            values = generator.candidate_log_likelihoods(canary.document, candidates, batch_size)
+            scores[index] = float(values[0] - values[1:].mean())
+            bar.advance(task)
+    return scores
 
 
 def _score_canaries(generator, canaries: list[Canary], batch_size: int) -> list[dict]:
@@ -441,7 +463,9 @@ def run(config: CanaryAuditConfig) -> Artifact:
                 config.model, device=resolve_device(), max_source_length=finetune.get("max_source_length")
             )
             base.model.eval()
-            reference = _secret_log_likelihoods(base, one_run, config.scoring_batch_size)
+            reference = _secret_log_likelihoods(
+                base, one_run, config.secret_references, config.scoring_batch_size, "base model"
+            )
             del base
             phases["reference_seconds"] = round(time.perf_counter() - started, 1)
         public_docs = _retriever_documents(dataset, config.retriever_documents)
@@ -464,7 +488,12 @@ def run(config: CanaryAuditConfig) -> Artifact:
             generator.model.eval()
             if use_one_run:
                 started = time.perf_counter()
-                scores = _secret_log_likelihoods(generator, one_run, config.scoring_batch_size) - reference
+                scores = (
+                    _secret_log_likelihoods(
+                        generator, one_run, config.secret_references, config.scoring_batch_size, f"ε = {key}"
+                    )
+                    - reference
+                )
                 phases[f"one_run_score_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
                 one_run_rows.append(_one_run_row("generator", proven[key], scores, coins, delta, config))
                 panels.append((f"generator, ε = {key}", scores, coins))

@@ -59,6 +59,31 @@ def test_one_run_canaries_coins_and_randomness(tiny_beir):
     assert secret_a != secret_b  # OS randomness
 
 
+def test_one_run_score_takes_out_what_every_secret_gains(tiny_beir):
+    """The score compares a secret with random secrets of the same form under the same model: a
+    gain shared by every ten-digit string (the format) cancels, a gain of the secret alone stays."""
+    canaries = make_one_run_canaries(load_beir_dir(tiny_beir), 6, seed=1)
+    references = canaries[0].reference_secrets(7)
+    assert references == canaries[0].reference_secrets(7) and len(set(references)) == 7
+    assert canaries[0].secret not in references and references != canaries[1].reference_secrets(7)
+
+    class Generator:  # log-likelihood: an easiness per string, plus what fine-tuning added
+        def __init__(self, format_gain, memorised):
+            self.format_gain, self.memorised = format_gain, memorised
+
+        def candidate_log_likelihoods(self, document, candidates, batch_size):
+            import torch
+
+            own = [-23.0 + (5.0 if c in self.memorised else 0.0) + int(c[0]) / 10 for c in candidates]
+            return torch.tensor(own) + self.format_gain
+
+    plain = canary_audit._secret_log_likelihoods(Generator(0.0, set()), canaries, 7, 4, "base")
+    tuned = canary_audit._secret_log_likelihoods(Generator(12.0, {canaries[2].secret}), canaries, 7, 4, "ft")
+    difference = tuned - plain
+    assert difference[2] == pytest.approx(5.0, abs=1e-4)
+    assert np.delete(difference, 2) == pytest.approx(0.0, abs=1e-4)
+
+
 def test_each_included_canary_is_inserted_once(tmp_path, tiny_beir):
     dataset = load_beir_dir(tiny_beir)
     config = CanaryAuditConfig(data=str(tiny_beir), model="unused", out=tmp_path / "a", canaries=20)
