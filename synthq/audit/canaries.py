@@ -89,6 +89,17 @@ def random_secret(rng: random.Random) -> str:
     return "".join(rng.choice("0123456789") for _ in range(SECRET_DIGITS))
 
 
+def other_secrets(rng: random.Random, secret: str, count: int) -> list[str]:
+    """``count`` distinct random secrets, none equal to ``secret``: the candidates a secret is
+    ranked among (exposure) or compared with (the one-run score)."""
+    others: list[str] = []
+    while len(others) < count:
+        candidate = random_secret(rng)
+        if candidate != secret and candidate not in others:
+            others.append(candidate)
+    return others
+
+
 def _vocabulary(dataset: BeirDataset) -> list[str]:
     words = sorted(
         {w for doc in dataset.corpus.values() for w in re.findall(r"[a-z]{3,}", doc["text"].lower())}
@@ -138,11 +149,7 @@ def make_canaries(
                     document = _random_words(rng, vocabulary, 40, 80)
                     prefix = _random_words(rng, vocabulary, 2, 4)
                 secret = random_secret(rng)
-                reference_secrets: list[str] = []
-                while len(reference_secrets) < references:
-                    candidate = random_secret(rng)
-                    if candidate != secret and candidate not in reference_secrets:
-                        reference_secrets.append(candidate)
+                reference_secrets = other_secrets(rng, secret, references)
                 canaries.append(
                     Canary(
                         canary_id=f"canary-{shape}-r{repetition}-{index}",
@@ -176,12 +183,7 @@ class OneRunCanary:
         """``count`` other random secrets of the same form, drawn from a generator seeded by this
         canary's secret: fixed for the canary, independent of every coin, never the secret."""
         rng = random.Random(hashlib.sha256(f"references\x00{self.secret}".encode()).digest())
-        references: list[str] = []
-        while len(references) < count:
-            candidate = random_secret(rng)
-            if candidate != self.secret and candidate not in references:
-                references.append(candidate)
-        return references
+        return other_secrets(rng, self.secret, count)
 
     def record(self) -> dict[str, Any]:
         return {
