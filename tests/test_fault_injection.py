@@ -52,6 +52,14 @@ def started(process: subprocess.Popen, out: Path) -> bool:
     return False
 
 
+def default_sigint() -> None:
+    """Give the child the SIGINT of a terminal's Ctrl-C. A test run started in the background by
+    a non-interactive shell (``pytest ... &``, as CI scripts may) ignores SIGINT, the child
+    inherits that, and Python then installs no KeyboardInterrupt handler: the signal would be
+    dropped by design of the shell, not by synthq."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def logged_queries(process: subprocess.Popen, out: Path, count: int) -> int:
     """Wait until the progress log holds ``count`` finished queries (or the run has ended)."""
     log = partial_dir(out) / "checkpoints" / PROGRESS_FILE
@@ -84,8 +92,9 @@ def test_interrupted_generate_resumes_to_the_same_payload(
     env = environment(tmp_path)
     out = tmp_path / "run"
     process = subprocess.Popen(
-        command(generator, tiny_beir, out), cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
-    )
+        command(generator, tiny_beir, out), cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_sigint,
+    )  # fmt: skip
     assert started(process, out)
     # a random point inside the work: after k of the 72 queries are logged (k drawn from the
     # first half), so a fast run cannot finish before the signal (a sleep drawn from the
