@@ -18,6 +18,11 @@ a SmolLM2 decoding step of 32 rows took 22 s with 2 threads and 2 s with 1 on 2 
 12). :func:`oversubscribed` detects it with a short burst of decoding-sized matrix products; the
 count then drops to one thread.
 
+The probe makes the thread count depend on the machine's load, and with it the order of float
+reductions: two runs with the same ``--seed`` then agree to rounding, not bit for bit.
+``SYNTHQ_LOAD_PROBE=0`` keeps the core-share rule without the probe (the test suite sets it, as it
+compares seeded runs exactly).
+
 Overrides, strongest first: an explicit ``threads``; ``SYNTHQ_THREADS`` (what ``synthq --threads N``
 sets); ``OMP_NUM_THREADS`` — except torchrun's own default of ``1`` under a multi-rank launch, which is
 not a choice anyone made (set ``SYNTHQ_THREADS=1`` to really want one thread per rank).
@@ -106,6 +111,8 @@ def thread_count(
         return int(value)
     cores = available_cores() if cores is None else cores
     count = max(1, cores // max(1, int(environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
+    if environ.get("SYNTHQ_LOAD_PROBE", "1").strip() == "0":
+        return count  # no load probe: the thread count, and so float rounding, is fixed
     return 1 if count > 1 and busy(count) else count
 
 

@@ -11,6 +11,8 @@ from tests import helpers
 # Tests never touch the network or the user's cache.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Seeded runs are compared bit for bit: the thread count must not follow the machine's load.
+os.environ.setdefault("SYNTHQ_LOAD_PROBE", "0")
 
 
 @pytest.fixture(autouse=True)

@@ -30,6 +30,8 @@ def test_busy_cores_mean_one_thread_unless_overridden():
     assert asked == [8]
     assert thread_count(environ={"OMP_NUM_THREADS": "4"}, cores=16, busy=busy) == 4
     assert asked == [8]  # an override is not second-guessed
+    probe_off = {"LOCAL_WORLD_SIZE": "2", "SYNTHQ_LOAD_PROBE": "0"}
+    assert thread_count(environ=probe_off, cores=16, busy=busy) == 8 and asked == [8]  # not asked
     assert oversubscribed(1) is False  # one thread cannot be oversubscribed
     assert isinstance(oversubscribed(2, repeats=2), bool)
 
