@@ -254,6 +254,11 @@ class TrainRetrieverConfig(StageConfig):
         None, ge=1, description="Non-private: GradCache (cached in-batch loss) in chunks of this size."
     )
     pair_chunk: int = Field(16, ge=1, description="--dp logit: per-pair gradients held in memory at once.")
+    freeze_embeddings: bool = Field(
+        False,
+        description="Keep the token-embedding matrix fixed: fewer weights to train and, under --dp, "
+        "to noise; faster steps.",
+    )
     seed: SecretSeed = None
     device: Device = "auto"
     limit: Limit = None

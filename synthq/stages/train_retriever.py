@@ -54,7 +54,7 @@ from synthq.dp.engine import (
 )
 from synthq.errors import DataError, SynthqError
 from synthq.ledger import model_input, trained_from
-from synthq.models.encoder import features, load_encoder, training_loss
+from synthq.models.encoder import features, freeze_token_embeddings, load_encoder, training_loss
 from synthq.privacy import Guarantee, compose
 
 STAGE = "train-retriever"
@@ -224,6 +224,8 @@ def run(config: TrainRetrieverConfig) -> Artifact:
         )
     randomness, rng = SecretRandomness(config.seed), random.Random(config.seed)
     encoder = _load(config, start.path, place.rank)
+    if config.freeze_embeddings and not freeze_token_embeddings(encoder):
+        raise SynthqError(f"--freeze-embeddings: found no token-embedding matrix in {config.encoder}")
     parameters = [p for p in encoder.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr)
 

@@ -25,6 +25,7 @@ from synthq.sampling import (
     Request,
     nucleus_draw,
     sample_queries,
+    shared_prompt_state,
     stop_token_ids,
     top_p_filter,
 )
@@ -120,6 +121,32 @@ def test_greedy_batched_equals_one_at_a_time(any_generator):
     batch = generator.generation_batch([r.document for r in requests])
     padded = batch["attention_mask"][:, 0 if expected_side == "left" else -1]
     assert 0 in padded.tolist()
+
+
+def test_rows_of_one_document_share_its_prompt_and_sample_the_same_queries(any_generator):
+    """--num-queries k: each distinct prompt goes through the model (the encoder, or the KV-cache
+    prefill) once, and the sampled queries equal those of encoding every row on its own."""
+    generator = QueryGenerator.load(any_generator.path)
+    requests = [Request(r.doc_id, r.document, k) for r in documents()[:4] for k in range(3)]
+    alone = sample_queries(generator, requests, 5, 0.9, 1.0, 16, share_prompts=False)
+    prompt_rows = []
+    if generator.kind == "causal":
+        module = generator.model
+        record = lambda _m, args, kwargs: prompt_rows.append(  # noqa: E731
+            kwargs["input_ids"].shape if kwargs["input_ids"].shape[1] > 1 else None)
+    else:
+        module = generator.model.get_encoder()
+        record = lambda _m, args, kwargs: prompt_rows.append(kwargs["input_ids"].shape)  # noqa: E731
+    handle = module.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        shared = sample_queries(generator, requests, 5, 0.9, 1.0, 16)
+    finally:
+        handle.remove()
+    assert shared == alone and len(set(shared)) > 4
+    assert [shape[0] for shape in prompt_rows if shape is not None] == [4]  # 4 documents, 12 rows
+    batch = generator.generation_batch([r.document for r in requests[:3]])
+    assert shared_prompt_state(generator, [r.document for r in requests[:3]], batch)
+    assert shared_prompt_state(generator, [r.document for r in requests[::3]], batch) == {}
 
 
 def test_nucleus_draw_follows_the_top_p_distribution():

@@ -6,6 +6,7 @@ import math
 import random
 
 import pytest
+import torch
 from opacus.accountants import RDPAccountant
 from sentence_transformers import SentenceTransformer
 
@@ -102,6 +103,25 @@ def test_dp_noise_is_sigma_times_sensitivity_in_the_update(
     details = artifact.privacy.details
     expected = (details["sensitivity"], details["noise_multiplier"], details["noise_std"])
     assert seen == [expected] * 2
+
+
+@pytest.mark.parametrize("dp", [None, "group", "sample"])
+def test_frozen_token_embeddings_stay_put_while_the_rest_trains(tmp_path, tiny_beir, tiny_encoder_dir, dp):
+    """--freeze-embeddings: the token-embedding matrix is bit-identical after training (no noise
+    lands on it under DP either) while the layers after it move."""
+    options = {"dp": dp, "epsilon": 8.0} if dp else {}
+    frozen = config(tmp_path, tiny_beir, tiny_encoder_dir, "frozen", freeze_embeddings=True, epochs=1, seed=0,
+                    **options)  # fmt: skip
+    artifact = train_retriever.run(frozen)
+    before = SentenceTransformer(str(tiny_encoder_dir))[0].auto_model
+    after = SentenceTransformer(str(artifact.path))[0].auto_model
+    assert torch.equal(before.get_input_embeddings().weight, after.get_input_embeddings().weight)
+    moved = [
+        name for (name, old), new in zip(before.named_parameters(), after.parameters(), strict=True)
+        if not torch.equal(old, new)
+    ]
+    assert moved and not any("word_embeddings" in name for name in moved)
+    assert artifact.config["freeze_embeddings"] is True
 
 
 def test_gradcache_training_runs_and_matches_the_ledger(tmp_path, tiny_beir, tiny_encoder_dir):
