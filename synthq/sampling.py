@@ -220,7 +220,13 @@ def length_sorted_batches(
     requests: list[Request], generator: QueryGenerator, batch_size: int
 ) -> list[list[Request]]:
     """Batches of similar prompt length (little padding), longest first so memory peaks early."""
-    lengths = [len(generator.tokenizer(r.document, add_special_tokens=False)["input_ids"]) for r in requests]
+    length_of: dict[str, int] = {}
+    for request in requests:  # a document's k queries share one tokenisation
+        if request.document not in length_of:
+            length_of[request.document] = len(
+                generator.tokenizer(request.document, add_special_tokens=False)["input_ids"]
+            )
+    lengths = [length_of[r.document] for r in requests]
     order = sorted(range(len(requests)), key=lambda i: (-lengths[i], requests[i].doc_id, requests[i].index))
     ordered = [requests[i] for i in order]
     return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]

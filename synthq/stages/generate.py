@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections import ChainMap
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from synthq import distributed
@@ -43,11 +45,14 @@ from synthq.console import info, progress, warn
 from synthq.data.beir_io import read_corpus, read_qrels, read_queries, write_beir_dir
 from synthq.data.pairs import document_text
 from synthq.data.sources import resolve_source
+from synthq.data.tables import Corpus
 from synthq.errors import ArtifactError, DataError, SynthqError
 from synthq.models.generator import QueryGenerator
 from synthq.sampling import Request, is_degenerate, length_sorted_batches, sample_queries
 
 STAGE = "generate"
+# Documents whose texts (and prompt lengths, for length-sorted batches) are held at once.
+GENERATION_CHUNK = 8192
 PROGRESS_FILE = "done.jsonl"
 FINGERPRINT_FILE = "fingerprint.txt"
 
@@ -79,11 +84,13 @@ def read_document_list(path: Path) -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
-def select_documents(config: GenerateConfig, root: Path) -> dict[str, dict[str, str]]:
+def select_documents(config: GenerateConfig, root: Path) -> tuple[Corpus, list[str]]:
     """The public documents to generate for: the whole corpus, a public id list, or (under a
-    recorded assumption) a split's judged documents.
+    recorded assumption) a split's judged documents, after ``--limit`` and ``--shard``.
 
-    Only ``corpus.jsonl`` and, with ``--split``, the qrels file are read, never ``queries.jsonl``."""
+    Returns the memory-mapped corpus and the selected ids; texts are read chunk by chunk while
+    generating (:func:`_generate_for`), never all at once. Only ``corpus.jsonl`` and, with
+    ``--split``, the qrels file are read, never ``queries.jsonl``."""
     corpus = read_corpus(root / "corpus.jsonl")
     if config.documents is not None and config.split is not None:
         raise SynthqError("give either --documents or --split, not both")
@@ -106,47 +113,61 @@ def select_documents(config: GenerateConfig, root: Path) -> dict[str, dict[str, 
     if config.limit is not None:
         ids = ids[: config.limit]
     index, count = parse_shard(config.shard)
-    selected = {doc_id: corpus[doc_id] for position, doc_id in enumerate(ids) if position % count == index}
+    selected = ids[index::count]
     if not selected:
         raise DataError("no documents selected for generation", root)
-    return selected
+    return corpus, selected
 
 
 def _generate_for(
-    generator: QueryGenerator, documents: dict[str, str], config: GenerateConfig, done: dict, log_path: Path
+    generator: QueryGenerator,
+    corpus: Corpus,
+    doc_ids: list[str],
+    config: GenerateConfig,
+    done: dict,
+    log_path: Path,
 ) -> dict:
-    """Fill ``done[(doc_id, k)] = {"query", "attempts"}`` batch by batch, appending to the log."""
-    pending = [
-        Request(doc_id, text, k)
-        for doc_id, text in documents.items()
-        for k in range(config.num_queries)
-        if (doc_id, k) not in done
-    ]
-    batches = length_sorted_batches(pending, generator, config.generation_batch_size)
+    """Fill ``done[(doc_id, k)] = {"query", "attempts"}`` batch by batch, appending to the log.
+
+    Documents are read and length-sorted ``GENERATION_CHUNK`` at a time, so memory holds one
+    chunk's texts whatever the corpus size (sampling is per document, so the chunking changes
+    no query)."""
+    total = sum(1 for doc_id in doc_ids for k in range(config.num_queries) if (doc_id, k) not in done)
     with progress() as bar, open(log_path, "a", encoding="utf-8") as log:
-        task = bar.add_task("generating queries", total=len(pending))
-        for batch in batches:
-            current, results = list(batch), {}
-            for attempt in range(config.max_resample + 1):
-                texts = sample_queries(
-                    generator, current, config.seed, config.top_p, config.temperature, config.max_new_tokens
-                )
-                retry = []
-                for request, text in zip(current, texts, strict=True):
-                    last = attempt == config.max_resample
-                    if is_degenerate(text, request.document) and not last:
-                        retry.append(Request(request.doc_id, request.document, request.index, attempt + 1))
-                    else:
-                        results[(request.doc_id, request.index)] = {"query": text, "attempts": attempt + 1}
-                if not retry:
-                    break
-                current = retry
-            for (doc_id, index), result in results.items():
-                done[(doc_id, index)] = result
-                log.write(json.dumps({"doc_id": doc_id, "index": index, **result}) + "\n")
-            log.flush()
-            bar.advance(task, len(batch))
+        task = bar.add_task("generating queries", total=total)
+        for start in range(0, len(doc_ids), GENERATION_CHUNK):
+            pending = [
+                Request(doc_id, document_text(corpus[doc_id]), k)
+                for doc_id in doc_ids[start : start + GENERATION_CHUNK]
+                for k in range(config.num_queries)
+                if (doc_id, k) not in done
+            ]
+            for batch in length_sorted_batches(pending, generator, config.generation_batch_size):
+                for (doc_id, index), result in _sample_batch(generator, batch, config).items():
+                    done[(doc_id, index)] = result
+                    log.write(json.dumps({"doc_id": doc_id, "index": index, **result}) + "\n")
+                log.flush()
+                bar.advance(task, len(batch))
     return done
+
+
+def _sample_batch(generator: QueryGenerator, batch: list[Request], config: GenerateConfig) -> dict:
+    """One query per request of the batch; degenerate ones are resampled up to ``max_resample``
+    times (a new attempt draws from a new stream)."""
+    current, results = list(batch), {}
+    for attempt in range(config.max_resample + 1):
+        texts = sample_queries(generator, current, config.seed, config.top_p, config.temperature,
+                               config.max_new_tokens)  # fmt: skip
+        retry = []
+        for request, text in zip(current, texts, strict=True):
+            if is_degenerate(text, request.document) and attempt < config.max_resample:
+                retry.append(Request(request.doc_id, request.document, request.index, attempt + 1))
+            else:
+                results[(request.doc_id, request.index)] = {"query": text, "attempts": attempt + 1}
+        if not retry:
+            break
+        current = retry
+    return results
 
 
 def resume_key(config: GenerateConfig, inputs: list[dict]) -> str:
@@ -189,8 +210,27 @@ def _read_log(path: Path) -> dict:
     return done
 
 
-def write_synthetic(directory: Path, corpus: dict[str, dict[str, str]], done: dict) -> dict:
-    """The BEIR payload plus generation statistics; degenerate final outputs are dropped."""
+class _Documents(Mapping):
+    """The documents ``ids`` of a corpus, read on demand (what ``write_corpus`` streams out)."""
+
+    def __init__(self, corpus: Mapping[str, dict], ids: list[str]):
+        self.corpus, self.ids = corpus, ids
+
+    def __getitem__(self, doc_id: str) -> dict:
+        return self.corpus[doc_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def write_synthetic(directory: Path, corpus: Mapping[str, dict], done: dict) -> dict:
+    """The BEIR payload plus generation statistics; degenerate final outputs are dropped.
+
+    ``corpus`` may be the memory-mapped source corpus: the kept documents are streamed from it
+    into the artifact's ``corpus.jsonl``."""
     queries, qrels, kept_docs, degenerate, resampled = {}, {}, {}, 0, 0
     for (doc_id, index), result in sorted(done.items()):
         resampled += result["attempts"] > 1
@@ -200,10 +240,10 @@ def write_synthetic(directory: Path, corpus: dict[str, dict[str, str]], done: di
         query_id = f"syn-{doc_id}-{index}"
         queries[query_id] = result["query"]
         qrels[query_id] = {doc_id: 1}
-        kept_docs[doc_id] = corpus[doc_id]
+        kept_docs[doc_id] = None
     if not queries:
         raise SynthqError("every generated query was degenerate; is the generator trained?")
-    write_beir_dir(directory, kept_docs, queries, {"train": qrels})
+    write_beir_dir(directory, _Documents(corpus, list(kept_docs)), queries, {"train": qrels})
     lengths = [len(q.split()) for q in queries.values()]
     return {
         "documents": len(kept_docs),
@@ -246,9 +286,8 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
         return existing
     check_output_free(out, force, inputs)
     with create_artifact(out, STAGE, merged_config, inputs) as writer:
-        corpus, done = {}, {}
+        corpus, done = ChainMap(*[read_corpus(a.path / "corpus.jsonl") for a in artifacts]), {}
         for artifact in artifacts:
-            corpus.update(read_corpus(artifact.path / "corpus.jsonl"))
             queries = read_queries(artifact.path / "queries.jsonl")
             for query_id, docs in read_qrels(artifact.path / "qrels" / "train.tsv").items():
                 for doc_id in docs:
@@ -295,8 +334,7 @@ def run(config: GenerateConfig) -> Artifact:
         )
     if (done_artifact := existing_result(STAGE, config, inputs)) is not None:
         return done_artifact
-    documents = select_documents(config, root)
-    texts = {doc_id: document_text(doc) for doc_id, doc in documents.items()}
+    corpus, doc_ids = select_documents(config, root)
     generator = QueryGenerator.load(generator_artifact.path, device=distributed.device_for(config.device))
     generator.model.eval()
     with create_artifact(
@@ -310,9 +348,9 @@ def run(config: GenerateConfig) -> Artifact:
             info(f"resuming: {len(done)} queries already generated")
         started = time.perf_counter()
         before = set(done)
-        _generate_for(generator, texts, config, done, log_path)
+        _generate_for(generator, corpus, doc_ids, config, done, log_path)
         elapsed = time.perf_counter() - started
-        statistics = write_synthetic(writer.dir, documents, done)
+        statistics = write_synthetic(writer.dir, corpus, done)
         writer.metrics.update(statistics)
         new = [done[key]["query"] for key in done if key not in before]
         encoded = generator.tokenizer(new, add_special_tokens=False)["input_ids"] if new else []

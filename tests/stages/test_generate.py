@@ -214,6 +214,25 @@ def test_shards_merge_into_the_unsharded_set(tmp_path, causal_generator, tiny_be
     assert read(generate.merge([s.path for s in shards], whole.path, force=True)) == read(whole)
 
 
+def test_documents_stream_in_chunks_with_the_same_queries(tmp_path, causal_generator, tiny_beir, monkeypatch):
+    """generate reads and length-sorts GENERATION_CHUNK documents at a time (memory bounded by a
+    chunk, not the corpus); the chunking changes no query and no file of the artifact."""
+    whole = make(tmp_path, causal_generator, tiny_beir, "whole", num_queries=2, batch_size=4)
+    planned = []
+    original = generate.length_sorted_batches
+
+    def recording(requests, *args, **kwargs):
+        planned.append(len({r.doc_id for r in requests}))
+        return original(requests, *args, **kwargs)
+
+    monkeypatch.setattr(generate, "GENERATION_CHUNK", 5)
+    monkeypatch.setattr(generate, "length_sorted_batches", recording)
+    chunked = make(tmp_path, causal_generator, tiny_beir, "chunked", num_queries=2, batch_size=4)
+    assert planned == [5, 5, 2]  # 12 documents
+    for name in ("queries.jsonl", "corpus.jsonl", "qrels/train.tsv"):
+        assert (chunked.path / name).read_text() == (whole.path / name).read_text()
+
+
 def test_resume_skips_finished_documents(tmp_path, causal_generator, tiny_beir, monkeypatch):
     reference = make(tmp_path, causal_generator, tiny_beir, "reference", batch_size=2)
     calls = {"n": 0}
