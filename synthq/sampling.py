@@ -158,12 +158,12 @@ def sample_queries(
     (:func:`shared_prompt_state`). ``stop_at_newline=False`` runs every row to EOS or
     ``max_new_tokens`` and ``share_prompts=False`` encodes every row's prompt on its own (the same
     queries, more work); they exist for the throughput benchmark."""
-    batch = generator.generation_batch([r.document for r in requests]).to(generator.model.device)
+    documents = [r.document for r in requests]
+    batch = generator.generation_batch(documents).to(generator.model.device)
     seeds = [row_seed(seed, r.doc_id, r.index, r.attempt) for r in requests]
     processors = LogitsProcessorList([PerRowSampler(seeds, top_p, temperature, greedy=greedy)])
     stop = stop_token_ids(generator) if stop_at_newline else generator.tokenizer.eos_token_id
     with torch.inference_mode():
-        documents = [r.document for r in requests]
         shared = shared_prompt_state(generator, documents, batch) if share_prompts else {}
         output = generator.model.generate(
             **batch,
