@@ -259,6 +259,12 @@ class TrainRetrieverConfig(StageConfig):
         description="Keep the token-embedding matrix fixed: fewer weights to train and, under --dp, "
         "to noise; faster steps.",
     )
+    queries_per_document: int | None = Field(
+        None,
+        ge=1,
+        description="Train on the first K pairs of each document (file order), e.g. one query per "
+        "document of a set generated with --num-queries 3. Not with --dp.",
+    )
     seed: SecretSeed = None
     device: Device = "auto"
     limit: Limit = None

@@ -209,8 +209,12 @@ def shared_prompt_state(generator: QueryGenerator, documents: list[str], batch) 
     if ids.shape[1] < 2:
         return {}
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # as generate derives them (left padding)
-    cache = model(
-        input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], use_cache=True
+    cache = model(  # the cache is what is wanted; one position of logits skips the vocabulary projection
+        input_ids=ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=positions[:, :-1],
+        use_cache=True,
+        logits_to_keep=1,
     ).past_key_values
     cache.batch_select_indices(expand)
     return {"past_key_values": cache}

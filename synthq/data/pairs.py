@@ -61,6 +61,10 @@ class PairList(Sequence[Pair]):
             document_text(self.corpus.document(doc_row)),
         )
 
+    def select(self, indices: np.ndarray) -> PairList:
+        """The pairs at ``indices`` (an integer array), as a lazy list in that order."""
+        return PairList(self.queries, self.corpus, self.query_rows[indices], self.doc_rows[indices])
+
     def take(self, indices) -> list[Pair]:
         """The pairs at ``indices`` (any iterable of ints), e.g. one sampled batch."""
         return [self[int(i)] for i in indices]
@@ -90,3 +94,16 @@ def training_pairs(dataset: BeirDataset, split: str = "train", min_relevance: in
         raise DataError(f"split {split!r} has no relevant (query, document) pairs", dataset.root)
     group_of_row = np.searchsorted(qrels.starts, keep, side="right") - 1
     return PairList(dataset.queries, dataset.corpus, links.query_rows[group_of_row], links.doc_rows[keep])
+
+
+def first_pairs_per_document(pairs: PairList, k: int) -> PairList:
+    """The first ``k`` pairs of every document, in file order: one query per document of a
+    synthetic set generated with ``--num-queries 3`` is the set generated with one (each of a
+    document's queries is an independent sample). Which pairs are kept depends on the other
+    pairs of the same document, so this is a selection for public or already-private
+    (synthetic) data, never inside a DP mechanism over private pairs."""
+    order = np.argsort(pairs.doc_rows, kind="stable")
+    documents = pairs.doc_rows[order]
+    starts = np.flatnonzero(np.r_[True, documents[1:] != documents[:-1]])
+    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    return pairs.select(np.sort(order[rank < k]))

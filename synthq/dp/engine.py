@@ -253,11 +253,13 @@ class SecretRandomness:
 
 
 def add_noise(tensors: list[torch.Tensor], std: float, generator: torch.Generator) -> list[torch.Tensor]:
-    """``tensor + N(0, std²)`` for every coordinate (drawn on the CPU generator, moved to the
-    tensor's device, so every rank of a torchrun job draws the same noise)."""
-    if std <= 0:
-        return list(tensors)
-    return [t + torch.normal(0.0, std, size=t.shape, generator=generator).to(t.device) for t in tensors]
+    """``tensor += N(0, std²)`` for every coordinate, **in place** (the tensors are returned). The
+    noise is drawn on the CPU generator and moved to the tensor's device, so every rank of a
+    torchrun job draws the same noise; one tensor's noise at a time is all the extra memory."""
+    if std > 0:
+        for tensor in tensors:
+            tensor.add_(torch.normal(0.0, std, size=tensor.shape, generator=generator).to(tensor.device))
+    return list(tensors)
 
 
 def planned_steps(num_units: int, batch_size: int, epochs: float, max_steps: int | None) -> int:
@@ -357,9 +359,12 @@ class PrivacyPlan:
         return poisson_units(self.num_units, self.sample_rate, randomness.sampling, self.batch_cap)
 
     def privatize(self, clipped_sum: list[torch.Tensor], randomness: SecretRandomness) -> list[torch.Tensor]:
-        """``(clipped sum + N(0, (σΔ)²)) / (q n)``: the gradient the optimizer may use."""
-        noisy = add_noise(clipped_sum, self.noise_std, randomness.noise)
-        return [g / self.expected_batch_size for g in noisy]
+        """``(clipped sum + N(0, (σΔ)²)) / (q n)``: the gradient the optimizer may use. Computed in
+        place: the clipped sum's tensors become the returned gradient (no second copy of the
+        model's gradient in memory)."""
+        return [
+            g.div_(self.expected_batch_size) for g in add_noise(clipped_sum, self.noise_std, randomness.noise)
+        ]
 
     def epsilon_after(self, steps_done: int) -> float:
         """ε spent after ``steps_done`` steps, by the plan's own accountant."""

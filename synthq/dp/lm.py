@@ -216,7 +216,7 @@ class DPStep:
     ) -> tuple[dict[str, torch.Tensor], DPStepResult]:
         """``Σ_i w_i clip_C(∇ℓ_i)`` over ``rows``, summed over ranks (no noise yet)."""
         device = next(self.generator.model.parameters()).device
-        total = {n: torch.zeros_like(self.parameters[n]) for n in self.clipper.names}
+        total: dict[str, torch.Tensor] = {}  # the first micro-batch's sum becomes the total
         losses, norms, tokens = [], [], 0
         local = distributed.shard(list(zip(rows, weights, strict=True)))  # this rank's share
         for start in range(0, len(local), self.physical_batch_size):
@@ -226,9 +226,14 @@ class DPStep:
             chunk_weights = torch.tensor([w for _, w in chunk], device=device)
             summed, norm, loss = self.clipper.clipped_sum(batch, chunk_weights)
             for name, value in summed.items():
-                total[name] += value
+                total[name] = total[name].add_(value) if name in total else value
+            del summed
             losses.append(loss.detach())
             norms.append(norm.detach())
+        total = {  # zeros where this rank's share was empty
+            name: total[name] if name in total else torch.zeros_like(self.parameters[name])
+            for name in self.clipper.names
+        }
         distributed.all_reduce_sum(list(total.values()))
         return total, _step_result(len(rows), losses, norms, tokens)
 

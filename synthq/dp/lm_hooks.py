@@ -188,6 +188,7 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         self._factors: dict[int, list[tuple]] = defaultdict(list)
         self._records: list[tuple[nn.Module, list[torch.Tensor], torch.Tensor]] = []
         self._instantiated: list[dict[nn.Parameter, torch.Tensor]] = []
+        self._grams: dict[tuple, torch.Tensor] = {}  # a a^T of inputs shared by several layers
         self.methods: dict[str, str] = {}
         super().__init__(
             model,
@@ -202,6 +203,7 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         self._factors.clear()
         self._records.clear()
         self._instantiated.clear()
+        self._grams.clear()
         for parameter in self.trainable_parameters:
             parameter._norm_sample = None
 
@@ -237,7 +239,10 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         self.methods[self._names[id(module)]] = method
         if method == "ghost":
             self._records.append((module, activations, backprops))
-            norms = self.NORM_SAMPLERS[type(module)](module, activations, backprops)
+            if isinstance(module, nn.Linear) and backprops.dim() == 3:
+                norms = self._linear_ghost_norms(module, activations[0], backprops)
+            else:
+                norms = self.NORM_SAMPLERS[type(module)](module, activations, backprops)
         else:
             sampler = self.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
             grads = {p: g for p, g in sampler(module, activations, backprops).items() if p.requires_grad}
@@ -251,6 +256,27 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
                     f"{type(module).__name__} ran twice in one forward pass; use --grad-sample-mode hooks"
                 )
             parameter._norm_sample = norm
+
+    def _linear_ghost_norms(
+        self, module: nn.Linear, activations: torch.Tensor, backprops: torch.Tensor
+    ) -> dict[nn.Parameter, torch.Tensor]:
+        """Opacus' ghost norm of a Linear layer over ``[b, T, ·]`` sequences,
+        ``‖∇W_i‖² = ⟨g_i g_iᵀ, a_i a_iᵀ⟩``, with each input's Gram matrix ``a aᵀ`` computed once:
+        the query/key/value projections read one input, and so do an MLP's gate and up
+        projections. The records keep every input alive until the update, so its storage
+        address identifies it for the whole backward pass."""
+        key = (activations.data_ptr(), activations.shape, activations.stride())
+        gram = self._grams.get(key)
+        if gram is None:
+            activations = activations.to(backprops.dtype)
+            gram = self._grams[key] = torch.bmm(activations, activations.transpose(1, 2))
+        output_gram = torch.bmm(backprops, backprops.transpose(1, 2))
+        norms = {}
+        if module.weight.requires_grad:
+            norms[module.weight] = (output_gram * gram).sum((1, 2)).clamp(min=0).sqrt()
+        if module.bias is not None and module.bias.requires_grad:
+            norms[module.bias] = output_gram.sum((1, 2)).clamp(min=0).sqrt()
+        return norms
 
     def _method(self, module: nn.Module, backprops: torch.Tensor) -> str:
         """``ghost`` or ``instantiate`` for this call of ``module`` (see :func:`choose_norm_method`)."""
@@ -273,6 +299,7 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         norms = super().get_norm_sample()
         for parameter in self.trainable_parameters:
             parameter._norm_sample = None
+        self._grams.clear()
         return norms
 
     def clipped_gradients(self, factors: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -284,25 +311,68 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
                 key = id(parameter)
                 summed[key] = value if key not in summed else summed[key] + value
 
-        for grads in self._instantiated:  # Σ_i c_i g_i of the kept per-example gradients
-            for parameter, value in grads.items():
+        instantiated, self._instantiated = self._instantiated, []
+        while instantiated:  # Σ_i c_i g_i of the kept per-example gradients
+            for parameter, value in instantiated.pop().items():
                 add(parameter, torch.tensordot(factors.to(value.dtype), value, dims=1))
-        for module, activations, backprops in self._records:  # ghost and tied layers
-            scaled = backprops * factors.to(backprops.dtype).view(-1, *[1] * (backprops.dim() - 1))
+        records, self._records = self._records[::-1], []  # popped in backward order: a tied
+        inputs = _ScaledInputs(records, factors)  # output projection comes before its embedding
+        while records:  # ghost and tied layers; each record is freed once it is used
+            module, activations, backprops = records.pop()
+            batch = backprops.shape[0]
+            outputs = backprops.reshape(batch, -1, backprops.shape[-1])
             if isinstance(module, nn.Linear):
-                flat = scaled.reshape(-1, scaled.shape[-1])
-                add(module.weight, flat.T @ activations[0].to(flat.dtype).reshape(flat.shape[0], -1))
+                add(module.weight, inputs.weighted_product(outputs, activations[0]))
                 if module.bias is not None:
-                    add(module.bias, flat.sum(0))
-            else:  # nn.Embedding
-                weight = module.weight
-                value = torch.zeros_like(weight).index_add_(
-                    0, activations[0].reshape(-1), scaled.reshape(-1, weight.shape[1]).to(weight.dtype)
-                )
-                add(weight, value)
-        self._records.clear()
-        self._instantiated.clear()
+                    add(module.bias, factors.to(outputs.dtype) @ outputs.sum(1))
+                continue
+            weight = module.weight  # nn.Embedding: Σ_i c_i Σ_t e_{ids_t} ⊗ g_t, rows added in place
+            scaled = (outputs * factors.to(outputs.dtype).view(-1, 1, 1)).reshape(-1, weight.shape[1])
+            ids = activations[0].reshape(-1)
+            if id(weight) in summed:
+                summed[id(weight)].index_add_(0, ids, scaled.to(weight.dtype))
+            else:
+                add(weight, torch.zeros_like(weight).index_add_(0, ids, scaled.to(weight.dtype)))
         return summed
+
+
+class _ScaledInputs:
+    """``Σ_i c_i g_iᵀ a_i`` for the recorded Linear layers of one backward pass, scaling whichever
+    factor is narrower: the per-example clip factors ``c`` multiply the output gradients
+    ``g [b, T, p]`` or the inputs ``a [b, T, d]``. An input read by several layers (attention's
+    query/key/value projections, an MLP's gate and up projections) is scaled once and dropped
+    after its last use."""
+
+    def __init__(self, records: list[tuple], factors: torch.Tensor):
+        self.factors = factors
+        self.uses: Counter[tuple] = Counter(
+            self._key(activations[0]) for module, activations, _ in records if isinstance(module, nn.Linear)
+        )
+        self.scaled: dict[tuple, torch.Tensor] = {}
+
+    @staticmethod
+    def _key(tensor: torch.Tensor) -> tuple:
+        return tensor.data_ptr(), tensor.shape, tensor.stride()
+
+    def _weighted(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor * self.factors.to(tensor.dtype).view(-1, *[1] * (tensor.dim() - 1))
+
+    def weighted_product(self, outputs: torch.Tensor, activations: torch.Tensor) -> torch.Tensor:
+        """``Σ_i c_i g_iᵀ a_i`` as one ``[p, d]`` matrix (``outputs``: ``[b, T, p]``)."""
+        key = self._key(activations)
+        self.uses[key] -= 1
+        shared = key in self.scaled or self.uses[key] > 0
+        inputs = activations.to(outputs.dtype).reshape(outputs.shape[0], outputs.shape[1], -1)
+        if shared or inputs.shape[-1] < outputs.shape[-1]:
+            scaled = self.scaled.get(key)
+            if scaled is None:
+                scaled = self._weighted(inputs)
+            if self.uses[key] > 0:
+                self.scaled[key] = scaled
+            else:
+                self.scaled.pop(key, None)
+            return outputs.flatten(0, 1).T @ scaled.flatten(0, 1)
+        return self._weighted(outputs).flatten(0, 1).T @ inputs.flatten(0, 1)
 
 
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -442,7 +512,7 @@ class GhostClipper:
         by_id = self.module.clipped_gradients(factors)
         summed = {}
         for name, parameter in _trainable(self.generator.model):
-            summed[name] = by_id.get(id(parameter), torch.zeros_like(parameter))
+            summed[name] = by_id[id(parameter)] if id(parameter) in by_id else torch.zeros_like(parameter)
         return summed, norms, losses
 
     def close(self) -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -118,7 +119,7 @@ def describe_method(artifact: Artifact) -> str:
     data = str(config.get("data", ""))
     if (Path(data) / "manifest.json").is_file():
         generator = _generator_name(data)
-        per_document = _queries_per_document(data)
+        per_document = min(_queries_per_document(data), config.get("queries_per_document") or math.inf)
         detail = ", ".join(
             x for x in (generator, f"{per_document} queries/doc" if per_document > 1 else None) if x
         )

@@ -41,7 +41,7 @@ from synthq.artifacts import (
 )
 from synthq.config import TrainRetrieverConfig
 from synthq.console import info, progress, warn
-from synthq.data.pairs import Pair, training_pairs
+from synthq.data.pairs import Pair, first_pairs_per_document, training_pairs
 from synthq.data.sources import load_source, resolve_source
 from synthq.dp.contrastive import Example
 from synthq.dp.engine import (
@@ -213,6 +213,14 @@ def run(config: TrainRetrieverConfig) -> Artifact:
         raise SynthqError("--mini-batch-size (GradCache) runs in one process; under torchrun each rank "
                           "already embeds only its share of the batch")  # fmt: skip
     pairs = training_pairs(dataset, config.split)
+    if config.queries_per_document is not None:
+        if config.dp is not None:
+            raise SynthqError(
+                "--queries-per-document keeps a document's first pairs, so whether a query is kept "
+                "depends on the other queries: not a selection a DP mechanism may make; "
+                "select the pairs before training"
+            )
+        pairs = first_pairs_per_document(pairs, config.queries_per_document)
     pairs = pairs[: config.limit] if config.limit is not None else pairs
     units = PrivacyUnits.from_keys([p.query_id for p in pairs])
     if config.batch_size > len(pairs):

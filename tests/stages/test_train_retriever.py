@@ -117,7 +117,8 @@ def test_frozen_token_embeddings_stay_put_while_the_rest_trains(tmp_path, tiny_b
     after = SentenceTransformer(str(artifact.path))[0].auto_model
     assert torch.equal(before.get_input_embeddings().weight, after.get_input_embeddings().weight)
     moved = [
-        name for (name, old), new in zip(before.named_parameters(), after.parameters(), strict=True)
+        name
+        for (name, old), new in zip(before.named_parameters(), after.parameters(), strict=True)
         if not torch.equal(old, new)
     ]
     assert moved and not any("word_embeddings" in name for name in moved)
@@ -147,6 +148,56 @@ def test_synthetic_input_inherits_the_generator_guarantee(tmp_path, tiny_beir, t
     assert artifact.privacy.epsilon == 3.0 and artifact.privacy.delta == 1e-6
     assert artifact.privacy.derived_from[-1] == source.manifest_hash
     assert artifact.inputs[0]["stage"] == "generate"
+
+
+def _synthetic_set(tmp_path, tiny_beir, per_document: int):
+    """A generate artifact with ``per_document`` queries for every corpus document."""
+    dataset = load_beir_dir(tiny_beir)
+    synthetic = tmp_path / f"synthetic-x{per_document}"
+    queries = {
+        f"syn-{d}-{i}": f"about {d.split('-')[0]} {i}" for d in dataset.corpus for i in range(per_document)
+    }
+    with create_artifact(synthetic, "generate", {"num_queries": per_document}) as writer:
+        qrels = {"train": {q: {q.split("-", 1)[1].rsplit("-", 1)[0]: 1} for q in queries}}
+        write_beir_dir(writer.dir, dataset.corpus, queries, qrels)
+        writer.privacy = Guarantee(
+            epsilon=3.0, delta=1e-6, mechanism="dp-adam+post-processing", accountant="rdp"
+        )
+    return synthetic
+
+
+def test_first_pairs_per_document_keeps_file_order(tmp_path, tiny_beir):
+    from synthq.data.pairs import first_pairs_per_document
+
+    pairs = training_pairs(load_beir_dir(_synthetic_set(tmp_path, tiny_beir, 3)), "train")
+    for k in (1, 2, 3):
+        kept = list(first_pairs_per_document(pairs, k))
+        expected, seen = [], {}
+        for pair in pairs:  # the independent computation: walk the file, count per document
+            seen[pair.doc_id] = seen.get(pair.doc_id, 0) + 1
+            if seen[pair.doc_id] <= k:
+                expected.append(pair)
+        assert kept == expected and len(kept) == k * len(seen)
+    assert {p.query_id.rsplit("-", 1)[1] for p in first_pairs_per_document(pairs, 1)} == {"0"}
+
+
+def test_queries_per_document_trains_on_the_one_query_subset(tmp_path, tiny_beir, tiny_encoder_dir):
+    from synthq.stages.evaluate import describe_method
+
+    synthetic = _synthetic_set(tmp_path, tiny_beir, 3)
+    documents = len(load_beir_dir(tiny_beir).corpus)
+    full = train_retriever.run(config(tmp_path, synthetic, tiny_encoder_dir, "x3", epochs=1))
+    one = train_retriever.run(
+        config(tmp_path, synthetic, tiny_encoder_dir, "x1", epochs=1, queries_per_document=1)
+    )
+    assert one.metrics["pairs"] == documents and full.metrics["pairs"] == 3 * documents
+    assert one.metrics["steps"] == math.ceil(documents / 8)
+    assert one.privacy.epsilon == 3.0  # post-processing of the synthetic set
+    assert "3 queries/doc" in describe_method(full) and "queries/doc" not in describe_method(one)
+    with pytest.raises(Exception, match="not a selection a DP mechanism may make"):
+        train_retriever.run(
+            config(tmp_path, tiny_beir, tiny_encoder_dir, "dp", dp="group", queries_per_document=1)
+        )
 
 
 @pytest.mark.slow
