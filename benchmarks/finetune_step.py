@@ -4,6 +4,11 @@ T5-small-shaped model. The full (and the LoRA) configurations are timed in one p
 (a shared CPU slows both sides of a ratio alike); peak RSS comes from a process of its own.
 
     python benchmarks/finetune_step.py [--batch 8] [--tokens 128] [--steps 3] [--modes ghost,hooks,vmap]
+    python benchmarks/finetune_step.py --profile [--lora 0] [--modes ghost]
+
+``--profile`` runs one step of each side under torch's profiler (after two untimed steps) and
+prints, per operator, the self CPU time of the non-private and the DP step and the difference:
+where the DP step's extra time goes.
 """
 
 from __future__ import annotations
@@ -57,6 +62,39 @@ def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: 
     return lambda: non_private_step(generator, optimizer, make_batch, indices, batch)
 
 
+def profile_overhead(model: str, mode: str, lora: int, batch: int, tokens: int, top: int = 15) -> dict:
+    """Self CPU seconds per operator of one non-private and one DP step, largest differences first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from synthq.threads import configure_threads
+
+    configure_threads()
+    sides = {
+        "non_private": make_step(model, None, lora, batch, tokens),
+        "dp": make_step(model, mode, lora, batch, tokens),
+    }
+    for step in sides.values():  # warm-up: allocations, lazy initialisation
+        step()
+        step()
+    totals = {}
+    for name, step in sides.items():
+        with profile(activities=[ProfilerActivity.CPU]) as recorded:
+            step()
+        totals[name] = {e.key: e.self_cpu_time_total / 1e6 for e in recorded.key_averages()}
+    operators = set(totals["non_private"]) | set(totals["dp"])
+    rows = sorted(
+        ((op, totals["non_private"].get(op, 0.0), totals["dp"].get(op, 0.0)) for op in operators),
+        key=lambda row: row[1] - row[2],
+    )
+    return {
+        "seconds": {name: round(sum(values.values()), 3) for name, values in totals.items()},
+        "largest_differences": [
+            {"operator": op, "non_private": round(a, 3), "dp": round(b, 3), "extra": round(b - a, 3)}
+            for op, a, b in rows[:top]
+        ],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=8)
@@ -67,8 +105,24 @@ def main() -> None:
     parser.add_argument("--lora", type=int, default=16, help="LoRA rank for the LoRA rows (0 = skip)")
     parser.add_argument("--no-full", action="store_true", help="LoRA rows only")
     parser.add_argument("--no-memory", action="store_true", help="times only (no peak-RSS processes)")
+    parser.add_argument("--profile", action="store_true", help="where the DP step's extra time goes")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
+    if args.profile:
+        for model in args.models.split(","):
+            for rank in sorted({0, args.lora} - ({0} if args.no_full else set())):
+                emit(
+                    {
+                        "benchmark": "finetune_step_profile",
+                        "model": model,
+                        "mode": modes[0],
+                        "lora": rank,
+                        "batch": args.batch,
+                        "tokens": args.tokens,
+                        "results": profile_overhead(model, modes[0], rank, args.batch, args.tokens),
+                    }
+                )
+        return
     for model in args.models.split(","):
         configurations = [] if args.no_full else [("non_private_full", None, 0)]
         configurations += [] if args.no_full else [(f"dp_{m}_full", m, 0) for m in modes]

@@ -260,7 +260,14 @@ def _expected_entries(entries: Any, known: dict[str, Path], path: str | Path) ->
 
 
 def _metric(metrics: Any, keys: list[str]) -> Any:
+    """``metrics[k1][k2]…``; a key with glob characters must match exactly one key at its level
+    (e.g. ``embedded/ret-x3-lr*``: whichever configuration dev selection sent to test)."""
     for key in keys:
+        if isinstance(metrics, dict) and key not in metrics and any(ch in key for ch in "*?["):
+            matches = [name for name in metrics if fnmatch.fnmatchcase(str(name), key)]
+            if len(matches) > 1:
+                raise KeyError(f"{key} matches {len(matches)}: {', '.join(map(str, matches))}")
+            key = matches[0] if matches else key
         if not isinstance(metrics, dict) or key not in metrics:
             raise KeyError(key)
         metrics = metrics[key]

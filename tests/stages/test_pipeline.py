@@ -197,3 +197,9 @@ def test_run_check_passes_and_fails_loudly_on_a_regression(tmp_path):
     # a metric the artifact does not have fails too
     result = CliRunner().invoke(app, ["run", str(path), "--check", "expected.0.metric=nope"])
     assert result.exit_code == 1 and "FAILED second: nope: no such metric" in result.output
+    # a glob names whichever key is there (one); several matches are ambiguous and fail
+    result = CliRunner().invoke(app, ["run", str(path), "--check", "expected.1.metric=[scores, doub*]"])
+    assert "ok first-3: scores / doub* = 6" in result.output, result.output
+    result = CliRunner().invoke(app, ["run", str(path), "--check", "expected.1.metric=[scores, '*']"])
+    assert result.exit_code == 1 and "FAILED first-3: scores / *: no such metric" in result.output
+    assert "matches 2" in result.output
