@@ -51,6 +51,8 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
 
 
 LARGE_FILE_BYTES = 16 << 20
+
+
 def file_digest(path: Path) -> str:
     """sha256 of a file's whole content. A large file's digest is remembered while its stat
     (device, inode, size, mtime, ctime) is unchanged — the data layer's

@@ -149,8 +149,12 @@ def test_neighbouring_batches_differ_by_at_most_the_sensitivity(encoder, mode):
                 model = encoder if mode == "group" else None
                 mechanisms.append(
                     GroupClipping(
-                        clip_norm, 0.05, group_size=3, expected_batch_size=8,
-                        randomness=SecretRandomness(seed=1), model=model,
+                        clip_norm,
+                        0.05,
+                        group_size=3,
+                        expected_batch_size=8,
+                        randomness=SecretRandomness(seed=1),
+                        model=model,
                     )  # fmt: skip
                 )
                 mechanisms[-1].one_pass = model is not None  # "group" = the one-pass engine

@@ -78,5 +78,3 @@ def test_clipped_contributions_never_exceed_the_clip_norm(tiny_causal_dir):
     without_last, _ = clip_and_sum({n: g[:2] for n, g in per_sample.items()}, clip)
     difference = torch.sqrt(sum((with_all[n] - without_last[n]).pow(2).sum() for n in with_all))
     assert difference <= clip * (1 + 1e-5)
-
-

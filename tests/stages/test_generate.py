@@ -133,7 +133,8 @@ def test_rows_of_one_document_share_its_prompt_and_sample_the_same_queries(any_g
     if generator.kind == "causal":
         module = generator.model
         record = lambda _m, args, kwargs: prompt_rows.append(  # noqa: E731
-            kwargs["input_ids"].shape if kwargs["input_ids"].shape[1] > 1 else None)
+            kwargs["input_ids"].shape if kwargs["input_ids"].shape[1] > 1 else None
+        )
     else:
         module = generator.model.get_encoder()
         record = lambda _m, args, kwargs: prompt_rows.append(kwargs["input_ids"].shape)  # noqa: E731
