@@ -48,6 +48,8 @@ def _ratio(results: dict, row: str, memory: bool = True) -> str | None:
     text = f"{value['time_ratio']:.2f}× time"
     if memory and "memory_ratio" in value:
         text += f", {value['memory_ratio']:.2f}× memory"
+        if "live_memory_ratio" in value:
+            text += f" ({value['live_memory_ratio']:.2f}× live)"
     base = results[value["baseline"]]
     return f"{text} ({base['median_step_seconds']:.2f} → {value['median_step_seconds']:.2f} s)"
 
@@ -119,7 +121,10 @@ def table(results: dict) -> str:
         f"cores, {machine.get('memory_gb', '?')} GB, torch {machine.get('torch', '?')}"
         + (f", {machine['gpu']}" if machine.get("gpu") else ", no GPU")
         + ". Every ratio is from one run that measured both sides; a load above the core count "
-        "means other work shared the CPU (ratios then carry more noise than the times suggest).",
+        "means other work shared the CPU (ratios then carry more noise than the times suggest). "
+        "Memory: peak RSS of one step in a process of its own; `live`: the same with malloc "
+        "returning every freed block over 1 MiB at once (`MALLOC_MMAP_THRESHOLD_`), so that the "
+        "peak follows the tensors alive rather than what glibc's heap kept.",
         "",
         "| work | measured | anchor | aim | conditions |",
         "|---|---|---|---|---|",
