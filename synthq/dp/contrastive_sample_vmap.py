@@ -23,10 +23,10 @@ would not be the paper's baseline any more. The exact per-query gradient needs `
 document's embedding against ``B`` different cotangents: ``B`` backward passes through the
 document encoder is the inherent price, and what this module saves is their sequential
 overhead, not their flops. Measured (``make bench``: ``benchmarks/retriever_step.py``,
-MiniLM-L6, B = 16, 2 idle cores, one interleaved run): the loop 11.8×, this 12.2× of a
-non-private step — on a flops-bound CPU the saved overhead is nothing (an earlier 1.82× vs
-5.26× at B = 8 was taken on a CPU shared at load 16, where the loop's many small kernels
-suffered most).
+MiniLM-L6, B = 16, 2 idle cores): the loop 11.8× and 12.1×, this 12.2× and 11.9× of a
+non-private step in two runs — on a flops-bound CPU the saved overhead is nothing (an earlier
+1.82× vs 5.26× at B = 8 was taken on a CPU shared at load 16, where the loop's many small
+kernels suffered most).
 Memory grows with ``chunk ×`` the trainable parameters plus the batched backward's activations.
 
 Privacy unit, sensitivity and requirements: those of ``SampleClipping`` (one query; ``(2B − 1)C``),
