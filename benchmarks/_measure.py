@@ -9,6 +9,7 @@ import os
 import resource
 import statistics
 import time
+from unittest.mock import patch
 
 
 def _threads() -> None:
@@ -49,16 +50,8 @@ def measure(function, *args, steps: int = 3, warmup: int = 1, env: dict | None =
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     process = context.Process(target=_child, args=(function, args, steps, warmup, queue))
-    saved = {key: os.environ.get(key) for key in env or {}}
-    os.environ.update(env or {})
-    try:
+    with patch.dict(os.environ, env or {}):
         process.start()  # the spawned interpreter reads its environment (and malloc's) at start
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     result = queue.get()
     process.join()
     return result

@@ -52,7 +52,7 @@ class PairList(Sequence[Pair]):
     def __getitem__(self, index: slice) -> PairList: ...
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return PairList(self.queries, self.corpus, self.query_rows[index], self.doc_rows[index])
+            return self.select(index)
         query_row, doc_row = int(self.query_rows[index]), int(self.doc_rows[index])
         return Pair(
             self.queries.id_at(query_row),
@@ -61,8 +61,8 @@ class PairList(Sequence[Pair]):
             document_text(self.corpus.document(doc_row)),
         )
 
-    def select(self, indices: np.ndarray) -> PairList:
-        """The pairs at ``indices`` (an integer array), as a lazy list in that order."""
+    def select(self, indices: np.ndarray | slice) -> PairList:
+        """The pairs at ``indices`` (an integer array or a slice), as a lazy list in that order."""
         return PairList(self.queries, self.corpus, self.query_rows[indices], self.doc_rows[indices])
 
     def take(self, indices) -> list[Pair]:

@@ -227,7 +227,6 @@ class DPStep:
             summed, norm, loss = self.clipper.clipped_sum(batch, chunk_weights)
             for name, value in summed.items():
                 total[name] = total[name].add_(value) if name in total else value
-            del summed
             losses.append(loss.detach())
             norms.append(norm.detach())
         total = {  # zeros where this rank's share was empty
