@@ -16,6 +16,7 @@ import json
 import math
 import os
 import platform
+import secrets
 import shutil
 import tempfile
 import time
@@ -26,10 +27,12 @@ from typing import Any
 
 from synthq import __version__, distributed
 from synthq.errors import ArtifactError
-from synthq.privacy import Guarantee
+from synthq.keys import check_seal, key_id, private_data_digest, seal
+from synthq.privacy import Guarantee, check_recorded_epsilon, compose_releases
 from synthq.stages.registry import STAGES as STAGE_REGISTRY
 
-SCHEMA_VERSION = 1
+# 2: guarantees recomputed from recorded releases, keyed private-data digests, sealed manifests.
+SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 PARTIAL_SUFFIX = ".partial"
 STAGES = tuple(STAGE_REGISTRY)  # the stage names, from the one registry of stages
@@ -139,10 +142,15 @@ def environment() -> dict:
 
 @dataclass
 class Artifact:
-    """A verified, finished artifact directory."""
+    """A verified, finished artifact directory.
+
+    ``verified`` is False for a manifest sealed under another installation's key: its guarantee
+    is still recomputed from what it records, but an edit cannot be ruled out, and
+    :attr:`privacy` says so among its assumptions."""
 
     path: Path
     manifest: dict
+    verified: bool = True
 
     @property
     def stage(self) -> str:
@@ -154,7 +162,21 @@ class Artifact:
 
     @property
     def privacy(self) -> Guarantee:
-        return Guarantee.from_manifest(self.manifest["privacy"])
+        guarantee = Guarantee.from_manifest(self.manifest["privacy"])
+        return guarantee if self.verified else guarantee.assuming(self.unverified_assumption)
+
+    @property
+    def unverified_assumption(self) -> str:
+        stamp = self.manifest.get("seal", {})
+        return (
+            f"the manifest of {self.path} was not edited: it was sealed under another key "
+            f"(id {stamp.get('key_id')}; this installation's is {key_id()}), so synthq cannot verify it"
+        )
+
+    @property
+    def releases(self) -> list[dict]:
+        """Every read of private data behind this artifact, as recorded when it was written."""
+        return self.manifest.get("releases", [])
 
     @property
     def metrics(self) -> dict:
@@ -172,21 +194,21 @@ class Artifact:
     def manifest_hash(self) -> str:
         return sha256_file(self.path / MANIFEST)
 
-    def file(self, relative: str) -> Path:
-        """The path of a payload file, which must be listed in the manifest."""
-        listed = {**self.manifest.get("files", {}), **self.manifest.get("private_files", {})}
-        if relative not in listed and not (self.path / relative).is_dir():
-            raise ArtifactError(f"{self.path}: artifact has no payload file {relative!r}")
-        return self.path / relative
-
     def input_record(self) -> dict:
         return {"path": str(self.path), "kind": "artifact", "stage": self.stage, "sha256": self.manifest_hash}
 
 
-def data_input_record(path: Path, name: str | None = None) -> dict:
-    """Lineage entry for a plain data directory (a BEIR dir that is not an artifact)."""
+def data_input_record(path: Path, name: str | None = None, private: bool = False) -> dict:
+    """Lineage entry for a plain data directory (a BEIR dir that is not an artifact).
+
+    Private data is identified by a keyed digest (:func:`synthq.keys.private_data_digest`), never
+    by its plain sha256, which anyone holding candidate datasets could test."""
     path = Path(path)
-    return {"path": str(path), "kind": "data", "name": name or path.name, "sha256": sha256_tree(path)}
+    digest = sha256_tree(path)
+    record = {"path": str(path), "kind": "data", "name": name or path.name, "sha256": digest}
+    if private:
+        record.update(sha256=private_data_digest(digest), private=True)
+    return record
 
 
 def _read_manifest(path: Path) -> dict:
@@ -214,8 +236,10 @@ def open_artifact(
     manifest = _read_manifest(path)
     if manifest.get("schema") != SCHEMA_VERSION:
         raise ArtifactError(
-            f"{path}: unknown artifact schema {manifest.get('schema')!r} (this synthq reads {SCHEMA_VERSION})"
+            f"{path}: unknown artifact schema {manifest.get('schema')!r} "
+            f"(this synthq reads {SCHEMA_VERSION}; re-run the stage that wrote it)"
         )
+    verified = check_seal(manifest, str(path / MANIFEST))
     if stage is not None:
         wanted = (stage,) if isinstance(stage, str) else tuple(stage)
         if manifest.get("stage") not in wanted:
@@ -230,22 +254,37 @@ def open_artifact(
                 raise ArtifactError(f"{file_path}: payload file listed in the manifest is missing")
             if sha256_file(file_path) != expected:
                 raise ArtifactError(f"{file_path}: payload file was altered or truncated (sha256 mismatch)")
-        _check_privacy(manifest, path)
-    return Artifact(path=path, manifest=manifest)
+    check_privacy(manifest, path / MANIFEST)
+    return Artifact(path=path, manifest=manifest, verified=verified)
 
 
-def _check_privacy(manifest: dict, path: Path) -> None:
-    """The recorded ε must be what the recorded mechanism parameters give (an edited manifest is
-    refused, not trusted)."""
+def check_privacy(manifest: dict, where: Path) -> None:
+    """A guarantee is recomputed, never read: every recorded release's ε must be what its
+    mechanism parameters give, and the headline ``privacy`` (and ``own_privacy``) must be exactly
+    what :func:`synthq.privacy.compose_releases` gives for the recorded releases."""
     from synthq.errors import PrivacyError
-    from synthq.privacy import check_recorded_epsilon
 
-    for key in ("privacy", "own_privacy"):
-        if key in manifest:
-            try:
-                check_recorded_epsilon(Guarantee.from_manifest(manifest[key]), f"{path / MANIFEST} ({key})")
-            except PrivacyError as error:
-                raise ArtifactError(str(error)) from error
+    releases = manifest.get("releases", [])
+    try:
+        for release in releases:
+            check_recorded_epsilon(Guarantee.from_manifest(release["guarantee"]), f"{where} (release)")
+        sharing = manifest.get("privacy", {}).get("details", {}).get("sharing", [[r["id"] for r in releases]])
+        covered = {key for group in sharing for key in group}
+        if covered != {r["id"] for r in releases}:
+            raise PrivacyError(f"{where}: the releases and the groups they are composed in disagree")
+        expected = compose_releases(releases, sharing, manifest.get("assumptions", []))
+        if json_safe(expected.model_dump(mode="json")) != manifest.get("privacy"):
+            raise PrivacyError(
+                f"{where}: the recorded guarantee is not what its releases give "
+                f"({expected.describe()}); the manifest was edited or is corrupt"
+            )
+        own = [r for r in releases if r["id"] == manifest.get("own_release")]
+        if manifest.get("own_privacy") != (own[0]["guarantee"] if own else None):
+            raise PrivacyError(f"{where}: own_privacy is not the artifact's own release")
+    except (PrivacyError, KeyError, TypeError, ValueError) as error:
+        if isinstance(error, PrivacyError):
+            raise ArtifactError(str(error)) from error
+        raise ArtifactError(f"{where}: malformed privacy record ({type(error).__name__}: {error})") from error
 
 
 def is_artifact(path: str | Path) -> bool:
@@ -268,7 +307,6 @@ class ArtifactWriter:
     config: dict
     inputs: list[dict]
     fingerprint: str
-    privacy: Guarantee | None = None
     metrics: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
@@ -284,6 +322,76 @@ class ArtifactWriter:
     # False on the ranks other than 0 of a torchrun job, whose writer is thrown away
     # (synthq.artifact_on_main): large saves may be skipped there.
     primary: bool = True
+    # The privacy record (see the module's docstring of synthq.privacy): every read of private
+    # data behind this artifact, what it assumes, and whether the stage said where it stands.
+    releases: list[dict] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+    own_release: dict | None = None
+    accounted: bool = False
+
+    def inherit(self, source: Artifact) -> None:
+        """``source``'s content flows into this artifact (post-processing, a starting model, a
+        dataset that is an artifact): its releases and assumptions come along."""
+        known = {r["id"] for r in self.releases}
+        self.releases += [r for r in source.releases if r["id"] not in known]
+        self.assume(*source.privacy.assumptions)
+
+    def assume(self, *assumptions: str | None) -> None:
+        """Facts the guarantee relies on that synthq cannot check (printed beside every ε)."""
+        self.assumptions = list(dict.fromkeys([*self.assumptions, *(a for a in assumptions if a)]))
+        self.accounted = True
+
+    def release(
+        self,
+        guarantee: Guarantee,
+        data: dict,
+        unit_ids: Sequence[str] = (),
+        unit_kind: str = "query",
+        units: dict | None = None,
+    ) -> dict:
+        """Record this artifact's own read of private data ``data`` (an input record): its
+        guarantee (ε = ∞ for a read without DP) and the keyed set of the units it read
+        (``unit_ids``, or ``units``: the record of a set another release already stored)."""
+        from synthq.units import register_private_data, store_unit_set
+
+        if units is None:
+            units = store_unit_set(unit_kind, list(unit_ids), also_in=self.dir / DIAGNOSTICS)
+        record = {
+            "id": secrets.token_hex(16),
+            "stage": self.stage,
+            "path": str(self.path),
+            "data": {key: data.get(key) for key in ("name", "sha256", "kind")},
+            "unit": guarantee.unit,
+            "units": units,
+            "guarantee": json_safe(guarantee.model_dump(mode="json")),
+        }
+        register_private_data(record["data"])
+        self.own_release = record
+        self.releases.append(record)
+        self.accounted = True
+        return record
+
+    def public(self) -> None:
+        """Say that this artifact read no private data and inherits nothing (ε = 0)."""
+        self.accounted = True
+
+    @property
+    def privacy(self) -> Guarantee:
+        """The headline guarantee the recorded releases give (what the manifest will carry)."""
+        from synthq.units import sharing_groups
+
+        return compose_releases(self.releases, sharing_groups(self.releases), self.assumptions)
+
+    @privacy.setter
+    def privacy(self, guarantee: Guarantee) -> None:
+        """Shorthand for stages outside synthq (and tests): a public guarantee states its
+        assumptions; any other is recorded as this artifact's release of one unnamed private
+        dataset with no unit set (so it composes with every other release, a bound)."""
+        if guarantee.mechanism == "public":
+            self.assume(*guarantee.assumptions)
+            return
+        data = {"name": "unnamed private data", "sha256": "hmac:unnamed", "kind": "data"}
+        self.release(guarantee, data, units={})
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -319,9 +427,11 @@ def current_input_hash(record: dict) -> str | None:
     path = Path(record["path"])
     if record.get("kind") == "artifact":
         return sha256_file(path / MANIFEST) if (path / MANIFEST).is_file() else None
-    if path.is_file():  # a single input file, e.g. a public document list
-        return sha256_file(path)
-    return sha256_tree(path) if path.is_dir() else None
+    if path.is_file():  # a single input file, e.g. a public corpus or document list
+        return file_digest(path)
+    if not path.is_dir():
+        return None
+    return private_data_digest(sha256_tree(path)) if record.get("private") else sha256_tree(path)
 
 
 def is_still_up_to_date(out: str | Path, stage: str, config: Any) -> bool:
@@ -510,7 +620,7 @@ def create_artifact(
         started = time.perf_counter()
         try:
             yield writer
-            if writer.privacy is None:
+            if not writer.accounted and not writer.releases:
                 raise ArtifactError(f"stage {stage} finished without recording a privacy guarantee")
             writer.timings.setdefault("wall_seconds", round(time.perf_counter() - started, 3))
             if writer.timings_are_private:
@@ -527,6 +637,7 @@ def create_artifact(
 
 def _finish(writer: ArtifactWriter) -> None:
     from synthq.model_card import write_model_card
+    from synthq.units import sharing_groups
 
     for name in writer.scratch:
         shutil.rmtree(writer.dir / name, ignore_errors=True)
@@ -544,7 +655,16 @@ def _finish(writer: ArtifactWriter) -> None:
         "config": writer.config,
         "inputs": writer.inputs,
         "files": {},
-        "privacy": writer.privacy.model_dump(mode="json"),
+        "privacy": compose_releases(
+            writer.releases, sharing_groups(writer.releases), writer.assumptions
+        ).model_dump(mode="json"),
+        "releases": writer.releases,
+        "assumptions": writer.assumptions,
+        **(
+            {"own_release": writer.own_release["id"], "own_privacy": writer.own_release["guarantee"]}
+            if writer.own_release
+            else {}
+        ),
         "metrics": writer.metrics,
         "timings": writer.timings,
         "environment": environment(),
@@ -561,10 +681,7 @@ def _finish(writer: ArtifactWriter) -> None:
     if private:
         manifest["private_files"] = private
         manifest["private_files_note"] = DIAGNOSTICS_NOTE
-    manifest_tmp = writer.dir / (MANIFEST + ".tmp")
-    text = json.dumps(json_safe(manifest), indent=2, default=_json_default, allow_nan=False)
-    manifest_tmp.write_text(text + "\n", encoding="utf-8")
-    os.replace(manifest_tmp, writer.dir / MANIFEST)
+    write_manifest(writer.dir, manifest)
     old = None
     if writer.path.exists():
         old = writer.path.parent / f".{writer.path.name}.old"
@@ -576,23 +693,55 @@ def _finish(writer: ArtifactWriter) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def export_artifact(path: str | Path, out: str | Path) -> Artifact:
-    """A release copy of an artifact: the payload and the manifest without the private
-    ``diagnostics/`` part (:attr:`ArtifactWriter.diagnostics`) and without its hashes.
+def write_manifest(directory: Path, manifest: dict) -> None:
+    """Write ``manifest.json`` atomically, sealed with the owner's key (:func:`synthq.keys.seal`)
+    over exactly what reads back from the file."""
+    text = json.dumps(json_safe(manifest), default=_json_default, allow_nan=False)
+    sealed = json.loads(text)
+    sealed.pop("seal", None)
+    sealed["seal"] = seal(sealed)
+    manifest_tmp = directory / (MANIFEST + ".tmp")
+    manifest_tmp.write_text(json.dumps(sealed, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(manifest_tmp, directory / MANIFEST)
 
-    Written atomically like every artifact; the copy records which artifact it came from."""
+
+def export_artifact(path: str | Path, out: str | Path) -> tuple[Artifact, list[str]]:
+    """A release copy of an artifact: exactly the payload files its manifest lists (and
+    verifies), and the manifest without the private ``diagnostics/`` part
+    (:attr:`ArtifactWriter.diagnostics`). Returns the copy and the files left out (private
+    diagnostics and anything else in the directory that the manifest does not list).
+
+    Written atomically like every artifact, re-sealed with this installation's key; the copy
+    records which artifact it came from. An artifact sealed under another key is refused: this
+    installation cannot vouch for its guarantee."""
     source = open_artifact(path)
+    if not source.verified:
+        raise ArtifactError(f"{source.path}: {source.unverified_assumption}; export it where it was made")
     out = Path(out)
     if out.exists():
         raise ArtifactError(f"{out}: already exists; choose a new directory for the release")
+    listed = source.manifest.get("files", {})
+    present = sorted(p.relative_to(source.path).as_posix() for p in source.path.rglob("*") if p.is_file())
+    left_out = [rel for rel in present if rel not in listed and rel != MANIFEST]
     tmp = partial_dir(out)
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source.path, tmp, ignore=shutil.ignore_patterns(DIAGNOSTICS, MANIFEST))
-    manifest = {k: v for k, v in source.manifest.items() if k not in ("private_files", "private_files_note")}
-    manifest["exported_from"] = source.manifest_hash
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, out)
-    return open_artifact(out)
+    try:
+        for relative in listed:
+            target = tmp / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source.path / relative, target)
+        manifest = {
+            k: v
+            for k, v in source.manifest.items()
+            if k not in ("private_files", "private_files_note", "seal")
+        }
+        manifest["exported_from"] = source.manifest_hash
+        write_manifest(tmp, manifest)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return open_artifact(out), left_out
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from synthq.artifacts import open_artifact
 from synthq.console import console, result, set_verbosity, verbosity
 from synthq.errors import SynthqError
 from synthq.options import Interrupted, OptionError, StageOptions, print_result, stage_command
-from synthq.privacy import format_epsilon
+from synthq.privacy import Guarantee, format_epsilon
 
 app = typer.Typer(
     name="synthq",
@@ -116,6 +116,10 @@ def info_command(
         return
     guarantee = artifact.privacy
     console.print(f"[bold]{artifact.stage}[/] artifact at {artifact.path}")
+    if artifact.verified:
+        console.print("seal: verified with this installation's key; ε recomputed from its releases")
+    else:
+        console.print(f"[bold yellow]seal NOT verifiable[/]: {artifact.unverified_assumption}")
     console.print(f"created {artifact.manifest.get('created')} by synthq {artifact.manifest.get('synthq')}")
     console.print(
         f"[bold]privacy[/]: ε = {format_epsilon(guarantee.epsilon)}, δ = {guarantee.delta:.3g}, "
@@ -127,6 +131,15 @@ def info_command(
         console.print(f"  [yellow]assuming[/]: {assumption}")
     for key, value in guarantee.details.items():
         console.print(f"  {key}: {value}")
+    for release in artifact.releases:
+        own = Guarantee.from_manifest(release["guarantee"])
+        units = release.get("units") or {}
+        console.print(
+            f"  release {release['id'][:8]} by {release['stage']} ({release['path']}) of "
+            f"{release['data'].get('name')}: {own.describe()}, {units.get('count', '?')} "
+            f"{units.get('kind', own.unit)} units",
+            markup=False,
+        )
     private = artifact.manifest.get("private_files", {})
     if private:
         console.print(
@@ -157,6 +170,30 @@ def ledger_command(
         console.print(line, markup=False)
 
 
+@app.command("key")
+def key_command(
+    export: Path | None = typer.Option(None, "--export", help="Copy the key to this new file (mode 0600)."),
+    import_from: Path | None = typer.Option(None, "--import", help="Install a key a colleague exported."),
+    replace: bool = typer.Option(False, "--replace", help="With --import: replace a different key."),
+) -> None:
+    """The owner's secret key: where it is, its public id, export and import for a team.
+
+    It keys the identifiers of private datasets (nobody without it can test a candidate dataset
+    against an artifact) and seals every manifest (an edited guarantee is refused)."""
+    from synthq import keys
+
+    if export is not None and import_from is not None:
+        raise SynthqError("give --export or --import, not both")
+    if import_from is not None:
+        typer.echo(f"installed key {keys.import_key(import_from, replace=replace)} at {keys.key_path()}")
+        return
+    if export is not None:
+        written = keys.export_key(export)
+        typer.echo(f"key {keys.key_id()} exported to {written}: keep it as secret as the data")
+        return
+    typer.echo(f"key {keys.key_id()} at {keys.key_path()}")
+
+
 @app.command("export")
 def export_command(
     path: Path = typer.Argument(..., help="An artifact directory."),
@@ -166,9 +203,12 @@ def export_command(
     private batches, ε = ∞)."""
     from synthq.artifacts import export_artifact
 
-    exported = export_artifact(path, out)
+    exported, left_out = export_artifact(path, out)
+    if left_out:
+        console.print(f"left out (not listed as release payload): {', '.join(left_out)}", markup=False)
     console.print(
-        f"release copy written to {exported.path}: {exported.privacy.describe(with_assumptions=True)}"
+        f"release copy written to {exported.path}: {exported.privacy.describe(with_assumptions=True)}",
+        markup=False,
     )
 
 

@@ -107,6 +107,16 @@ Limit = Annotated[int | None, Field(ge=1, description="Use only the first N item
 Probability = Annotated[float, Field(gt=0, le=1)]
 
 
+def refuse_limit_with_dp(limit: int | None, private: bool) -> None:
+    """``--limit`` keeps a prefix of the private data chosen after looking at it, with n (and δ)
+    taken from the prefix: not a selection a DP guarantee covers."""
+    if limit is not None and private:
+        raise ValueError(
+            "--limit cannot be used with DP: it keeps a prefix of the private data and takes n and δ "
+            "from it; use a DP-sampled subset or a separate dataset"
+        )
+
+
 class StageConfig(BaseModel):
     """Fields every stage has."""
 
@@ -164,6 +174,11 @@ class FinetuneConfig(StageConfig):
     device: Device = "auto"
     limit: Limit = None
     resume: Resume = False
+
+    @model_validator(mode="after")
+    def _limit_without_dp(self) -> FinetuneConfig:
+        refuse_limit_with_dp(self.limit, math.isfinite(self.epsilon))
+        return self
 
 
 class GenerateConfig(StageConfig):
@@ -269,6 +284,11 @@ class TrainRetrieverConfig(StageConfig):
     device: Device = "auto"
     limit: Limit = None
 
+    @model_validator(mode="after")
+    def _limit_without_dp(self) -> TrainRetrieverConfig:
+        refuse_limit_with_dp(self.limit, self.dp is not None)
+        return self
+
 
 class EvalConfig(StageConfig):
     """``synthq eval``: retrieval metrics on embedded, MS MARCO dev and BEIR datasets."""
@@ -296,7 +316,14 @@ class EvalConfig(StageConfig):
     select_on: str | None = Field(
         None,
         description="A dev eval artifact: evaluate only each method's best configuration on it "
-        "(every seed of it); retrievers it did not score are kept.",
+        "(every seed of it); retrievers it did not score are kept. On a private dev split the "
+        "choice is a release: unaccounted (ε = ∞) unless --select-epsilon.",
+    )
+    select_epsilon: float | None = Field(
+        None,
+        gt=0,
+        description="Choose on a private dev split with report-noisy-max, spending this ε (pure DP, "
+        "split over the methods that have more than one configuration) on the dev queries.",
     )
     device: Device = "auto"
 

@@ -5,23 +5,33 @@ Two questions an artifact's own guarantee cannot answer alone:
 * **Where did a starting model come from?** (:func:`model_input`) ``--model`` / ``--encoder`` /
   ``--untrained`` may name a packaged alias (public by construction), a hub id or a plain local
   directory (recorded with its content hash and *assumed* public — the guarantee says so), or a
-  synthq artifact, whose own guarantee then composes with whatever is trained from it.
-* **What does a whole pipeline cost?** (:func:`ledger`) Every artifact that read a private
-  dataset directly is a release of it: DP releases compose (basic composition, ε and δ add),
-  a non-DP reader makes the dataset's total ε = ∞. Artifacts that only post-process releases
-  (generate, training on synthetic data, eval, report) add nothing. ``synthq ledger DIR...`` and
-  the end of ``synthq run`` print this per private dataset.
+  synthq artifact, whose releases then come along into whatever is trained from it.
+* **What does a set of artifacts cost?** (:func:`ledger`) Every manifest records the releases
+  of private data behind it (its own and its inputs', copied when it was written, sealed), so
+  the ledger reads the *records*, never the paths that happen to be there now: the releases of
+  all the artifacts given, each counted once, composed per privacy unit
+  (:func:`synthq.privacy.compose_releases`) — per private dataset and over everything. Inputs
+  whose content changed since they were read are reported as "changed since"; the record still
+  counts. ``synthq ledger DIR...`` and the end of ``synthq run`` print this.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from synthq.artifacts import MANIFEST, Artifact, is_artifact, open_artifact, sha256_tree
+from synthq.artifacts import (
+    MANIFEST,
+    Artifact,
+    ArtifactWriter,
+    current_input_hash,
+    is_artifact,
+    open_artifact,
+    sha256_tree,
+)
 from synthq.errors import ArtifactError
-from synthq.privacy import Guarantee, compose, format_epsilon
+from synthq.privacy import Guarantee, compose_releases, release_guarantee
+from synthq.units import sharing_groups
 
 
 @dataclass(frozen=True)
@@ -32,10 +42,19 @@ class ModelInput:
     path: Path
     record: dict
     guarantee: Guarantee
+    artifact: Artifact | None = None
 
     @property
     def is_artifact(self) -> bool:
-        return self.record.get("kind") == "artifact"
+        return self.artifact is not None
+
+    def carry_into(self, writer: ArtifactWriter) -> None:
+        """What training from this model brings into ``writer``: an artifact's releases and
+        assumptions, or the assumption that a plain model is public."""
+        if self.artifact is not None:
+            writer.inherit(self.artifact)
+        else:
+            writer.assume(*self.guarantee.assumptions)
 
 
 def model_input(spec: str) -> ModelInput:
@@ -52,7 +71,7 @@ def model_input(spec: str) -> ModelInput:
     if is_artifact(candidate):
         artifact = open_artifact(candidate)
         record = {**artifact.input_record(), "role": "model"}
-        return ModelInput(spec, artifact.path, record, artifact.privacy)
+        return ModelInput(spec, artifact.path, record, artifact.privacy, artifact)
     path = resolve_model(spec)
     digest = sha256_tree(path)
     record = {"path": str(path), "kind": "model", "name": spec, "sha256": digest, "role": "model"}
@@ -66,18 +85,33 @@ def model_input(spec: str) -> ModelInput:
     return ModelInput(spec, path, {**record, "revision": path.name}, guarantee)
 
 
-def trained_from(model: ModelInput, trained: Guarantee) -> Guarantee:
-    """The guarantee of a model trained (with ``trained``'s guarantee) from ``model``: the
-    starting model's own claim composes with the training's (both may read the same data)."""
-    combined = compose(model.guarantee, trained, mechanism=f"{trained.mechanism} from {model.spec}")
-    if model.is_artifact and model.guarantee.mechanism != "public":
-        combined = combined.model_copy(
-            update={"derived_from": list(dict.fromkeys([*combined.derived_from, model.record["sha256"]]))}
-        )
-    return combined
+@dataclass(frozen=True)
+class DataInput:
+    """Training or evaluation data: a private dataset, or a synthq artifact used as data."""
+
+    spec: str
+    root: Path
+    record: dict
+    artifact: Artifact | None = None
+
+    @property
+    def is_artifact(self) -> bool:
+        return self.artifact is not None
 
 
-# ---------------------------------------------------------------------------------------------
+def data_input(spec: str, private: bool = True) -> DataInput:
+    """Resolve a ``--data`` spec. A synthq artifact (a synthetic set) is recorded as an artifact
+    input, and a stage that reads it inherits its releases (it is a release of the private data
+    it came from); anything else is recorded by a keyed digest when ``private``."""
+    from synthq.artifacts import data_input_record
+    from synthq.data.sources import resolve_source
+
+    candidate = Path(spec).expanduser()
+    if is_artifact(candidate):
+        artifact = open_artifact(candidate, stage="generate")
+        return DataInput(spec, artifact.path, {**artifact.input_record(), "role": "data"}, artifact)
+    root = resolve_source(spec)
+    return DataInput(spec, root, data_input_record(root, name=spec, private=private))
 
 
 @dataclass
@@ -86,72 +120,93 @@ class DatasetCost:
 
     name: str
     sha256: str
-    releases: list[tuple[Artifact, Guarantee]] = field(default_factory=list)
+    releases: list[dict]
 
     @property
     def total(self) -> Guarantee:
-        total: Guarantee | None = None
-        for _, own in self.releases:
-            total = own if total is None else compose(total, own, mechanism="basic composition")
-        return total or Guarantee.public("no artifact read it")
+        return compose_releases(self.releases, sharing_groups(self.releases), [])
 
 
-def own_guarantee(artifact: Artifact) -> Guarantee:
-    """The guarantee of what an artifact's own mechanism released about the private data it read
-    directly (without what it inherited from its inputs)."""
-    own = artifact.manifest.get("own_privacy")
-    return Guarantee.from_manifest(own) if own else artifact.privacy
+@dataclass
+class Ledger:
+    """The releases behind a set of artifacts, per private dataset, and what changed since."""
+
+    artifacts: list[Artifact]
+    releases: list[dict]
+    datasets: dict[str, DatasetCost]
+    changed: list[str]
+
+    @property
+    def total(self) -> Guarantee:
+        """Everything composed per unit (across datasets: units are keyed by id, so ids that two
+        datasets share are counted as one unit — a bound)."""
+        assumptions = [a for artifact in self.artifacts for a in artifact.privacy.assumptions]
+        return compose_releases(self.releases, sharing_groups(self.releases), assumptions)
 
 
-def _walk(paths: list[Path]) -> list[Artifact]:
-    seen: dict[str, Artifact] = {}
-    pending = list(paths)
-    while pending:
-        path = Path(pending.pop())
-        key = str(path.resolve())
-        if key in seen or not (path / MANIFEST).is_file():
+def _changed_since(artifact: Artifact, seen: set[str]) -> list[str]:
+    """Inputs (followed through artifacts still in place) whose content no longer matches the
+    identifier recorded when they were read."""
+    notes = []
+    for record in artifact.inputs:
+        now = current_input_hash(record)
+        label = f"{record.get('stage') or record.get('kind')} {record['path']}"
+        if now != record["sha256"]:
+            state = "is gone" if now is None else "changed since"
+            notes.append(f"{label} {state} {artifact.path} read it (the recorded releases still count)")
             continue
-        artifact = open_artifact(path)
-        seen[key] = artifact
-        pending += [Path(r["path"]) for r in artifact.inputs if r.get("kind") == "artifact"]
-    return list(seen.values())
+        if record.get("kind") == "artifact" and record["path"] not in seen:
+            seen.add(record["path"])
+            notes += _changed_since(open_artifact(record["path"]), seen)
+    return notes
 
 
-def ledger(paths: list[str | Path]) -> tuple[list[Artifact], dict[str, DatasetCost]]:
-    """Every artifact reachable from ``paths`` and, per private dataset, the releases that read it."""
+def ledger(paths: list[str | Path]) -> Ledger:
+    """The releases recorded by the artifacts at ``paths`` (each once), per private dataset."""
     for path in paths:
         if not is_artifact(path):
             raise ArtifactError(f"{path}: not an artifact (no {MANIFEST})")
-    artifacts = _walk([Path(p) for p in paths])
-    costs: dict[str, DatasetCost] = {}
-    for artifact in artifacts:
-        for record in artifact.inputs:
-            if not record.get("private"):
-                continue
-            key = record["sha256"]
-            cost = costs.setdefault(key, DatasetCost(record.get("name") or record["path"], key))
-            cost.releases.append((artifact, own_guarantee(artifact)))
-    return artifacts, costs
+    artifacts = [open_artifact(path) for path in paths]
+    releases = list({r["id"]: r for a in artifacts for r in a.releases}.values())
+    datasets: dict[str, DatasetCost] = {}
+    for release in releases:
+        data = release["data"]
+        cost = datasets.setdefault(data["sha256"], DatasetCost(data.get("name") or "?", data["sha256"], []))
+        cost.releases.append(release)
+    seen: set[str] = set()
+    changed = list(dict.fromkeys(note for a in artifacts for note in _changed_since(a, seen)))
+    return Ledger(artifacts, releases, datasets, changed)
 
 
 def ledger_lines(paths: list[str | Path]) -> list[str]:
-    """The ledger as text: one block per private dataset, then each assumption once, with the
-    artifact that makes it (or how many do)."""
-    artifacts, costs = ledger(paths)
+    """The ledger as text: one block per private dataset, the total, what changed since, then each
+    assumption once, with the artifact that makes it (or how many do)."""
+    book = ledger(paths)
     lines = []
-    if not costs:
-        lines.append("no artifact here read private data directly (only public data or post-processing)")
-    for cost in costs.values():
+    if not book.datasets:
+        lines.append(
+            "no artifact here read private data (only public data or post-processing of nothing private)"
+        )
+    for cost in book.datasets.values():
         total = cost.total
         lines.append(
-            f"private dataset {cost.name} (sha256 {cost.sha256[:12]}): total "
-            f"{total.describe()} over {len(cost.releases)} release(s)"
+            f"private dataset {cost.name} (keyed id {cost.sha256.removeprefix('hmac:')[:12]}): "
+            f"{total.describe()} over {len(cost.releases)} release(s), composed per unit"
         )
-        for artifact, own in cost.releases:
+        for release in cost.releases:
+            own = release_guarantee(release)
             kind = "DP release" if own.is_private else "read WITHOUT DP"
-            lines.append(f"  - {artifact.stage} {artifact.path}: {kind}, {own.describe()}")
+            units = release.get("units") or {}
+            lines.append(
+                f"  - {release['stage']} {release['path']}: {kind}, {own.describe()}, "
+                f"{units.get('count', '?')} {units.get('kind', own.unit)} units"
+            )
+    if len(book.datasets) > 1:
+        lines.append(f"all releases together, per unit: {book.total.describe()}")
+    for note in book.changed:
+        lines.append(f"changed since: {note}")
     holders: dict[str, list[str]] = {}  # each assumption once, with the artifacts that make it
-    for artifact in artifacts:
+    for artifact in book.artifacts:
         for assumption in artifact.privacy.assumptions:
             holders.setdefault(assumption, []).append(str(artifact.path))
     if holders:
@@ -164,9 +219,4 @@ def ledger_lines(paths: list[str | Path]) -> list[str]:
 
 def dataset_totals(paths: list[str | Path]) -> dict[str, float]:
     """Total ε per private dataset name (``inf`` where something read it without DP)."""
-    _, costs = ledger(paths)
-    return {cost.name: cost.total.epsilon for cost in costs.values()}
-
-
-def describe_total(epsilon: float) -> str:
-    return "∞" if math.isinf(epsilon) else format_epsilon(epsilon)
+    return {cost.name: cost.total.epsilon for cost in ledger(paths).datasets.values()}

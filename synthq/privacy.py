@@ -31,11 +31,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from synthq.errors import PrivacyError
 
-PrivacyUnit = Literal["query", "example"]
+PrivacyUnit = Literal["user", "query", "example"]
 UNIT_NOTES = {
+    "user": "privacy unit: one user with all of their queries and pairs",
     "query": "privacy unit: one query id with all of its (query, document) pairs",
     "example": "privacy unit: one (query, document) pair",
 }
+# Weakest first: protecting a user protects each of their queries, a query each of its pairs.
+UNIT_STRENGTH = ("example", "query", "user")
+
+
+def weakest_unit(units: list[str]) -> str:
+    return min(units, key=UNIT_STRENGTH.index) if units else "query"
+
+
 ACCOUNTANTS = ("rdp", "prv")
 
 
@@ -158,6 +167,60 @@ def compose_all(guarantees: list[Guarantee], mechanism: str) -> Guarantee:
     )
 
 
+def release_guarantee(release: dict) -> Guarantee:
+    """The guarantee a recorded release (a manifest's ``releases`` entry) states."""
+    return Guarantee.from_manifest(release["guarantee"])
+
+
+def compose_releases(releases: list[dict], sharing: list[list[str]], assumptions: list[str]) -> Guarantee:
+    """An artifact's headline guarantee, recomputed from the releases in its lineage.
+
+    Args:
+        releases: every read of private data behind the artifact (its own and its inputs'), each
+            ``{"id", "guarantee", "unit", ...}`` as recorded in manifests (:mod:`synthq.units`).
+        sharing: groups of release ids whose data share at least one privacy unit (the maximal
+            such groups, :func:`synthq.units.sharing_groups`); every release is in one at least.
+        assumptions: what the artifact relies on beyond the releases' own assumptions.
+
+    Basic composition per unit: a unit in the data of releases ``R_u`` is protected at
+    ``Σ_{r ∈ R_u} ε_r`` (and ``Σ δ_r``); the headline is the worst unit's, i.e. the largest sum
+    over the sharing groups. Releases whose units are disjoint (a generator trained on D and a
+    DP run on its synthetic set; train and dev queries) therefore do not add up, and releases on
+    D and on D minus one query do. A post-processing of one release is that release, once.
+    No release: public (ε = 0) under the stated assumptions; any read without DP in a group: ∞.
+    """
+    by_id = {r["id"]: r for r in releases}
+    merged = list(
+        dict.fromkeys([*(a for r in releases for a in release_guarantee(r).assumptions), *assumptions])
+    )
+    if not releases:
+        return Guarantee.public().assuming(*merged)
+    parts = {key: release_guarantee(r) for key, r in by_id.items()}
+    unit = weakest_unit([g.unit for g in parts.values()])
+    details = {"releases": sorted(by_id), "sharing": [sorted(group) for group in sharing]}
+    if not all(g.is_private for g in parts.values()):
+        reasons = list(dict.fromkeys(g.note for g in parts.values() if not g.is_private and g.note))
+        return Guarantee(
+            epsilon=math.inf, unit=unit, mechanism="none", details=details,
+            note="; ".join(reasons) or "private data was read without DP", assumptions=merged,
+        )  # fmt: skip
+    if len(parts) == 1:
+        (only,) = parts.values()
+        return only.model_copy(update={"assumptions": merged, "details": {**only.details, **details}})
+    totals = [(sum(parts[r].epsilon for r in group), sum(parts[r].delta for r in group)) for group in sharing]
+    return Guarantee(
+        epsilon=max(e for e, _ in totals),
+        delta=max(d for _, d in totals),
+        unit=unit,
+        mechanism=f"per-unit composition of {len(parts)} releases",
+        accountant="basic-composition",
+        details=details,
+        note="basic composition per privacy unit: a unit counts the releases whose data hold it "
+        f"({len(sharing)} group(s) of releases sharing units); the worst unit's total is shown",
+        assumptions=merged,
+    )
+
+
 def recomputed_epsilon(guarantee: Guarantee) -> float | None:
     """ε recomputed from the mechanism parameters the guarantee records (σ, q, steps, δ of the
     accountant), or the sum over ``details.components``; ``None`` when it records none (public,
@@ -171,6 +234,8 @@ def recomputed_epsilon(guarantee: Guarantee) -> float | None:
         return 0.0
     if not guarantee.is_private:
         return None
+    if guarantee.mechanism == "report-noisy-max":  # pure ε per selection, basic composition
+        return float(details["epsilon_per_selection"]) * int(details["selections"])
     if "components" in details:
         parts = [recomputed_epsilon(Guarantee.from_manifest(c)) for c in details["components"]]
         return None if any(p is None for p in parts) else sum(parts)

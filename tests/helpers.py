@@ -211,3 +211,11 @@ def tiny_retriever_artifact(out: Path, encoder_dir: Path, privacy, config: dict 
         shutil.copytree(encoder_dir, writer.dir, dirs_exist_ok=True)
         writer.privacy = privacy
     return open_artifact(out, stage="train-retriever")
+
+
+def comparable(guarantee) -> dict:
+    """A guarantee without the ids of its releases (fresh random ids in every run), for comparing
+    two runs that should state the same claim."""
+    dumped = guarantee.model_dump(mode="json")
+    dumped["details"] = {k: v for k, v in dumped["details"].items() if k not in ("releases", "sharing")}
+    return dumped

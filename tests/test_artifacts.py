@@ -41,11 +41,12 @@ def make(out, payload="hello", config=None, inputs=()):
 def test_create_and_open_round_trip(tmp_path):
     artifact = make(tmp_path / "art")
     manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
-    assert manifest["stage"] == "generate" and manifest["schema"] == 1
+    assert manifest["stage"] == "generate" and manifest["schema"] == 2
     assert set(manifest["files"]) == {"payload.txt", "sub/nested.json"}
     assert manifest["config"]["value"] == 1
     assert "torch" in manifest["environment"] and "wall_seconds" in manifest["timings"]
-    assert artifact.privacy == PRIVATE
+    privacy = artifact.privacy
+    assert (privacy.epsilon, privacy.delta, privacy.mechanism) == (3.0, 1e-5, "dp-adam")
     assert artifact.metrics == {"count": 2}
     assert not partial_dir(tmp_path / "art").exists()
 

@@ -88,12 +88,17 @@ def test_dp_artifacts_release_no_unnoised_statistics(tmp_path, tiny_beir, tiny_c
     manifest = artifact.manifest
     assert not {"first_loss", "final_loss"} & set(manifest["metrics"])
     assert manifest["timings"] == {}  # wall time depends on the private batch sizes
-    assert set(manifest["private_files"]) == {"diagnostics/metrics.json", "diagnostics/training.jsonl"}
+    assert set(manifest["private_files"]) == {
+        "diagnostics/metrics.json",
+        "diagnostics/training.jsonl",
+        "diagnostics/units.bin",  # keyed unit digests: for the owner's ledger only
+    }
     assert not any(name.startswith("diagnostics/") for name in manifest["files"])
     released = released_text(artifact)
     assert not any(key in released for key in ("first_loss", "final_loss", "examples_seen", "train_seconds"))
     assert "seed" not in json.dumps(manifest["privacy"]) or manifest["config"]["seed"] is None
-    release = export_artifact(artifact.path, tmp_path / "release")
+    release, left_out = export_artifact(artifact.path, tmp_path / "release")
+    assert set(left_out) == set(manifest["private_files"])
     assert not (release.path / "diagnostics").exists() and "private_files" not in release.manifest
     assert release.privacy == artifact.privacy
 
@@ -133,12 +138,18 @@ def test_eval_untrained_keeps_an_artifacts_own_guarantee(tmp_path, tiny_beir, ti
     assert math.isinf(result.privacy.epsilon)
     rows = json.loads((result.path / "results.json").read_text())
     assert math.isinf(float(rows[0]["epsilon"])) and rows[0]["kind"] == "retriever"
+    # tiny_beir was read as private above: its test split is private until the data declares it public
+    declared = tmp_path / "declared"
+    shutil.copytree(tiny_beir, declared)
+    declaration = {"private_splits": ["train"], "public_splits": ["test"]}
+    (declared / "privacy.json").write_text(json.dumps(declaration))
     public = evaluate.run(
         EvalConfig(
-            out=tmp_path / "eval2", datasets=[str(tiny_beir)], untrained=[str(tiny_encoder_dir)], bm25=False
+            out=tmp_path / "eval2", datasets=[str(declared)], untrained=[str(tiny_encoder_dir)], bm25=False
         )
     )
     assert public.privacy.epsilon == 0 and any("is public" in a for a in public.privacy.assumptions)
+    assert any("split 'test'" in a and "declared" in a for a in public.privacy.assumptions)
 
 
 def test_secure_randomness_by_default_and_a_seed_is_an_assumption(tmp_path, tiny_beir, tiny_causal_dir):
@@ -164,7 +175,9 @@ def test_the_unit_is_the_query(tmp_path, tiny_beir, tiny_causal_dir):
     write_beir_dir(multi, dataset.corpus, dataset.queries, {**dataset.qrels, "train": train})
     artifact = finetune(tmp_path, multi, tiny_causal_dir, "gen", epsilon=8.0, max_steps=2)
     details = artifact.privacy.details
-    assert details["num_units"] == 17 and details["pairs_per_query_max"] == 3
+    diagnostics = json.loads((artifact.path / "diagnostics" / "metrics.json").read_text())
+    assert details["num_units"] == 17 and diagnostics["pairs_per_query_max"] == 3
+    assert "pairs_per_query_max" not in released_text(artifact)  # an un-noised statistic: private
     assert artifact.privacy.delta == pytest.approx(1 / 34) and artifact.privacy.unit == "query"
     with pytest.raises(PrivacyError, match="several relevant documents|has 3 relevant documents"):
         train_retriever.run(
@@ -187,13 +200,13 @@ def test_an_edited_epsilon_is_refused(tmp_path, tiny_beir, tiny_causal_dir):
     manifest = json.loads((artifact.path / "manifest.json").read_text())
     manifest["privacy"]["epsilon"] = 0.5
     (artifact.path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactError, match="does not match its mechanism"):
+    with pytest.raises(ArtifactError, match="edited"):
         open_artifact(artifact.path)
     inf = finetune(tmp_path, tiny_beir, tiny_causal_dir, "inf", epsilon="inf", max_steps=1)
     manifest = json.loads((inf.path / "manifest.json").read_text())
     manifest["privacy"]["epsilon"] = 1.0
     (inf.path / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactError, match="does not match"):
+    with pytest.raises(ArtifactError, match="edited"):
         open_artifact(inf.path)
 
 
@@ -205,8 +218,9 @@ def test_the_ledger_composes_releases_per_private_dataset(tmp_path, tiny_beir, t
     assert total == pytest.approx(first.privacy.epsilon + second.privacy.epsilon)
     leaky = tmp_path / "similarity"
     with create_artifact(leaky, "similarity", {"x": 1}, [{**first.inputs[0]}]) as writer:
-        writer.privacy = Guarantee.non_private("reads the private queries")
-    assert math.isinf(next(iter(dataset_totals([first.path, leaky]).values())))
+        reads = Guarantee.non_private("reads the private queries", unit="query")
+        writer.release(reads, first.inputs[0], ["tr-egg-0-0"])
+    assert math.isinf(dataset_totals([first.path, leaky])[str(tiny_beir)])
     text = "\n".join(ledger_lines([first.path, leaky]))
     assert "read WITHOUT DP" in text and "DP release" in text and "is public" in text
     # an assumption both generators make is listed once, with how many make it

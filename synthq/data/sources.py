@@ -179,3 +179,24 @@ def resolve_source(spec: str) -> Path:
 def load_source(spec: str, splits: list[str] | None = None) -> BeirDataset:
     """Resolve and load a dataset, validated."""
     return load_beir_dir(resolve_source(spec), splits=splits)
+
+
+SPLIT_DECLARATION = "privacy.json"
+
+
+def declared_splits(root: Path) -> dict[str, str]:
+    """``split -> "private" | "public"`` as a dataset declares it in ``privacy.json``
+    (``{"private_splits": [...], "public_splits": [...]}``); empty when it declares nothing."""
+    path = Path(root) / SPLIT_DECLARATION
+    if not path.is_file():
+        return {}
+    try:
+        declared = json.loads(path.read_text(encoding="utf-8"))
+        private, public = declared.get("private_splits", []), declared.get("public_splits", [])
+    except (ValueError, AttributeError) as error:
+        raise DataError(f"unreadable split declaration ({error})", path) from error
+    if set(private) & set(public):
+        raise DataError(
+            f"splits declared both private and public: {sorted(set(private) & set(public))}", path
+        )
+    return {**{s: "public" for s in public}, **{s: "private" for s in private}}

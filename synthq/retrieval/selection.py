@@ -47,7 +47,19 @@ class Choice:
         return {r["model_id"] for r in self.best.rows}
 
 
-def select_best(rows: list[dict], metric: str = "ndcg@10") -> dict[str, Choice]:
+def selection_utility(candidate: Candidate) -> float:
+    """Report-noisy-max's utility of a configuration: the sum over dev queries of ``metric``
+    (mean over its seeds), i.e. the mean score × the number of dev queries.
+
+    Sensitivity 1, monotone: a query's score lies in [0, 1] and depends on that query alone, so
+    removing one dev query lowers every candidate's utility by between 0 and 1 (adding one
+    raises every one)."""
+    return candidate.score * candidate.rows[0].get("queries", 1)
+
+
+def select_best(
+    rows: list[dict], metric: str = "ndcg@10", total_epsilon: float | None = None, rng=None
+) -> dict[str, Choice]:
     """Per method and ε, the configuration with the highest ``metric`` averaged over its seeds
     (rows at different ε are different methods: each privacy level gets its own best).
 
@@ -66,7 +78,7 @@ def select_best(rows: list[dict], metric: str = "ndcg@10") -> dict[str, Choice]:
         if row.get("kind") != "retriever":
             continue
         variant = row.get("variant") or row["model_id"]
-        method = f"{row['method']}, ε = {format_epsilon(float(row['epsilon']))}"
+        method = f"{row['method']}, ε = {format_epsilon(float(row.get('model_epsilon', row['epsilon'])))}"
         by_method.setdefault(method, {}).setdefault(variant, []).append(row)
     choices = {}
     for method, variants in by_method.items():
@@ -79,9 +91,54 @@ def select_best(rows: list[dict], metric: str = "ndcg@10") -> dict[str, Choice]:
             )
             for variant, members in variants.items()
         ]
-        best = max(candidates, key=lambda c: c.score)  # max keeps the first of equal scores
-        choices[method] = Choice(method, best, candidates)
+        choices[method] = Choice(method, max(candidates, key=lambda c: c.score), candidates)
+    if total_epsilon is not None:
+        _noisy_choices(choices, total_epsilon, rng)
     return choices
+
+
+def _noisy_choices(choices: dict[str, Choice], total_epsilon: float, rng) -> None:
+    """Report-noisy-max (the exponential mechanism through the Gumbel-max trick): each method
+    with more than one configuration picks ``argmax utility + Gumbel(1/ε_m)``, ε_m = total / (those
+    methods). For a monotone utility of sensitivity 1 that is ε_m-DP per method (McSherry &
+    Talwar 2007; Liu & Talwar 2019 for noisy selection in tuning); the methods read the same dev
+    queries, so they compose to ``total``. Gumbel noise comes from the OS's secure randomness."""
+    import math
+    import random
+
+    rng = rng or random.SystemRandom()
+    spending = [c for c in choices.values() if len(c.candidates) > 1]
+    scale = len(spending) / total_epsilon
+
+    def noisy(candidate: Candidate) -> float:
+        uniform = min(max(rng.random(), 1e-300), 1 - 1e-16)
+        return selection_utility(candidate) - scale * math.log(-math.log(uniform))
+
+    for choice in spending:
+        choice.best = max(choice.candidates, key=noisy)
+
+
+def selection_guarantee(choices: dict[str, Choice], total_epsilon: float):
+    """The guarantee of :func:`select_best`'s noisy choices: pure ε (δ = 0) over the dev queries,
+    recomputed on open from the per-selection ε and the number of selections."""
+    from synthq.privacy import Guarantee
+
+    spending = sum(1 for c in choices.values() if len(c.candidates) > 1)
+    per = total_epsilon / max(spending, 1)
+    return Guarantee(
+        epsilon=per * spending,
+        delta=0.0,
+        unit="query",
+        mechanism="report-noisy-max",
+        accountant="pure-composition",
+        details={
+            "epsilon_per_selection": per,
+            "selections": spending,
+            "sensitivity": 1.0,
+            "utility": "sum over dev queries of NDCG@10 (mean over seeds); monotone",
+        },
+        note="hyper-parameters chosen on private dev queries by report-noisy-max",
+    )
 
 
 def varying_settings(choice: Choice) -> list[str]:
@@ -90,22 +147,45 @@ def varying_settings(choice: Choice) -> list[str]:
     return [k for k in keys if len({repr(c.settings.get(k)) for c in choice.candidates}) > 1]
 
 
-def selection_markdown(choices: dict[str, Choice], metric: str = "ndcg@10", source: str = "dev") -> str:
-    """A table per method of every candidate's dev score, the chosen one in bold, and the note
-    that the selection itself is not privacy-accounted."""
+def selection_markdown(
+    choices: dict[str, Choice],
+    metric: str = "ndcg@10",
+    source: str = "dev",
+    scores: bool = True,
+    guarantee=None,
+) -> str:
+    """A table per method of every candidate (the chosen one in bold) and what choosing cost.
+
+    ``scores=False`` leaves the dev scores out: on a private dev split they are statistics of
+    private queries without noise (ε = ∞), so only the choice itself is released."""
+    if guarantee is not None:
+        cost = (
+            f"Chosen by report-noisy-max on private dev queries: ε = {format_epsilon(guarantee.epsilon)} "
+            "(pure DP), composed per query with the rest of each row's guarantee."
+        )
+    elif scores:
+        cost = (
+            "If these dev queries are private, this choice is a release that no ε here counts; "
+            "synthq marks such rows (selection ε = ∞)."
+        )
+    else:
+        cost = (
+            "Chosen on private dev queries without noise: an **unaccounted release** (selection ε = ∞, "
+            "shown in every row); the dev scores stay in the private diagnostics. Use --select-epsilon."
+        )
     lines = [
         f"Hyper-parameters chosen per method by mean {metric} over seeds on `{source}` "
-        "(bold = chosen; only the chosen configuration is evaluated on test). Choosing on private "
-        "dev queries is a release that is **not** counted in any ε here (the paper tunes the same "
-        "way); tune on a public dataset instead to keep the guarantee exact.\n",
-        f"| method | setting | seeds | dev {metric} |",
-        "|---|---|---|---|",
+        f"(bold = chosen; only the chosen configuration is evaluated on test). {cost}\n",
+        "| method | setting | seeds |" + (f" dev {metric} |" if scores else ""),
+        "|---|---|---|" + ("---|" if scores else ""),
     ]
     for method, choice in choices.items():
         keys = varying_settings(choice) or ["(single configuration)"]
-        for candidate in sorted(choice.candidates, key=lambda c: -c.score):
+        ordered = sorted(choice.candidates, key=lambda c: -c.score) if scores else choice.candidates
+        for candidate in ordered:
             setting = ", ".join(f"{k}={candidate.settings.get(k)}" for k in keys if k in candidate.settings)
-            cells = [method, setting or keys[0], str(len(candidate.rows)), f"{candidate.score:.4f}"]
+            cells = [method, setting or keys[0], str(len(candidate.rows))]
+            cells += [f"{candidate.score:.4f}"] if scores else []
             if candidate is choice.best:
                 cells = [f"**{c}**" for c in cells]
             lines.append("| " + " | ".join(cells) + " |")

@@ -64,7 +64,7 @@ from synthq.audit.one_run import one_run_audit, score_summary
 from synthq.audit.retriever import retriever_scores
 from synthq.config import CanaryAuditConfig
 from synthq.console import info, progress
-from synthq.data.beir_io import BeirDataset, write_beir_dir
+from synthq.data.beir_io import BeirDataset, read_qrels, write_beir_dir
 from synthq.data.sources import load_source, resolve_source
 from synthq.errors import SynthqError
 from synthq.models.resolve import resolve_device
@@ -414,7 +414,7 @@ def run(config: CanaryAuditConfig) -> Artifact:
     from synthq.models.generator import QueryGenerator
 
     source = resolve_source(config.data)
-    inputs = [{**data_input_record(source, name=config.data), "private": True}]
+    inputs = [data_input_record(source, name=config.data, private=True)]
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
     dataset = load_source(config.data, splits=[config.split])
@@ -454,7 +454,8 @@ def run(config: CanaryAuditConfig) -> Artifact:
             "".join(json.dumps(c.record()) + "\n" for c in [*one_run, *exposure]), encoding="utf-8"
         )
         finetune = {**config.finetune, "data": str(augmented), "split": config.split, "model": config.model}
-        delta = audit_delta(config, len(private) + inserted)
+        # δ = 1/(2n) over privacy units, as finetune-lm counts them: the queries of the training set
+        delta = audit_delta(config, len(read_qrels(Path(augmented) / "qrels" / f"{config.split}.tsv")))
         phases: dict[str, float] = {}
         reference = None
         if use_one_run:
@@ -555,9 +556,12 @@ def run(config: CanaryAuditConfig) -> Artifact:
             markdown.append("## Exposure audit (Table 7)\n\n" + to_markdown(table))
             plot_exposure(table, writer.dir / "exposure.png")
         (writer.dir / "audit.md").write_text("\n".join(markdown), encoding="utf-8")
-        writer.privacy = Guarantee.non_private(
+        reason = (
             "the audit reads the private data and the canary coins without noise (the audited "
             f"generators' ε: {', '.join(format_epsilon(v) for v in proven.values())})"
+        )
+        writer.release(
+            Guarantee.non_private(reason, unit="query"), inputs[0], list(dataset.require_split(config.split))
         )
         writer.timings.update(phases)
         writer.metrics.update(

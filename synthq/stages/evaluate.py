@@ -27,15 +27,21 @@ Outputs:
     ``timings``.
 
 Privacy unit and sensitivity:
-    The evaluation adds no mechanism: it reads the retrievers and public evaluation data only, so
-    every row carries its retriever's guarantee unchanged (post-processing) and BM25 and untrained
-    encoders carry :meth:`Guarantee.public`. The artifact as a whole publishes results of all its
-    retrievers, so its guarantee is :func:`synthq.result_tables.combined_guarantee` of them, with
-    ``derived_from`` listing every retriever: when all retrievers post-process one DP release
-    (e.g. synthetic data from one generator) that is exactly the largest ε among them; retrievers
-    from independent DP releases of the same private data compose (ε and δ add), because
-    publishing the largest ε alone would understate what the combined results reveal; any
-    non-private retriever makes it ε = ∞.
+    Every number is a release about the private data behind it, and every row's ε is recomputed
+    from those releases (:func:`synthq.privacy.compose_releases`, per unit):
+
+    * the retriever's releases (post-processing: a row of a retriever trained on a synthetic set
+      carries the generator's ε); BM25 and untrained public encoders carry none;
+    * a dataset that is a synthq artifact (a synthetic set) brings its releases to every row on it;
+    * **a private split** — any split of a dataset this installation has read as private, or
+      that the dataset's ``privacy.json`` declares private, unless it declares it public — is a
+      read of private queries without noise: ε = ∞ for its rows, whatever the retriever;
+    * ``select_on``: choosing configurations on a dev evaluation of a private split is a release
+      about those dev queries. Without ``select_epsilon`` it is unaccounted (ε = ∞, shown in the
+      rows); with it, report-noisy-max (:func:`synthq.retrieval.selection.select_best`) spends
+      that ε over the dev queries, which composes per unit with the rest.
+
+    The artifact's own guarantee composes every row's releases.
 """
 
 from __future__ import annotations
@@ -45,32 +51,41 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from synthq import distributed
 from synthq.artifacts import (
     Artifact,
     artifact_on_main,
-    data_input_record,
     existing_result,
+    is_artifact,
     json_safe,
     open_artifact,
+    sha256_tree,
 )
 from synthq.config import EvalConfig
-from synthq.console import console, info, verbosity
+from synthq.console import console, info, verbosity, warn
 from synthq.data.beir_io import load_beir_dir
-from synthq.data.sources import IDENTICAL_ID_DATASETS, default_eval_split, resolve_source, source_name
+from synthq.data.sources import (
+    IDENTICAL_ID_DATASETS,
+    declared_splits,
+    default_eval_split,
+    resolve_source,
+    source_name,
+)
 from synthq.errors import ArtifactError, DataError
+from synthq.keys import private_data_digest
 from synthq.ledger import model_input
 from synthq.paths import cache_dir
-from synthq.privacy import Guarantee
-from synthq.result_tables import combined_guarantee, privacy_utility_plot, results_markdown, results_table
+from synthq.privacy import Guarantee, compose_releases
+from synthq.result_tables import privacy_utility_plot, results_markdown, results_table
 from synthq.retrieval.bm25 import bm25_search
 from synthq.retrieval.cache import corpus_embeddings, encode_texts, weights_key
 from synthq.retrieval.metrics import judged_queries, mean_metrics, per_query, query_means
 from synthq.retrieval.search import exact_search
-from synthq.retrieval.selection import select_best, selection_markdown
+from synthq.retrieval.selection import select_best, selection_guarantee, selection_markdown
+from synthq.units import registered_private_data, sharing_groups
 
 STAGE = "eval"
 
@@ -86,6 +101,7 @@ class DenseModel:
     identity: str  # which model this is in tables and merges: the artifact's manifest hash
     privacy: Guarantee
     load: Callable
+    releases: list[dict] = field(default_factory=list)  # the private-data releases behind it
     seed: int | None = None
     settings: dict | None = None  # the training options (tables show the swept ones)
     variant: str | None = None  # training config without seed and output: one system over seeds
@@ -184,6 +200,7 @@ def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dic
             identity=f"artifact:{r.manifest_hash}",
             privacy=r.privacy,
             load=lambda r=r: SentenceTransformer(str(r.path), device=device),
+            releases=r.releases,
             seed=r.config.get("seed"),
             settings=training_settings(r)[0],
             variant=training_settings(r)[1],
@@ -202,6 +219,7 @@ def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dic
                 identity=f"encoder:{start.record['sha256']}",
                 privacy=start.guarantee,
                 load=lambda path=start.path: load_encoder(path, device=device),
+                releases=start.artifact.releases if start.artifact is not None else [],
             )
         )
     labels = [m.label for m in models]
@@ -306,11 +324,62 @@ def attach_per_query(rows: list[dict], scores: dict) -> list[dict]:
     return out
 
 
-def _select(retrievers: list[Artifact], dev: Artifact) -> tuple[list[Artifact], str]:
+@dataclass
+class EvalData:
+    """An evaluation dataset and what reading its split costs."""
+
+    spec: str
+    root: Path
+    record: dict
+    private: bool  # the evaluated split holds private queries
+    artifact: Artifact | None = None  # a synthetic set evaluated as data: its releases come along
+    assumption: str | None = None
+
+
+def eval_data(spec: str, root: Path, split: str, known_private: set[str]) -> EvalData:
+    """Classify one dataset's split: a synthq artifact (inherits), a private split (ε = ∞ to read
+    without noise), or public (a declared-public split of a private dataset says so)."""
+    if is_artifact(root):
+        artifact = open_artifact(root)
+        return EvalData(spec, root, artifact.input_record(), False, artifact)
+    plain = sha256_tree(root)
+    keyed = private_data_digest(plain)
+    declared = declared_splits(root)
+    state = declared.get(split)
+    has_private = keyed in known_private or "private" in declared.values()
+    private = state == "private" or (state is None and keyed in known_private)
+    record = {"path": str(root), "kind": "data", "name": spec, "sha256": keyed if has_private else plain}
+    if private:
+        record["private"] = True
+    assumption = (
+        f"split {split!r} of {spec} is public: declared so in its {root / 'privacy.json'}"
+        if state == "public" and has_private
+        else None
+    )
+    return EvalData(spec, root, record, private, assumption=assumption)
+
+
+@dataclass
+class Selection:
+    """What ``--select-on`` kept, and what choosing cost."""
+
+    retrievers: list[Artifact]
+    markdown: str
+    private_markdown: str | None  # candidates' dev scores of a private split (diagnostics only)
+    guarantee: Guarantee | None  # report-noisy-max's, or None
+    dev: Artifact
+    private: bool
+
+
+def _select(retrievers: list[Artifact], dev: Artifact, select_epsilon: float | None) -> Selection:
     """The retrievers :func:`select_best` picks on the dev evaluation ``dev`` (every seed of
-    each method's best configuration); retrievers the dev evaluation did not score are kept."""
+    each method's best configuration); retrievers the dev evaluation did not score are kept.
+    On a dev evaluation that read private queries, ``select_epsilon`` makes the choice
+    report-noisy-max; without it the choice is an unaccounted release (ε = ∞)."""
     rows = json.loads((dev.path / "results.json").read_text(encoding="utf-8"))
-    choices = select_best(rows)
+    private = dev.manifest.get("own_release") is not None
+    noisy = select_epsilon is not None and private
+    choices = select_best(rows, total_epsilon=select_epsilon if noisy else None)
     on_dev = {r["model_id"] for r in rows}
     chosen = set().union(*(c.model_ids for c in choices.values())) if choices else set()
     kept = [
@@ -321,7 +390,16 @@ def _select(retrievers: list[Artifact], dev: Artifact) -> tuple[list[Artifact], 
     if not kept:
         raise DataError(f"{dev.path}: selection kept none of the retrievers")
     info(f"selected on {dev.path.name}: {', '.join(r.path.name for r in kept)}")
-    return kept, selection_markdown(choices, source=f"{dev.path.name} ({rows[0].get('split')})")
+    source = f"{dev.path.name} ({rows[0].get('split')})"
+    guarantee = selection_guarantee(choices, select_epsilon) if noisy else None
+    public_text = selection_markdown(choices, source=source, scores=not private, guarantee=guarantee)
+    private_text = selection_markdown(choices, source=source) if private else None
+    return Selection(kept, public_text, private_text, guarantee, dev, private)
+
+
+def _row_privacy(releases: list[dict], assumptions: list[str]) -> Guarantee:
+    unique = list({r["id"]: r for r in releases}.values())
+    return compose_releases(unique, sharing_groups(unique), assumptions)
 
 
 def run(config: EvalConfig) -> Artifact:
@@ -333,34 +411,59 @@ def run(config: EvalConfig) -> Artifact:
     retrievers = [open_artifact(path, stage="train-retriever") for path in config.retrievers]
     selection = None
     if config.select_on is not None:
-        retrievers, selection = _select(retrievers, open_artifact(config.select_on, stage="eval"))
+        selection = _select(retrievers, open_artifact(config.select_on, stage="eval"), config.select_epsilon)
+        retrievers = selection.retrievers
     roots = {spec: resolve_dataset(spec) for spec in dict.fromkeys(config.datasets)}
     names = [source_name(spec) for spec in roots]
     if len(set(names)) != len(names):
         raise DataError(f"two datasets share the name {names!r}: tables would mix them up")
     untrained = {spec: model_input(spec) for spec in config.untrained}
+    known_private = {r["data"]["sha256"] for a in retrievers for r in a.releases} | set(
+        registered_private_data()
+    )
+    datasets = {
+        spec: eval_data(spec, root, config.split or default_eval_split(spec), known_private)
+        for spec, root in roots.items()
+    }
     inputs = (
-        ([open_artifact(config.select_on, stage="eval").input_record()] if config.select_on else [])
+        ([selection.dev.input_record()] if selection else [])
         + [r.input_record() for r in retrievers]
         + [start.record for start in untrained.values()]
-        + [data_input_record(root, name=spec) for spec, root in roots.items()]
+        + [data.record for data in datasets.values()]
     )
     if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
         return done
     device = distributed.device_for(config.device)
     models = _dense_models(config, retrievers, untrained, device)
-    bm25_privacy = Guarantee.public("BM25 statistics of the public evaluation corpus only")
     rows, timings, per_query_out = [], {"per_run": {}}, {}
     totals = {"documents_encoded": 0, "encode_seconds": 0.0, "queries": 0, "query_seconds": 0.0}
     cache = {"hits": 0, "misses": 0}
     with artifact_on_main(config.out, STAGE, config, inputs) as writer:
-        for spec, root in roots.items():
+        writer.public()
+        for model in [*retrievers, *(s.artifact for s in untrained.values() if s.artifact is not None)]:
+            writer.inherit(model)
+        for start in untrained.values():
+            writer.assume(*start.guarantee.assumptions)
+        chosen_by: list[dict] = []  # the releases every row carries for the selection
+        if selection is not None:
+            if selection.guarantee is not None:
+                dev_release = next(
+                    r for r in selection.dev.releases if r["id"] == selection.dev.manifest["own_release"]
+                )
+                chosen_by = [
+                    writer.release(selection.guarantee, dev_release["data"], units=dev_release["units"])
+                ]
+            else:
+                writer.inherit(selection.dev)
+                chosen_by = selection.dev.releases
+        for spec, data in datasets.items():
             name = source_name(spec)
             split = config.split or default_eval_split(spec)
             ignore_identical = name in IDENTICAL_ID_DATASETS
             part_metrics: dict[str, dict[str, dict]] = {}
             counts = {"documents": 0, "queries": 0}
-            for part, part_root in dataset_parts(root):
+            evaluated_queries: list[str] = []
+            for part, part_root in dataset_parts(data.root):
                 dataset = load_beir_dir(part_root, splits=[split])
                 qrels = judged_queries(dataset.require_split(split))
                 if not qrels:
@@ -368,6 +471,7 @@ def run(config: EvalConfig) -> Artifact:
                         f"split {split!r} has no query with a relevant document", part_root / "qrels"
                     )
                 queries = {q: dataset.queries[q] for q in qrels}
+                evaluated_queries += [f"{part}/{q}" if part else q for q in queries]
                 counts["documents"] += len(dataset.corpus)
                 counts["queries"] += len(queries)
                 if config.bm25:
@@ -385,10 +489,36 @@ def run(config: EvalConfig) -> Artifact:
                         totals["encode_seconds"] += timing["encode_seconds"]
                     totals["queries"] += timing["queries"]
                     totals["query_seconds"] += timing["query_seconds"]
-            entries = [("BM25", "bm25", "bm25", bm25_privacy, "bm25s", None)] if config.bm25 else []
-            entries += [(m.label, m.method, m.kind, m.privacy, m.identity, m) for m in models]
-            for label, method, kind, privacy, identity, model_spec in entries:
+            data_releases = list(data.artifact.releases) if data.artifact is not None else []
+            if data.artifact is not None:
+                writer.inherit(data.artifact)
+            writer.assume(data.assumption)
+            if data.private:
+                reason = (
+                    f"scores of the private queries of split {split!r} of {spec}, without noise (ε = ∞); "
+                    "evaluate on a public split, or declare the split public in the dataset's privacy.json"
+                )
+                warn(f"{spec} split {split!r} is private: its scores are ε = ∞")
+                data_releases.append(
+                    writer.release(
+                        Guarantee.non_private(reason, unit="query"), data.record, evaluated_queries
+                    )
+                )
+            entries = [("BM25", "bm25", "bm25", [], "bm25s", None)] if config.bm25 else []
+            entries += [(m.label, m.method, m.kind, m.releases, m.identity, m) for m in models]
+            for label, method, kind, model_releases, identity, model_spec in entries:
+                assumptions = [*(model_spec.privacy.assumptions if model_spec else []), data.assumption or ""]
+                own = [] if kind == "bm25" or kind == "untrained" else chosen_by
+                privacy = _row_privacy([*model_releases, *data_releases, *own], [a for a in assumptions if a])
+                model_privacy = (
+                    model_spec.privacy
+                    if model_spec
+                    else Guarantee.public("BM25 statistics of the evaluation corpus only")
+                )
                 row = _row(name, split, label, method, kind, privacy, identity)
+                row["model_epsilon"] = model_privacy.epsilon
+                if own and selection is not None:
+                    row["selection"] = _selection_label(selection)
                 if model_spec is not None and model_spec.settings is not None:
                     row.update(seed=model_spec.seed, settings=model_spec.settings, variant=model_spec.variant)
                 parts = part_metrics[label]
@@ -403,8 +533,12 @@ def run(config: EvalConfig) -> Artifact:
         with_scores = attach_per_query(rows, per_query_out)
         text = results_markdown(with_scores)
         if selection is not None:
-            text += "\n## Hyper-parameters chosen on dev\n\n" + selection
-            (writer.dir / "selection.md").write_text(selection, encoding="utf-8")
+            text += "\n## Hyper-parameters chosen on dev\n\n" + selection.markdown
+            (writer.dir / "selection.md").write_text(selection.markdown, encoding="utf-8")
+            if selection.private_markdown:
+                (writer.diagnostics_dir / "selection.md").write_text(
+                    selection.private_markdown, encoding="utf-8"
+                )
         (writer.dir / "results.md").write_text(text, encoding="utf-8")
         privacy_utility_plot(with_scores, writer.dir / "privacy_utility.png")
         writer.metrics.update(
@@ -424,9 +558,15 @@ def run(config: EvalConfig) -> Artifact:
             }
         )
         writer.timings.update(timings)
-        sources = [(r.manifest_hash, r.privacy) for r in retrievers]
-        sources += [(start.record["sha256"], start.guarantee) for start in untrained.values()]
-        writer.privacy = combined_guarantee(sources).assuming(*(a for _, g in sources for a in g.assumptions))
     if verbosity() >= 1:  # rank 0 only under torchrun
         console.print(results_table(rows))
     return distributed.on_main(open_artifact, config.out, STAGE)
+
+
+def _selection_label(selection: Selection) -> dict:
+    """How a row's configuration was chosen, for every table beside its ε."""
+    if selection.guarantee is not None:
+        return {"how": "report-noisy-max on private dev", "epsilon": selection.guarantee.epsilon}
+    if selection.private:
+        return {"how": "on private dev, unaccounted", "epsilon": "inf"}
+    return {"how": "on public dev", "epsilon": 0.0}

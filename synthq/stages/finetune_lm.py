@@ -29,22 +29,15 @@ from pathlib import Path
 import torch
 
 from synthq import distributed
-from synthq.artifacts import (
-    Artifact,
-    artifact_on_main,
-    config_to_dict,
-    data_input_record,
-    existing_result,
-    open_artifact,
-)
+from synthq.artifacts import Artifact, artifact_on_main, config_to_dict, existing_result, open_artifact
 from synthq.config import FinetuneConfig
 from synthq.console import info, progress, warn
 from synthq.data.pairs import training_pairs
-from synthq.data.sources import load_source, resolve_source
+from synthq.data.sources import load_source
 from synthq.dp.engine import PrivacyPlan, PrivacyUnits, SecretRandomness, planned_steps
 from synthq.dp.lm import GeneratorTraining, PerQueryClipping, make_optimizer
 from synthq.errors import ArtifactError
-from synthq.ledger import model_input, trained_from
+from synthq.ledger import data_input, model_input
 from synthq.models.generator import QueryGenerator, apply_lora
 from synthq.privacy import Guarantee
 
@@ -57,11 +50,15 @@ PER_SAMPLE_CLIPPING = {
 }
 
 
-def save_checkpoint(path: Path, training: GeneratorTraining, config: FinetuneConfig, log: list[dict]) -> None:
-    """A private, resumable checkpoint (weights, optimizer, secret randomness, config, log)."""
+def save_checkpoint(
+    path: Path, training: GeneratorTraining, config: FinetuneConfig, inputs: list[dict], log: list[dict]
+) -> None:
+    """A private, resumable checkpoint (weights, optimizer, secret randomness, config, the
+    identifiers of the inputs, log)."""
     state = {
         **training.state_dict(),
         "config": json.dumps(config_to_dict(config), sort_keys=True),
+        "inputs": json.dumps(inputs, sort_keys=True),
         "log": json.dumps(log),
     }
     tmp = path.with_name(path.name + ".tmp")
@@ -69,11 +66,23 @@ def save_checkpoint(path: Path, training: GeneratorTraining, config: FinetuneCon
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Path, config: FinetuneConfig) -> dict | None:
-    """The checkpoint at ``path`` if there is one, refusing one written with another config."""
+def load_checkpoint(path: Path, config: FinetuneConfig, inputs: list[dict]) -> dict | None:
+    """The checkpoint at ``path`` if there is one, refusing one written with another config or
+    on inputs (data, starting model) whose content has changed since: the accounting of the
+    steps already taken was for the data they read."""
     if not path.is_file():
         return None
     state = torch.load(path, map_location="cpu", weights_only=True)
+    saved = {
+        (r.get("role") or r.get("kind"), r["path"]): r["sha256"]
+        for r in json.loads(state.get("inputs", "[]"))
+    }
+    for record in inputs:
+        if saved.get((record.get("role") or record.get("kind"), record["path"])) != record["sha256"]:
+            raise ArtifactError(
+                f"{path}: cannot resume, the input {record['path']} changed since the interrupted run "
+                "read it; drop --resume to start over on the new data"
+            )
     saved, now = json.loads(state["config"]), config_to_dict(config)
     volatile = {"out", "force", "resume", "device"}
     changed = sorted(k for k in set(saved) | set(now) if k not in volatile and saved.get(k) != now.get(k))
@@ -128,7 +137,6 @@ def _own_guarantee(config, plan, training: GeneratorTraining, units: PrivacyUnit
         "sensitivity_rule": PerQueryClipping.sensitivity_rule,
         "per_sample_clipping": PER_SAMPLE_CLIPPING[training.mode],
         "trainable": "LoRA adapters" if config.lora_rank else "all parameters",
-        "pairs_per_query_max": units.max_rows,
     }
     assumptions = [
         training.randomness.assumption(),
@@ -153,14 +161,12 @@ def _diagnostics(log: list[dict], elapsed: float, steps_run: int) -> dict:
 def run(config: FinetuneConfig) -> Artifact:
     place = distributed.setup(config.device)
     start = model_input(config.model)
-    inputs = [
-        {**data_input_record(resolve_source(config.data), name=config.data), "private": True},
-        start.record,
-    ]
+    data = data_input(config.data)
+    inputs = [data.record, start.record]
     if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
         return done
-    pairs = training_pairs(load_source(config.data, splits=[config.split]), config.split)
-    pairs = pairs[: config.limit] if config.limit is not None else pairs
+    pairs = training_pairs(load_source(str(data.root), splits=[config.split]), config.split)
+    pairs = pairs[: config.limit] if config.limit is not None else pairs  # refused with DP (config)
     units = PrivacyUnits.from_keys([p.query_id for p in pairs])
     steps = planned_steps(len(units), config.batch_size, config.epochs, config.max_steps)
     plan = _plan(config, units, steps)
@@ -179,8 +185,8 @@ def run(config: FinetuneConfig) -> Artifact:
         config.physical_batch_size, config.grad_sample_mode,
     )  # fmt: skip
     info(
-        f"fine-tuning {config.model} ({generator.kind}, {sum(p.numel() for p in trainable):,} trainable) on "
-        f"{len(units)} queries ({len(pairs)} pairs): {steps} steps, "
+        f"fine-tuning {config.model} ({generator.kind}, {sum(p.numel() for p in trainable):,} trainable) "
+        f"for {steps} steps, "
         + (
             f"q = {plan.sample_rate:.4f}, σ = {plan.noise_multiplier:.3f}, C = {config.clip_norm}, "
             f"target ε = {config.epsilon:g} ({plan.accountant}), clipping: {training.mode}"
@@ -193,7 +199,7 @@ def run(config: FinetuneConfig) -> Artifact:
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
     ) as writer:
         checkpoint, log = writer.checkpoint_dir / CHECKPOINT, []
-        state = distributed.on_main(load_checkpoint, checkpoint, config) if config.resume else None
+        state = distributed.on_main(load_checkpoint, checkpoint, config, inputs) if config.resume else None
         if state is not None:
             training.load_state_dict(state)
             log = json.loads(state["log"])
@@ -215,17 +221,20 @@ def run(config: FinetuneConfig) -> Artifact:
                     and config.checkpoint_every
                     and training.step_index % config.checkpoint_every == 0
                 ):
-                    save_checkpoint(checkpoint, training, config, log)
+                    save_checkpoint(checkpoint, training, config, inputs, log)
         elapsed = time.perf_counter() - started
         training.close()  # the saved model carries no clipping hooks
         generator.model.eval()
         if writer.primary:
             generator.save(writer.dir, generation_defaults={"do_sample": True, "top_p": 0.8})
-        own = _own_guarantee(config, plan, training, units)
-        writer.extra["own_privacy"] = own.model_dump(mode="json")
-        writer.privacy = trained_from(start, own)
+        start.carry_into(writer)
+        if data.artifact is not None:  # DP on a synthetic set: it is itself a release of D
+            writer.inherit(data.artifact)
+        writer.release(_own_guarantee(config, plan, training, units), data.record, units.keys)
         writer.metrics.update({"steps": steps, "kind": generator.kind, "grad_sample_mode": training.mode})
         _write_log(writer.diagnostics_dir / "training.jsonl", log)
-        writer.diagnostics.update(_diagnostics(log, elapsed, steps - first))
+        writer.diagnostics.update(
+            _diagnostics(log, elapsed, steps - first), pairs=len(pairs), pairs_per_query_max=units.max_rows
+        )
         writer.timings_are_private = True
     return distributed.on_main(open_artifact, config.out, STAGE)

@@ -34,11 +34,10 @@ from synthq.artifacts import (
     check_output_free,
     config_fingerprint,
     create_artifact,
-    data_input_record,
     existing_result,
+    file_digest,
     find_up_to_date,
     open_artifact,
-    sha256_file,
 )
 from synthq.config import GenerateConfig
 from synthq.console import info, progress, warn
@@ -74,6 +73,20 @@ def judged_set_assumption(split: str) -> str:
         f"the set of documents judged in split {split!r} is public (documents were selected by it; "
         "its queries were never read)"
     )
+
+
+def document_list_assumption(record: dict) -> str:
+    return (
+        f"the document list {record['path']} (sha256 {record['sha256'][:12]}) is public: it was not "
+        "chosen by looking at the private queries"
+    )
+
+
+def public_file_record(path: Path, name: str) -> dict:
+    """Lineage entry for a public file a stage reads (a corpus, a document list)."""
+    if not Path(path).is_file():
+        raise DataError("no such file", Path(path))
+    return {"path": str(path), "kind": "data", "name": name, "sha256": file_digest(Path(path))}
 
 
 def read_document_list(path: Path) -> list[str]:
@@ -278,7 +291,7 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
     input_hashes = [sorted(record["sha256"] for record in a.inputs) for a in artifacts]
     if any(hashes != input_hashes[0] for hashes in input_hashes):
         raise ArtifactError("the shards were generated from different generators or corpora")
-    if len({a.privacy.model_dump_json() for a in artifacts}) != 1:
+    if len({tuple(sorted(r["id"] for r in a.releases)) for a in artifacts}) != 1:
         raise ArtifactError("the shards carry different privacy guarantees")
     merged_config = {**comparable[0], "shard": None, "out": str(out), "merged_from": count}
     inputs = [a.input_record() for a in artifacts]
@@ -298,7 +311,8 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
             statistics[key] = sum(a.metrics.get(key, 0) for a in artifacts)
         writer.metrics.update(statistics)
         writer.timings["shard_generate_seconds"] = [a.timings.get("generate_seconds") for a in artifacts]
-        writer.privacy = artifacts[0].privacy
+        for artifact in artifacts:
+            writer.inherit(artifact)
     return open_artifact(out, STAGE)
 
 
@@ -326,12 +340,13 @@ def run(config: GenerateConfig) -> Artifact:
         return run_over_ranks(config)
     generator_artifact = open_artifact(config.generator, stage="finetune-lm")
     root = resolve_source(config.corpus)
-    inputs = [generator_artifact.input_record(), data_input_record(root, name=config.corpus)]
+    # Only the public documents are read (and, with --split, that split's qrels): the record
+    # hashes those files, never the directory, which may hold private queries.
+    inputs = [generator_artifact.input_record(), public_file_record(root / "corpus.jsonl", config.corpus)]
+    if config.split is not None and (root / "qrels" / f"{config.split}.tsv").is_file():
+        inputs.append(public_file_record(root / "qrels" / f"{config.split}.tsv", f"qrels {config.split}"))
     if config.documents is not None:
-        listed = Path(config.documents)
-        inputs.append(
-            {"path": str(listed), "kind": "data", "name": "document list", "sha256": sha256_file(listed)}
-        )
+        inputs.append(public_file_record(Path(config.documents), "document list"))
     if (done_artifact := existing_result(STAGE, config, inputs)) is not None:
         return done_artifact
     corpus, doc_ids = select_documents(config, root)
@@ -363,9 +378,10 @@ def run(config: GenerateConfig) -> Artifact:
                 "query_tokens_per_second": round(tokens / max(elapsed, 1e-9), 3),
             }
         )
-        guarantee = generator_artifact.privacy.inherit(generator_artifact.manifest_hash)
+        writer.inherit(generator_artifact)
         if config.split is not None:
-            guarantee = guarantee.assuming(judged_set_assumption(config.split))
+            writer.assume(judged_set_assumption(config.split))
             warn(f"documents chosen by the judged set of split {config.split!r}: assumed public")
-        writer.privacy = guarantee
+        if config.documents is not None:
+            writer.assume(document_list_assumption(inputs[-1]))
     return open_artifact(config.out, STAGE)

@@ -30,7 +30,7 @@ from synthq.console import console
 from synthq.errors import ArtifactError
 from synthq.ledger import ledger_lines
 from synthq.privacy import Guarantee, format_epsilon
-from synthq.result_tables import combined_guarantee, paper_comparison, privacy_utility_plot, results_markdown
+from synthq.result_tables import paper_comparison, privacy_utility_plot, results_markdown
 from synthq.stages.evaluate import attach_per_query, read_per_query
 
 STAGE = "report"
@@ -93,7 +93,7 @@ def run(config: ReportConfig) -> Artifact:
     inputs = [a.input_record() for a in evals + similarities]
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
-    rows, sources = merge_rows(evals)
+    rows, _ = merge_rows(evals)
     with create_artifact(config.out, STAGE, config, inputs) as writer:
         sections = [results_markdown(rows, title=config.title), "![privacy-utility](privacy_utility.png)\n"]
         for artifact in evals:
@@ -113,8 +113,8 @@ def run(config: ReportConfig) -> Artifact:
         published = [{k: v for k, v in r.items() if k != "per_query"} for r in rows]
         (writer.dir / "results.json").write_text(json.dumps(json_safe(published), indent=2), encoding="utf-8")
         privacy_utility_plot(rows, writer.dir / "privacy_utility.png")
-        sources += [(a.manifest_hash, a.privacy) for a in similarities]
-        writer.privacy = combined_guarantee(sources)
+        for artifact in [*evals, *similarities]:  # the report publishes them: their releases
+            writer.inherit(artifact)
         writer.metrics["rows"] = len(rows)
     console.print(text)
     return open_artifact(config.out, STAGE)

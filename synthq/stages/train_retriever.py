@@ -31,18 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from synthq import distributed
-from synthq.artifacts import (
-    Artifact,
-    artifact_on_main,
-    data_input_record,
-    existing_result,
-    is_artifact,
-    open_artifact,
-)
+from synthq.artifacts import Artifact, artifact_on_main, existing_result, open_artifact
 from synthq.config import TrainRetrieverConfig
 from synthq.console import info, progress, warn
 from synthq.data.pairs import Pair, first_pairs_per_document, training_pairs
-from synthq.data.sources import load_source, resolve_source
+from synthq.data.sources import load_source
 from synthq.dp.contrastive import Example
 from synthq.dp.engine import (
     PrivacyPlan,
@@ -53,9 +46,9 @@ from synthq.dp.engine import (
     planned_steps,
 )
 from synthq.errors import DataError, SynthqError
-from synthq.ledger import model_input, trained_from
+from synthq.ledger import data_input, model_input
 from synthq.models.encoder import features, freeze_token_embeddings, load_encoder, training_loss
-from synthq.privacy import Guarantee, compose
+from synthq.privacy import Guarantee
 
 STAGE = "train-retriever"
 
@@ -78,19 +71,6 @@ def unique_document_batches(pairs: list[Pair], batch_size: int, rng: random.Rand
         batches.append(batch)
         pending = deferred
     return batches
-
-
-def _inputs_and_guarantee(config: TrainRetrieverConfig):
-    """The data to train on, its lineage record and the guarantee of a non-DP run on it."""
-    if is_artifact(config.data):
-        synthetic = open_artifact(config.data, stage="generate")
-        dataset = load_source(str(synthetic.path), splits=[config.split])
-        inherited = synthetic.privacy.inherit(synthetic.manifest_hash)
-        return dataset, synthetic.input_record(), inherited, True
-    root = resolve_source(config.data)
-    dataset = load_source(config.data, splits=[config.split])
-    guarantee = Guarantee.non_private("trained on the private queries without DP (ε = ∞)", unit="query")
-    return dataset, {**data_input_record(root, name=config.data), "private": True}, guarantee, False
 
 
 def _embed_rows(encoder, texts: list[str], max_length: int) -> torch.Tensor:
@@ -204,9 +184,11 @@ def _statistics(losses: list[float], elapsed: float, seen: int, steps: int) -> d
 
 def run(config: TrainRetrieverConfig) -> Artifact:
     place = distributed.setup(config.device)
-    dataset, record, base_guarantee, synthetic = _inputs_and_guarantee(config)
+    data = data_input(config.data)
+    synthetic = data.is_artifact
+    dataset = load_source(str(data.root), splits=[config.split])
     start = model_input(config.encoder)
-    inputs = [record, start.record]
+    inputs = [data.record, start.record]
     if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
         return done
     if config.mini_batch_size is not None and place.world_size > 1:
@@ -277,13 +259,17 @@ def run(config: TrainRetrieverConfig) -> Artifact:
         encoder.eval()
         if writer.primary:
             encoder.save(str(writer.dir))
-        own = base_guarantee if plan is None else _dp_guarantee(plan, mechanism, config, units, randomness)
-        # on synthetic data with --dp: sequential composition with the generator's release
-        trained = compose(base_guarantee, own) if synthetic and plan is not None else own
-        writer.privacy = trained_from(start, trained)
-        if not synthetic:  # read the private pairs: its own release, and private statistics
-            writer.extra["own_privacy"] = own.model_dump(mode="json")
+        start.carry_into(writer)
+        if synthetic:  # post-processing of the synthetic set's releases
+            writer.inherit(data.artifact)
+        if plan is not None:  # a DP release of the pairs it read (a synthetic set's queries, too)
+            writer.release(_dp_guarantee(plan, mechanism, config, units, randomness), data.record, units.keys)
+        elif not synthetic:
+            reason = "trained on the private queries without DP (ε = ∞)"
+            writer.release(Guarantee.non_private(reason, unit="query"), data.record, units.keys)
+        if not synthetic:  # read the private pairs: private statistics
             writer.timings_are_private = True
+            writer.diagnostics.update(pairs=len(pairs), pairs_per_query_max=units.max_rows)
         writer.metrics.update({"steps": steps, **({"pairs": len(pairs)} if synthetic else {})})
         (writer.metrics if synthetic else writer.diagnostics).update(
             _statistics(losses, elapsed, seen, steps)
@@ -298,7 +284,6 @@ def _dp_guarantee(plan: PrivacyPlan, mechanism, config: TrainRetrieverConfig, un
         "clip_norm": config.clip_norm,
         "sensitivity_rule": mechanism.sensitivity_rule,
         "temperature": config.temperature,
-        "pairs_per_query_max": units.max_rows,
         "group_size": config.group_size if config.dp == "group" else None,
         **mechanism.describe(),
     }

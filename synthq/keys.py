@@ -1,0 +1,166 @@
+"""The data owner's secret key: keyed identifiers of private data and the seal of every manifest.
+
+Two things synthq writes must not be testable by someone without the owner's secret:
+
+* **identifiers of private data** — a plain sha256 of a private dataset lets anyone holding
+  candidate datasets test which one was used (a membership oracle at ε = ∞). synthq records
+  ``HMAC(key, sha256(content))`` instead (:func:`keyed_digest`): stable for the owner (resume,
+  up-to-date checks, the ledger), meaningless without the key;
+* **the guarantee itself** — every manifest carries ``seal = HMAC(key, manifest)``
+  (:func:`seal`); an edit to any field (ε, δ, mechanism, the releases, a private flag) is
+  refused when the owner opens it (:func:`check_seal`). A manifest sealed under another key
+  (a colleague's, or a downloaded release) can be read but not verified: synthq says so beside
+  its ε.
+
+The key is 32 random bytes created on first use in synthq's *state* directory
+(``$SYNTHQ_STATE``, else ``$XDG_STATE_HOME/synthq``, else ``~/.local/state/synthq``), mode 0600,
+never inside an artifact and never in a cache that users clear. ``synthq key`` shows where it is
+and exports or imports it, so a team can share one.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from synthq.errors import ArtifactError, SynthqError
+
+KEY_FILE = "owner.key"
+KEY_BYTES = 32
+SEAL_FIELD = "seal"
+
+
+def state_dir(*parts: str) -> Path:
+    """synthq's state directory (the key, private unit sets, the private-data registry)."""
+    root = os.environ.get("SYNTHQ_STATE")
+    if not root:
+        xdg = os.environ.get("XDG_STATE_HOME")
+        root = str(Path(xdg) / "synthq") if xdg else str(Path.home() / ".local" / "state" / "synthq")
+    path = Path(root).expanduser().joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def key_path() -> Path:
+    return state_dir() / KEY_FILE
+
+
+@functools.lru_cache(maxsize=8)
+def _load_key(path: str) -> bytes:
+    file = Path(path)
+    if not file.exists():
+        try:
+            descriptor = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process created it meanwhile: use theirs
+            pass
+        else:
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(secrets.token_bytes(KEY_BYTES))
+    data = file.read_bytes()
+    if len(data) != KEY_BYTES:
+        raise SynthqError(f"{file}: not a synthq key ({len(data)} bytes, expected {KEY_BYTES})")
+    return data
+
+
+def owner_key() -> bytes:
+    """This installation's secret key (created on first use)."""
+    return _load_key(str(key_path()))
+
+
+def key_id(key: bytes | None = None) -> str:
+    """A public name for a key (reveals nothing about it): which key sealed a manifest."""
+    return hmac.new(key or owner_key(), b"synthq key id", hashlib.sha256).hexdigest()[:16]
+
+
+def keyed_digest(*parts: str | bytes) -> str:
+    """``HMAC-SHA256(key, parts)`` as hex: an identifier only the key's holder can test."""
+    mac = hmac.new(owner_key(), digestmod=hashlib.sha256)
+    for part in parts:
+        mac.update(part if isinstance(part, bytes) else part.encode())
+        mac.update(b"\x1f")
+    return mac.hexdigest()
+
+
+def private_data_digest(content_sha256: str) -> str:
+    """The recorded identifier of a private dataset: keyed, so a candidate dataset cannot be
+    tested against it without the key."""
+    return "hmac:" + keyed_digest("private-data", content_sha256)
+
+
+def unit_digests(kind: str, unit_ids: list[str]) -> bytes:
+    """Sorted 8-byte keyed digests of privacy units (``kind`` = query or user): what the ledger
+    intersects to compose releases over the units they share. Never released."""
+    key = owner_key()
+    values = sorted(
+        int.from_bytes(hmac.new(key, f"unit\x1f{kind}\x1f{u}".encode(), hashlib.sha256).digest()[:8], "big")
+        for u in dict.fromkeys(unit_ids)
+    )
+    return b"".join(v.to_bytes(8, "big") for v in values)
+
+
+def _canonical(manifest: dict) -> bytes:
+    body = {k: v for k, v in manifest.items() if k != SEAL_FIELD}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def seal(manifest: dict[str, Any]) -> dict[str, str]:
+    """The seal of a manifest (as it reads back from JSON): key id and HMAC of everything else."""
+    key = owner_key()
+    return {"key_id": key_id(key), "hmac": hmac.new(key, _canonical(manifest), hashlib.sha256).hexdigest()}
+
+
+def check_seal(manifest: dict, where: str) -> bool:
+    """``True`` when this installation sealed the manifest and it is unchanged; ``False`` when it
+    was sealed under another key (readable, not verifiable). Raises when it was edited or has no
+    seal."""
+    stamp = manifest.get(SEAL_FIELD)
+    if not isinstance(stamp, dict) or "hmac" not in stamp or "key_id" not in stamp:
+        raise ArtifactError(f"{where}: the manifest has no seal: it was edited, or not written by synthq")
+    key = owner_key()
+    if stamp["key_id"] != key_id(key):
+        return False
+    expected = hmac.new(key, _canonical(manifest), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, str(stamp["hmac"])):
+        raise ArtifactError(
+            f"{where}: the manifest was edited after synthq wrote it (its seal does not match); "
+            "its guarantee cannot be trusted — re-run the stage"
+        )
+    return True
+
+
+def export_key(destination: Path) -> Path:
+    """Copy the key to ``destination`` (mode 0600) for a colleague's ``synthq key --import``."""
+    destination = Path(destination)
+    if destination.exists():
+        raise SynthqError(f"{destination}: already exists; choose a new file")
+    descriptor = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(owner_key())
+    return destination
+
+
+def import_key(source: Path, replace: bool = False) -> str:
+    """Install a shared key; refuses to replace a different existing key unless ``replace``
+    (artifacts sealed under the old key could no longer be verified)."""
+    data = Path(source).read_bytes()
+    if len(data) != KEY_BYTES:
+        raise SynthqError(f"{source}: not a synthq key ({len(data)} bytes, expected {KEY_BYTES})")
+    target = key_path()
+    if target.exists() and target.read_bytes() != data and not replace:
+        raise SynthqError(
+            f"{target}: a different key is installed (id {key_id()}); artifacts sealed under it could "
+            "no longer be verified — pass --replace to install the new key anyway"
+        )
+    tmp = target.with_name(KEY_FILE + ".tmp")
+    descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, target)
+    _load_key.cache_clear()
+    return key_id(data)

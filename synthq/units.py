@@ -1,0 +1,119 @@
+"""Which releases share privacy units: the unit sets behind per-unit composition.
+
+Every release of private data records the keyed digests of its units (:func:`synthq.keys.unit_digests`:
+8 bytes per query or user, sorted) by the sha256 of that set. The set itself is never released: it is
+kept in the owner's state directory (``units/<sha256>.bin``) and in the releasing artifact's private
+``diagnostics/``. :func:`sharing_groups` intersects the sets of a list of releases and returns the
+maximal groups of releases whose data hold a common unit — what
+:func:`synthq.privacy.compose_releases` sums over. A release whose set cannot be found here (made
+under another key, or the state directory was lost) is assumed to share units with every other
+release (a bound, never an understatement).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from synthq.keys import state_dir, unit_digests
+
+UNITS_DIR = "units"
+
+
+def store_unit_set(kind: str, unit_ids: list[str], also_in: Path | None = None) -> dict:
+    """Digest the units of a release, keep the set (state directory and ``also_in``), and return
+    the record a release carries: kind, count and the set's sha256."""
+    data = unit_digests(kind, unit_ids)
+    sha = hashlib.sha256(data).hexdigest()
+    target = state_dir(UNITS_DIR) / f"{sha}.bin"
+    if not target.exists():
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(target)
+    if also_in is not None:
+        also_in.mkdir(parents=True, exist_ok=True)
+        (also_in / "units.bin").write_bytes(data)
+    return {"kind": kind, "count": len(data) // 8, "sha256": sha}
+
+
+def load_unit_set(record: dict | None, artifact_path: str | None = None) -> bytes | None:
+    """The unit set of a release record, from the state directory or the releasing artifact's
+    diagnostics; ``None`` when neither holds it (or it does not match its recorded sha256)."""
+    if not record or "sha256" not in record:
+        return None
+    candidates = [state_dir(UNITS_DIR) / f"{record['sha256']}.bin"]
+    if artifact_path:
+        candidates.append(Path(artifact_path) / "diagnostics" / "units.bin")
+    for path in candidates:
+        if path.is_file():
+            data = path.read_bytes()
+            if hashlib.sha256(data).hexdigest() == record["sha256"]:
+                return data
+    return None
+
+
+def sharing_groups(releases: list[dict]) -> list[list[str]]:
+    """Maximal groups of release ids whose units intersect (each release in at least one).
+
+    Releases of different unit kinds (query and user) are assumed to share units: a person's
+    queries are theirs, and no digest links the two."""
+    import numpy as np
+
+    ids = [r["id"] for r in releases]
+    if len(ids) <= 1:
+        return [ids] if ids else []
+    kinds = {(r.get("units") or {}).get("kind") for r in releases}
+    sets = {r["id"]: load_unit_set(r.get("units"), r.get("path")) for r in releases}
+    if len(kinds) > 1 or any(v is None for v in sets.values()):
+        unknown = [key for key, value in sets.items() if value is None] if len(kinds) == 1 else ids
+        known = [key for key in ids if key not in unknown]
+    else:
+        unknown, known = [], ids
+    groups: set[frozenset[str]] = set()
+    if known:
+        digests = np.concatenate([np.frombuffer(sets[key], dtype=">u8") for key in known])
+        owners = np.concatenate(
+            [np.full(len(sets[key]) // 8, index, dtype=np.int64) for index, key in enumerate(known)]
+        )
+        order = np.argsort(digests, kind="stable")
+        digests, owners = digests[order], owners[order]
+        starts = np.flatnonzero(np.r_[True, digests[1:] != digests[:-1]])
+        for begin, end in zip(starts, np.r_[starts[1:], len(digests)], strict=True):
+            groups.add(frozenset(known[i] for i in owners[begin:end].tolist()))
+        for key in known:  # a release with no units at all still counts once
+            if not any(key in group for group in groups):
+                groups.add(frozenset([key]))
+    groups = {frozenset([*group, *unknown]) for group in groups} or {frozenset(unknown)}
+    maximal = [g for g in groups if not any(g < other for other in groups)]
+    return sorted(sorted(g) for g in maximal)
+
+
+REGISTRY = "private-data.jsonl"
+
+
+def register_private_data(data: dict) -> None:
+    """Remember that a dataset (by its keyed digest) was read as private, so that a later
+    ``eval`` or ``similarity`` on any split of it is accounted as a read of private data."""
+    import json
+
+    digest = data.get("sha256")
+    if not digest or data.get("kind") == "artifact" or digest in registered_private_data():
+        return
+    with open(state_dir() / REGISTRY, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"sha256": digest, "name": data.get("name")}) + "\n")
+
+
+def registered_private_data() -> frozenset[str]:
+    """Keyed digests of every dataset this installation has read as private."""
+    import json
+
+    path = state_dir() / REGISTRY
+    if not path.is_file():
+        return frozenset()
+    digests = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            digests.add(json.loads(line)["sha256"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line from a killed process
+    return frozenset(digests)
