@@ -78,6 +78,10 @@ def write_tiny_beir(root: Path) -> Path:
     with open(root / "queries.jsonl", "w", encoding="utf-8") as handle:
         for query_id, text in queries.items():
             handle.write(json.dumps({"_id": query_id, "text": text}) + "\n")
+    # like the embedded data: the training and dev queries are private, the test split public
+    (root / "privacy.json").write_text(
+        json.dumps({"private_splits": ["train", "dev"], "public_splits": ["test"]}), encoding="utf-8"
+    )
     for split, rows in qrels.items():
         with open(root / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as handle:
             handle.write("query-id\tcorpus-id\tscore\n")
