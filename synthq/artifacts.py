@@ -431,7 +431,8 @@ def current_input_hash(record: dict) -> str | None:
         return file_digest(path)
     if not path.is_dir():
         return None
-    return private_data_digest(sha256_tree(path)) if record.get("private") else sha256_tree(path)
+    keyed = record.get("private") or str(record.get("sha256", "")).startswith("hmac:")
+    return private_data_digest(sha256_tree(path)) if keyed else sha256_tree(path)
 
 
 def is_still_up_to_date(out: str | Path, stage: str, config: Any) -> bool:
