@@ -123,7 +123,7 @@ def info_command(
     console.print(f"created {artifact.manifest.get('created')} by synthq {artifact.manifest.get('synthq')}")
     console.print(
         f"[bold]privacy[/]: ε = {format_epsilon(guarantee.epsilon)}, δ = {guarantee.delta:.3g}, "
-        f"unit = {guarantee.unit}, mechanism = {guarantee.mechanism}, accountant = {guarantee.accountant}"
+        f"{guarantee.per_unit}, mechanism = {guarantee.mechanism}, accountant = {guarantee.accountant}"
     )
     if guarantee.note:
         console.print(f"  {guarantee.note}")
@@ -239,6 +239,13 @@ def data_info_command(
             f"{row['judgements'] / max(row['queries'], 1):.2f}",
         )
     console.print(table)
+    for split, row in summary["splits"].items():
+        if "users" in row:
+            per = row["users"]["queries_per_user"]
+            console.print(
+                f"{split}: {row['users']['users']} users; queries per user min {per['min']}, "
+                f"median {per['median']:g}, p99 {per['p99']:g}, max {per['max']}"
+            )
     for warning in summary["warnings"]:
         console.print(f"[yellow]warning:[/] {warning}")
     if not summary["warnings"]:

@@ -104,6 +104,24 @@ SecretSeed = Annotated[
     ),
 ]
 Limit = Annotated[int | None, Field(ge=1, description="Use only the first N items (quick runs).")]
+PrivacyUnitName = Annotated[
+    Literal["query", "user"],
+    Field(
+        description="What the guarantee protects: one query with all its pairs, or one user with all "
+        "of their queries (needs user ids: metadata.user_id in queries.jsonl, or users.tsv)."
+    ),
+]
+# Each user's rows are weighted 1/k, so K does not change the noise; it bounds a sampled user's
+# share of a batch (compute) and is the bound group privacy needs to relate the two units.
+DEFAULT_MAX_QUERIES_PER_USER = 8
+MaxQueriesPerUser = Annotated[
+    int,
+    Field(
+        ge=1,
+        description="--privacy-unit user: keep at most K queries of each user, chosen with secret "
+        "randomness (a user's weighted rows contribute at most C together whatever K is).",
+    ),
+]
 Probability = Annotated[float, Field(gt=0, le=1)]
 
 
@@ -170,6 +188,8 @@ class FinetuneConfig(StageConfig):
     lora_rank: int = Field(0, ge=0, description="0 = full fine-tuning; >0 trains LoRA adapters of this rank.")
     lora_alpha: float | None = Field(None, gt=0, description="LoRA alpha (default 2 × rank).")
     checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every N logical steps.")
+    privacy_unit: PrivacyUnitName = "query"
+    max_queries_per_user: MaxQueriesPerUser = DEFAULT_MAX_QUERIES_PER_USER
     seed: SecretSeed = None
     device: Device = "auto"
     limit: Limit = None
@@ -280,6 +300,8 @@ class TrainRetrieverConfig(StageConfig):
         description="Train on the first K pairs of each document (file order), e.g. one query per "
         "document of a set generated with --num-queries 3. Not with --dp.",
     )
+    privacy_unit: PrivacyUnitName = "query"
+    max_queries_per_user: MaxQueriesPerUser = DEFAULT_MAX_QUERIES_PER_USER
     seed: SecretSeed = None
     device: Device = "auto"
     limit: Limit = None
@@ -287,6 +309,8 @@ class TrainRetrieverConfig(StageConfig):
     @model_validator(mode="after")
     def _limit_without_dp(self) -> TrainRetrieverConfig:
         refuse_limit_with_dp(self.limit, self.dp is not None)
+        if self.privacy_unit == "user" and self.dp is None:
+            raise ValueError("--privacy-unit user needs --dp: training without DP protects no unit (ε = ∞)")
         return self
 
 

@@ -191,7 +191,7 @@ def ledger_lines(paths: list[str | Path]) -> list[str]:
         total = cost.total
         lines.append(
             f"private dataset {cost.name} (keyed id {cost.sha256.removeprefix('hmac:')[:12]}): "
-            f"{total.describe()} over {len(cost.releases)} release(s), composed per unit"
+            f"{total.describe()} over {len(cost.releases)} release(s), composed per {total.unit}"
         )
         for release in cost.releases:
             own = release_guarantee(release)

@@ -23,6 +23,12 @@ def _epsilon(value) -> str:
     return "∞ (no differential privacy)" if math.isinf(value) else f"{value:.4g}"
 
 
+def _per_unit(privacy: dict) -> str:
+    bound = (privacy.get("details") or {}).get("max_queries_per_user")
+    unit = privacy.get("unit", "?")
+    return f"per user, ≤ {bound} queries each" if unit == "user" and bound else f"per {unit}"
+
+
 def guarantee_section(manifest: dict) -> str:
     """The card's guarantee section (Markdown) for a manifest."""
     privacy = manifest.get("privacy", {})
@@ -37,7 +43,7 @@ def guarantee_section(manifest: dict) -> str:
         "|---|---|",
         f"| ε | {_epsilon(epsilon)} |",
         f"| δ | {float(privacy.get('delta', 0.0)):.3g} |",
-        f"| privacy unit | {privacy.get('unit', '?')} (one {privacy.get('unit', '?')} of the private data) |",
+        f"| privacy unit | {privacy.get('unit', '?')} (ε {_per_unit(privacy)} of the private data) |",
         f"| mechanism | {privacy.get('mechanism', '?')} |",
         f"| accountant | {privacy.get('accountant') or '—'} |",
     ]

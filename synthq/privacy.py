@@ -10,9 +10,13 @@ Every ε synthq prints comes from here. The rules of the ledger:
 * Training on private data without DP gives ε = ∞ (:meth:`Guarantee.non_private`).
 
 Privacy units: ``query`` — everything one query id contributes (all its (query, document)
-pairs together) is protected; this is what the DP stages guarantee, because they sample and clip
-by query id (:mod:`synthq.dp.engine`). ``example`` — one (query, document) pair; for data where a
-query has several relevant documents it is weaker than ``query``.
+pairs together) is protected; this is what the DP stages guarantee by default, because they
+sample and clip by query id (:mod:`synthq.dp.engine`). ``user`` (``--privacy-unit user``) — all
+the queries one person wrote, each user bounded to K queries (``max_queries_per_user`` in the
+details) and sampled and clipped as one unit. ``example`` — one (query, document) pair; for data
+where a query has several relevant documents it is weaker than ``query``. A user-level ε implies
+the same ε per query; a query-level ε says only k·ε about a user with k queries (group privacy),
+so releases of different units compose as the weakest unit, never as the stronger.
 
 A guarantee also lists its ``assumptions``: facts the ε relies on that the code cannot check
 (a starting model that is assumed public, a judged-document set that is assumed public, a
@@ -54,7 +58,8 @@ class Guarantee(BaseModel):
     Args:
         epsilon: ε; ``math.inf`` for no privacy.
         delta: δ; 0 when ε is infinite.
-        unit: what one "neighbouring dataset" step changes: ``query`` or ``example``.
+        unit: what one "neighbouring dataset" step changes: ``user`` (all of one person's
+            queries; ``details.max_queries_per_user`` is the bound K), ``query`` or ``example``.
         mechanism: how it was obtained, e.g. ``dp-adam`` or ``post-processing`` or ``none``.
         accountant: the accountant that computed ε (``rdp``/``prv``), ``None`` when not computed.
         derived_from: manifest hashes of the artifacts whose guarantee this one inherits.
@@ -112,11 +117,25 @@ class Guarantee(BaseModel):
             }
         )
 
+    @property
+    def unit_text(self) -> str:
+        """``query``, or ``user, ≤8 queries`` when a user-level claim records its bound K."""
+        bound = (self.details or {}).get("max_queries_per_user")
+        return f"user, ≤{bound} queries" if self.unit == "user" and bound else self.unit
+
+    @property
+    def per_unit(self) -> str:
+        """``per query`` / ``per user (≤ 8 queries each)``: how a sentence states the unit."""
+        bound = (self.details or {}).get("max_queries_per_user")
+        if self.unit == "user":
+            return f"per user (≤ {bound} queries each)" if bound else "per user"
+        return f"per {self.unit}"
+
     def describe(self, with_assumptions: bool = False) -> str:
         """Short text for tables: ``ε=8.00 δ=2.1e-04 (query)`` or ``ε=∞``; with
         ``with_assumptions`` the assumptions follow (``assuming: ...``)."""
         text = f"ε={format_epsilon(self.epsilon)}" + (
-            f" δ={self.delta:.1e} ({self.unit})" if self.is_private and self.epsilon > 0 else ""
+            f" δ={self.delta:.1e} ({self.unit_text})" if self.is_private and self.epsilon > 0 else ""
         )
         if with_assumptions and self.assumptions:
             text += " assuming: " + "; ".join(self.assumptions)
@@ -208,6 +227,16 @@ def compose_releases(releases: list[dict], sharing: list[list[str]], assumptions
         (only,) = parts.values()
         return only.model_copy(update={"assumptions": merged, "details": {**only.details, **details}})
     totals = [(sum(parts[r].epsilon for r in group), sum(parts[r].delta for r in group)) for group in sharing]
+    kinds = {g.unit for g in parts.values()}
+    if unit == "user":  # every release protects users: the loosest bound K is the statement's
+        bounds = [g.details.get("max_queries_per_user") for g in parts.values()]
+        details["max_queries_per_user"] = max(bounds) if all(bounds) else None
+    mixed = (
+        f"; releases of different units ({', '.join(sorted(kinds, key=UNIT_STRENGTH.index))}) compose only "
+        f"as the weakest, {unit} (a user-level total would need group privacy over each user's queries)"
+        if len(kinds) > 1
+        else ""
+    )
     return Guarantee(
         epsilon=max(e for e, _ in totals),
         delta=max(d for _, d in totals),
@@ -216,7 +245,7 @@ def compose_releases(releases: list[dict], sharing: list[list[str]], assumptions
         accountant="basic-composition",
         details=details,
         note="basic composition per privacy unit: a unit counts the releases whose data hold it "
-        f"({len(sharing)} group(s) of releases sharing units); the worst unit's total is shown",
+        f"({len(sharing)} group(s) of releases sharing units); the worst unit's total is shown" + mixed,
         assumptions=merged,
     )
 

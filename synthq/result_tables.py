@@ -40,8 +40,12 @@ def is_public(row: dict) -> bool:
 
 
 def epsilon_cell(row: dict) -> str:
-    """``∞``, ``8.00`` or ``0 (public)`` for a row that never saw private data."""
-    return "0 (public)" if is_public(row) else format_epsilon(_epsilon(row["epsilon"]))
+    """``∞``, ``8.00``, ``8.00 per user`` (a user-level guarantee) or ``0 (public)`` for a row
+    that never saw private data."""
+    if is_public(row):
+        return "0 (public)"
+    per_user = (row.get("privacy") or {}).get("unit") == "user" and math.isfinite(_epsilon(row["epsilon"]))
+    return format_epsilon(_epsilon(row["epsilon"])) + (" per user" if per_user else "")
 
 
 def _datasets(rows: list[dict]) -> list[str]:

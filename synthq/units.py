@@ -117,3 +117,17 @@ def registered_private_data() -> frozenset[str]:
         except (ValueError, KeyError, TypeError):
             continue  # a torn last line from a killed process
     return frozenset(digests)
+
+
+def training_units(pairs, root: Path, unit: str, max_queries: int | None, randomness):
+    """The privacy units of a private training set of pairs (a :class:`~synthq.data.pairs.PairList`):
+    one per query id, or one per user (``unit="user"``: user ids from the dataset at ``root``,
+    each user bounded to ``max_queries`` queries chosen with ``randomness``'s secret key)."""
+    from synthq.data.users import query_users
+    from synthq.dp.engine import PrivacyUnits
+
+    query_ids = [pairs.queries.id_at(int(row)) for row in pairs.query_rows]
+    if unit == "query":
+        return PrivacyUnits.from_keys(query_ids)
+    users = query_users(root, pairs.queries, pairs.query_rows)
+    return PrivacyUnits.by_user(query_ids, users, max_queries, randomness)

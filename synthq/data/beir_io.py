@@ -90,7 +90,16 @@ def _record_id(record: dict, path: Path, number: int, seen: set[str]) -> str:
 CORPUS_SCHEMA = pa.schema(
     [("_id", pa.large_string()), ("title", pa.large_string()), ("text", pa.large_string())]
 )
-QUERIES_SCHEMA = pa.schema([("_id", pa.large_string()), ("text", pa.large_string())])
+# ``user_id``: BEIR's ``metadata.user_id`` ("" when absent); ``line``: the record's line in the file,
+# so that a query without a user id can be named by file:line when the user unit needs one.
+QUERIES_SCHEMA = pa.schema(
+    [
+        ("_id", pa.large_string()),
+        ("text", pa.large_string()),
+        ("user_id", pa.large_string()),
+        ("line", pa.int64()),
+    ]
+)
 QRELS_SCHEMA = pa.schema(
     [("query-id", pa.large_string()), ("corpus-id", pa.large_string()), ("score", pa.int64())]
 )
@@ -138,7 +147,12 @@ def _parse_queries(lines: HashingReader, out: Path) -> None:
         text = str(record.get("text") or "").strip()
         if not text:
             raise DataError(f"query {query_id!r} has empty text", lines.path, number)
-        return (text,)
+        metadata = record.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise DataError(f"query {query_id!r}: 'metadata' is not a JSON object", lines.path, number)
+        user = metadata.get("user_id")
+        user = "" if user is None else str(user).strip()
+        return text, user, number
 
     _parse_jsonl(lines, out, QUERIES_SCHEMA, values)
 

@@ -37,7 +37,7 @@ from synthq.errors import DataError
 from synthq.paths import cache_dir
 
 # Bump when the layout or the parsing rules of the cached tables change.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: queries carry user_id and line
 # Every stored table is written in record batches of exactly this many rows (the last one
 # shorter), so row r lives in chunk r // BATCH_ROWS at offset r % BATCH_ROWS.
 BATCH_ROWS = 4096

@@ -6,17 +6,21 @@ import numpy as np
 
 from synthq.data.beir_io import BeirDataset, link
 from synthq.data.store import int64_values
+from synthq.data.users import has_user_ids, queries_per_user, query_users
 
 
 def summarize(dataset: BeirDataset) -> dict:
     """Per-split counts plus warnings that do not make the dataset unreadable: queries without
-    judgements, the same query text in two splits, and splits with no relevant pair.
+    judgements, the same query text in two splits, and splits with no relevant pair. Where the
+    dataset gives user ids (:mod:`synthq.data.users`), each split also counts users and queries
+    per user, and warns about queries without one.
 
     Counts come from the cached qrels -> row links (numpy over row numbers), so only the judged
     queries' texts are decoded, once each."""
     splits, query_rows = {}, []
     texts_by_split: dict[str, set[str]] = {}
     relevant: dict[str, bool] = {}
+    with_users, user_warnings = has_user_ids(dataset.root, dataset.queries), []
     for split, qrels in sorted(dataset.qrels.items()):
         rows = link(qrels, dataset.queries, dataset.corpus, split, dataset.root / "qrels" / f"{split}.tsv")
         splits[split] = {
@@ -24,10 +28,18 @@ def summarize(dataset: BeirDataset) -> dict:
             "judgements": len(rows.doc_rows),
             "documents": len(np.unique(rows.doc_rows)),
         }
+        if with_users:  # a split with no user id at all (e.g. separately written test queries) says nothing
+            users = query_users(dataset.root, dataset.queries, np.unique(rows.query_rows), strict=False)
+            counted = queries_per_user(users)
+            if counted["users"]:
+                splits[split]["users"] = counted
+            if counted["users"] and counted["queries_without_user"]:
+                missing = counted["queries_without_user"]
+                user_warnings.append(f"{missing} queries of split {split} have no user id")
         query_rows.append(np.asarray(rows.query_rows))
         texts_by_split[split] = {dataset.queries.text_at(int(r)).strip().lower() for r in rows.query_rows}
         relevant[split] = bool((int64_values(qrels.judgements().column("score")) > 0).any())
-    warnings = []
+    warnings = user_warnings
     judged = len(np.unique(np.concatenate(query_rows))) if query_rows else 0
     unjudged = len(dataset.queries) - judged
     if unjudged:

@@ -170,6 +170,14 @@ class Queries(ArrowMapping):
     def text_at(self, row: int) -> str:
         return self.columns["text"][row]
 
+    def user_at(self, row: int) -> str:
+        """The query's ``metadata.user_id`` ("" when it has none)."""
+        return self.columns["user_id"][row]
+
+    def line_at(self, row: int) -> int:
+        """The line of ``queries.jsonl`` the query was read from."""
+        return int(self.table.column("line")[row].as_py())
+
     def _items(self) -> Iterator[tuple[str, str]]:
         for record in self._rows():
             yield record["_id"], record["text"]

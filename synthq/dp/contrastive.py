@@ -14,10 +14,14 @@ The four mechanisms differ in what they clip, which decides the sensitivity (see
 * :class:`~synthq.dp.contrastive_logit.LogitClipping` — Logit-DP: per-pair similarity gradients
   clipped: ``(G1 + G2 + (B − 1)L)·C`` (constants derived there for cosine / temperature).
 
-The privacy unit is one query id with all of its pairs (:mod:`synthq.dp.engine`): queries are
-Poisson-sampled, and a query with ``k`` pairs gives each of its rows weight ``1/k`` where rows are
-clipped one by one. ``B`` is a cap on the number of sampled queries for the mechanisms whose
-sensitivity grows with the batch; an over-full batch is replaced by an empty one
+The privacy unit is one query id with all of its pairs, or under ``--privacy-unit user`` one user
+with all of their kept queries' pairs (:class:`synthq.dp.engine.PrivacyUnits`): units are
+Poisson-sampled, and a unit with ``k`` pairs gives each of its rows weight ``1/k`` where rows are
+clipped one by one. The proofs below say "query"; each holds word for word for the user unit,
+because they use only that a unit's rows enter together, carry weights summing to 1, and (group
+clipping) share one keyed group draw (:attr:`Example.unit_id`). Logit-DP's proof needs one row
+per unit, so it refuses users with several pairs. ``B`` is a cap on the number of sampled units
+for the mechanisms whose sensitivity grows with the batch; an over-full batch is replaced by an empty one
 (:func:`synthq.dp.engine.poisson_units`), so δ needs no tail term. Each mechanism registers
 itself (``--dp NAME``) and has a neighbouring-batch test of its bound (tests/dp).
 """
@@ -46,14 +50,15 @@ Encode = Callable[[list[str], str], torch.Tensor]  # (texts, "query"|"doc") -> n
 class Example:
     """One training pair as the mechanisms see it.
 
-    ``query_id`` is the privacy unit's stable id: it keys the example's secret random draws
-    (group assignment), so no other example's presence can change them. ``weight`` is ``1/k``
-    for a query with ``k`` pairs."""
+    ``unit_id`` is the stable id of the example's privacy unit (its query id, or its user id under
+    the user unit): it keys the example's secret random draws (group assignment), so no other
+    unit's presence can change them and all rows of one unit share them. ``weight`` is ``1/k``
+    for a unit with ``k`` pairs."""
 
     query: str
     document: str
     doc_id: str
-    query_id: str = ""
+    unit_id: str = ""
     weight: float = 1.0
 
 
@@ -72,7 +77,8 @@ class BatchClipping(Mechanism):
         A Poisson-sampled list of :class:`Example` (query, document) pairs.
 
     Privacy unit:
-        One query with all its pairs, add/remove adjacency under Poisson sampling.
+        One unit (a query with all its pairs, or a user with all of their kept queries' pairs),
+        add/remove adjacency under Poisson sampling.
 
     Sensitivity:
         ``2C``. The released quantity is ``clip(∇ Σ_i L_i)``: with or without one query (and all
@@ -164,7 +170,8 @@ class GroupClipping(Mechanism):
         A Poisson-sampled list of :class:`Example` (query, document) pairs.
 
     Privacy unit:
-        One query with all its pairs, add/remove adjacency under Poisson sampling.
+        One unit (a query with all its pairs, or a user with all of their kept queries' pairs),
+        add/remove adjacency under Poisson sampling.
 
     Sensitivity:
         ``2C``. Group membership of every other query depends only on its own id, the step and
@@ -215,7 +222,7 @@ class GroupClipping(Mechanism):
         # so no query's presence can change another query's group.
         assignment: dict[int, list[Example]] = {}
         for example in batch:
-            group = self.randomness.keyed_choice(self.num_groups, "group", self.step, example.query_id)
+            group = self.randomness.keyed_choice(self.num_groups, "group", self.step, example.unit_id)
             assignment.setdefault(group, []).append(example)
         return dict(sorted(assignment.items()))
 
@@ -311,7 +318,8 @@ class SampleClipping(Mechanism):
         A Poisson-sampled list of :class:`Example` (query, document) pairs.
 
     Privacy unit:
-        One query with all its pairs, add/remove adjacency under Poisson sampling.
+        One unit (a query with all its pairs, or a user with all of their kept queries' pairs),
+        add/remove adjacency under Poisson sampling.
 
     Sensitivity:
         ``(2B − 1)C`` for batches of at most ``B`` queries (Wang et al., DP-GCL, section 2.3.1).

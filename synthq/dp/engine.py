@@ -119,15 +119,21 @@ def build_mechanism(name: str, **options: object) -> Mechanism:
 
 @dataclass(frozen=True)
 class PrivacyUnits:
-    """Training rows grouped by privacy unit (one query id and all of its pairs).
+    """Training rows grouped by privacy unit: one query id with all of its pairs (``kind``
+    ``"query"``), or one user with all of their kept queries' pairs (``"user"``).
 
     ``rows[u]`` are the row indices of unit ``u``. A unit with ``k`` rows has row weight ``1/k``:
     mechanisms that clip rows scale each clipped row by its weight, so a whole unit contributes
-    at most ``C`` (see :meth:`expand`).
+    at most ``C`` (see :meth:`expand`), whatever the unit. The user unit is the same structure
+    one level up (:meth:`by_user`); every mechanism's proof is written for "a unit with ``k``
+    rows of weight ``1/k``" and holds for both.
     """
 
     rows: list[list[int]]
     keys: list[str] = field(default_factory=list)
+    kind: str = "query"
+    max_queries: int | None = None  # the user unit's bound K on each user's queries
+    row_keys: dict[int, str] = field(default_factory=dict, repr=False)  # row -> its unit's key
 
     @classmethod
     def from_keys(cls, keys: Sequence[str]) -> PrivacyUnits:
@@ -135,6 +141,43 @@ class PrivacyUnits:
         for row, key in enumerate(keys):
             grouped.setdefault(key, []).append(row)
         return cls(rows=list(grouped.values()), keys=list(grouped))
+
+    @classmethod
+    def by_user(
+        cls, query_ids: Sequence[str], users: Sequence[str], max_queries: int, randomness: SecretRandomness
+    ) -> PrivacyUnits:
+        """Rows grouped by user, each user bounded to at most ``max_queries`` (K) of their queries.
+
+        Which K queries a user keeps is decided by the secret key and the user's own query ids
+        alone (the K smallest :meth:`SecretRandomness.keyed_choice` values), never by position,
+        content or any other user: neighbouring datasets (one user added or removed) give bounded
+        datasets that differ in that one user, with at most K queries. The rows of dropped
+        queries belong to no unit and are never sampled.
+
+        Args:
+            query_ids: the query id of each training row.
+            users: the user id of each training row (:func:`synthq.data.users.query_users`).
+            max_queries: K, the bound on each user's queries.
+            randomness: the run's secret randomness (its key decides which queries are kept).
+        """
+        by_user: dict[str, dict[str, list[int]]] = {}
+        for row, (query_id, user) in enumerate(zip(query_ids, users, strict=True)):
+            by_user.setdefault(user, {}).setdefault(query_id, []).append(row)
+        rows, row_keys = [], {}
+        for user, queries in by_user.items():
+            kept = sorted(queries, key=lambda q: (randomness.keyed_choice(2**62, "user-bound", user, q), q))
+            members = sorted(row for query in kept[:max_queries] for row in queries[query])
+            rows.append(members)
+            row_keys.update(dict.fromkeys(members, user))
+        return cls(rows=rows, keys=list(by_user), kind="user", max_queries=max_queries, row_keys=row_keys)
+
+    def key_of(self, row: int, default: str) -> str:
+        """The unit key of a training row (``default``, its query id, for the query unit)."""
+        return self.row_keys.get(row, default)
+
+    @property
+    def kept_rows(self) -> int:
+        return sum(len(r) for r in self.rows)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -151,6 +194,31 @@ class PrivacyUnits:
             rows += members
             weights += [1.0 / len(members)] * len(members)
         return rows, weights
+
+
+def describe_units(units: PrivacyUnits) -> str:
+    """``"412 queries"`` or ``"97 users (≤ 8 queries each)"``: the n a run samples from."""
+    if units.kind == "user":
+        return f"{len(units):,} users (≤ {units.max_queries} queries each)"
+    return f"{len(units):,} queries"
+
+
+def unit_details(units: PrivacyUnits) -> dict:
+    """What a guarantee records about its unit (public: n is recorded anyway, K is a setting)."""
+    return {"privacy_unit": units.kind, "max_queries_per_user": units.max_queries}
+
+
+def public_count_assumption(units: PrivacyUnits) -> str:
+    noun = "users" if units.kind == "user" else "queries"
+    return f"the number of training {noun} n (recorded to recompute ε) is public"
+
+
+def unit_diagnostics(units: PrivacyUnits, pairs: int) -> dict:
+    """Un-noised statistics of the private units: for the private diagnostics only (ε = ∞)."""
+    stats = {"pairs": pairs, "pairs_per_unit_max": units.max_rows, "pairs_kept": units.kept_rows}
+    if units.kind == "user":
+        stats["pairs_dropped_by_user_bound"] = pairs - units.kept_rows
+    return stats
 
 
 def poisson_units(
@@ -295,6 +363,7 @@ class PrivacyPlan:
     batch_cap: int | None
     mechanism: str
     fallback_reason: str = ""
+    unit: str = "query"
 
     @classmethod
     def create(
@@ -307,10 +376,11 @@ class PrivacyPlan:
         delta: float | None,
         accountant: str,
         mechanism: Mechanism,
+        unit: str = "query",
     ) -> PrivacyPlan:
         if expected_batch_size > num_units:
             raise PrivacyError(
-                f"the batch size {expected_batch_size} is larger than the {num_units} privacy units (queries)"
+                f"the batch size {expected_batch_size} is larger than the {num_units} privacy units ({unit}s)"
             )
         delta = default_delta(num_units) if delta is None else delta
         validate_budget(epsilon, delta, num_units)
@@ -330,6 +400,7 @@ class PrivacyPlan:
             batch_cap=cap,
             mechanism=mechanism.name,
             fallback_reason=calibration.fallback_reason,
+            unit=unit,
         )
 
     @classmethod
@@ -390,7 +461,7 @@ class PrivacyPlan:
         return Guarantee(
             epsilon=final.epsilon,
             delta=self.delta,
-            unit="query",
+            unit=self.unit,
             mechanism=mechanism,
             accountant=final.accountant,
             details={
@@ -407,7 +478,7 @@ class PrivacyPlan:
                 "accountant_fallback": final.fallback_reason or self.fallback_reason,
                 **(details or {}),
             },
-            note=UNIT_NOTES["query"]
+            note=UNIT_NOTES[self.unit]
             + "; "
             + (
                 "an over-full Poisson batch (more than the cap) is replaced by an empty one"
@@ -422,6 +493,11 @@ def check_units_fit(units: PrivacyUnits, mechanism_name: str, supports_multi_row
     """Refuse a mechanism whose sensitivity proof assumes one row per unit on data where a query
     has several relevant documents."""
     if not supports_multi_row_units and units.max_rows > 1:
+        if units.kind == "user":
+            raise PrivacyError(
+                f"--dp {mechanism_name} protects single (query, document) pairs and cannot protect a user "
+                f"(a user here has up to {units.max_rows} pairs); use --dp sample, batch or group"
+            )
         raise PrivacyError(
             f"--dp {mechanism_name} protects single (query, document) pairs, but a query in this data "
             f"has {units.max_rows} relevant documents; use --dp sample, batch or group, which protect "

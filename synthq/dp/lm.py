@@ -149,7 +149,10 @@ class PerQueryClipping(Mechanism):
         pairs, each with weight ``1/k`` (``k`` = the query's pair count).
 
     Privacy unit:
-        One query id with all of its (document, query) pairs, add/remove adjacency.
+        One query id with all of its (document, query) pairs, add/remove adjacency; or, under
+        ``--privacy-unit user``, one user with all the pairs of their (at most K) kept queries
+        (:meth:`~synthq.dp.engine.PrivacyUnits.by_user`): the same proof with ``k`` = the user's
+        pair count, since every pair's loss reads only that pair.
 
     Sensitivity:
         ``C``. The released sum is ``Σ_i w_i · clip_C(∇ℓ_i)``. Adding or removing a query adds

@@ -34,12 +34,22 @@ from synthq.config import FinetuneConfig
 from synthq.console import info, progress, warn
 from synthq.data.pairs import training_pairs
 from synthq.data.sources import load_source
-from synthq.dp.engine import PrivacyPlan, PrivacyUnits, SecretRandomness, planned_steps
+from synthq.dp.engine import (
+    PrivacyPlan,
+    PrivacyUnits,
+    SecretRandomness,
+    describe_units,
+    planned_steps,
+    public_count_assumption,
+    unit_details,
+    unit_diagnostics,
+)
 from synthq.dp.lm import GeneratorTraining, PerQueryClipping, make_optimizer
 from synthq.errors import ArtifactError
 from synthq.ledger import data_input, model_input
 from synthq.models.generator import QueryGenerator, apply_lora
 from synthq.privacy import Guarantee
+from synthq.units import training_units
 
 STAGE = "finetune-lm"
 CHECKPOINT = "state.pt"
@@ -107,6 +117,7 @@ def _plan(config: FinetuneConfig, units: PrivacyUnits, steps: int) -> PrivacyPla
     plan = PrivacyPlan.create(
         num_units=len(units), expected_batch_size=config.batch_size, steps=steps, epsilon=config.epsilon,
         delta=config.delta, accountant=config.accountant, mechanism=PerQueryClipping(config.clip_norm),
+        unit=units.kind,
     )  # fmt: skip
     if plan.fallback_reason:
         warn(f"accountant: {plan.fallback_reason}; using RDP")
@@ -131,17 +142,15 @@ def _load_generator(config: FinetuneConfig, path: Path, rank: int) -> QueryGener
 def _own_guarantee(config, plan, training: GeneratorTraining, units: PrivacyUnits) -> Guarantee:
     """What this run itself releases about the private pairs."""
     if plan is None:
-        return Guarantee.non_private("fine-tuned on the private queries without DP (ε = ∞)", unit="query")
+        return Guarantee.non_private("fine-tuned on the private queries without DP (ε = ∞)", unit=units.kind)
     details = {
+        **unit_details(units),
         "clip_norm": config.clip_norm,
         "sensitivity_rule": PerQueryClipping.sensitivity_rule,
         "per_sample_clipping": PER_SAMPLE_CLIPPING[training.mode],
         "trainable": "LoRA adapters" if config.lora_rank else "all parameters",
     }
-    assumptions = [
-        training.randomness.assumption(),
-        "the number of training queries n (recorded to recompute ε) is public",
-    ]
+    assumptions = [training.randomness.assumption(), public_count_assumption(units)]
     return plan.guarantee(mechanism=f"dp-{config.optimizer}", details=details, assumptions=assumptions)
 
 
@@ -167,7 +176,8 @@ def run(config: FinetuneConfig) -> Artifact:
         return done
     pairs = training_pairs(load_source(str(data.root), splits=[config.split]), config.split)
     pairs = pairs[: config.limit] if config.limit is not None else pairs  # refused with DP (config)
-    units = PrivacyUnits.from_keys([p.query_id for p in pairs])
+    randomness = SecretRandomness(config.seed)
+    units = training_units(pairs, data.root, config.privacy_unit, config.max_queries_per_user, randomness)
     steps = planned_steps(len(units), config.batch_size, config.epochs, config.max_steps)
     plan = _plan(config, units, steps)
     generator = _load_generator(config, start.path, place.rank)
@@ -181,14 +191,15 @@ def run(config: FinetuneConfig) -> Artifact:
 
     training = GeneratorTraining(
         generator, make_optimizer(config.optimizer, trainable, config.lr, config.weight_decay), make_batch,
-        units, config.batch_size, plan, SecretRandomness(config.seed), config.clip_norm,
+        units, config.batch_size, plan, randomness, config.clip_norm,
         config.physical_batch_size, config.grad_sample_mode,
     )  # fmt: skip
     info(
         f"fine-tuning {config.model} ({generator.kind}, {sum(p.numel() for p in trainable):,} trainable) "
         f"for {steps} steps, "
         + (
-            f"q = {plan.sample_rate:.4f}, σ = {plan.noise_multiplier:.3f}, C = {config.clip_norm}, "
+            f"{describe_units(units)}, q = {plan.sample_rate:.4f}, σ = {plan.noise_multiplier:.3f}, "
+            f"C = {config.clip_norm}, "
             f"target ε = {config.epsilon:g} ({plan.accountant}), clipping: {training.mode}"
             if plan
             else "non-private (ε = ∞)"
@@ -202,6 +213,10 @@ def run(config: FinetuneConfig) -> Artifact:
         state = distributed.on_main(load_checkpoint, checkpoint, config, inputs) if config.resume else None
         if state is not None:
             training.load_state_dict(state)
+            if units.kind == "user":  # which queries a user keeps follows the restored secret key
+                units = training.units = training_units(
+                    pairs, data.root, config.privacy_unit, config.max_queries_per_user, training.randomness
+                )
             log = json.loads(state["log"])
             info(f"resuming at step {training.step_index} of {steps}")
         started, first = time.perf_counter(), training.step_index
@@ -230,11 +245,11 @@ def run(config: FinetuneConfig) -> Artifact:
         start.carry_into(writer)
         if data.artifact is not None:  # DP on a synthetic set: it is itself a release of D
             writer.inherit(data.artifact)
-        writer.release(_own_guarantee(config, plan, training, units), data.record, units.keys)
+        writer.release(_own_guarantee(config, plan, training, units), data.record, units.keys, units.kind)
         writer.metrics.update({"steps": steps, "kind": generator.kind, "grad_sample_mode": training.mode})
         _write_log(writer.diagnostics_dir / "training.jsonl", log)
         writer.diagnostics.update(
-            _diagnostics(log, elapsed, steps - first), pairs=len(pairs), pairs_per_query_max=units.max_rows
+            _diagnostics(log, elapsed, steps - first), **unit_diagnostics(units, len(pairs))
         )
         writer.timings_are_private = True
     return distributed.on_main(open_artifact, config.out, STAGE)

@@ -43,12 +43,17 @@ from synthq.dp.engine import (
     SecretRandomness,
     build_mechanism,
     check_units_fit,
+    describe_units,
     planned_steps,
+    public_count_assumption,
+    unit_details,
+    unit_diagnostics,
 )
 from synthq.errors import DataError, SynthqError
 from synthq.ledger import data_input, model_input
 from synthq.models.encoder import features, freeze_token_embeddings, load_encoder, training_loss
 from synthq.privacy import Guarantee
+from synthq.units import training_units
 
 STAGE = "train-retriever"
 
@@ -157,10 +162,11 @@ def _dp_setup(config: TrainRetrieverConfig, units: PrivacyUnits, encoder, random
     check_units_fit(units, config.dp, supports_multi_row_units=config.dp != "logit")
     plan = PrivacyPlan.create(
         num_units=len(units), expected_batch_size=config.batch_size, steps=steps, epsilon=config.epsilon,
-        delta=config.delta, accountant=config.accountant, mechanism=mechanism,
+        delta=config.delta, accountant=config.accountant, mechanism=mechanism, unit=units.kind,
     )  # fmt: skip
     info(
-        f"direct DP training ({config.dp}): sensitivity {plan.sensitivity / config.clip_norm:.4g}·C = "
+        f"direct DP training ({config.dp}) over {describe_units(units)}: "
+        f"sensitivity {plan.sensitivity / config.clip_norm:.4g}·C = "
         f"{plan.sensitivity:.4g} (batch cap {plan.batch_cap or 'none needed'}), "
         f"σ = {plan.noise_multiplier:.3f} → noise std {plan.noise_std:.4g}, "
         f"q = {plan.sample_rate:.4f}, {steps} steps"
@@ -204,7 +210,8 @@ def run(config: TrainRetrieverConfig) -> Artifact:
             )
         pairs = first_pairs_per_document(pairs, config.queries_per_document)
     pairs = pairs[: config.limit] if config.limit is not None else pairs
-    units = PrivacyUnits.from_keys([p.query_id for p in pairs])
+    randomness, rng = SecretRandomness(config.seed), random.Random(config.seed)
+    units = training_units(pairs, data.root, config.privacy_unit, config.max_queries_per_user, randomness)
     if config.batch_size > len(pairs):
         raise DataError(f"--batch-size {config.batch_size} is larger than the {len(pairs)} training pairs",
                         dataset.root)  # fmt: skip
@@ -212,7 +219,6 @@ def run(config: TrainRetrieverConfig) -> Artifact:
         warn(
             "[bold]training on the private queries WITHOUT differential privacy: this retriever has ε = ∞[/]"
         )
-    randomness, rng = SecretRandomness(config.seed), random.Random(config.seed)
     encoder = _load(config, start.path, place.rank)
     if config.freeze_embeddings and not freeze_token_embeddings(encoder):
         raise SynthqError(f"--freeze-embeddings: found no token-embedding matrix in {config.encoder}")
@@ -245,7 +251,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
                     value = _train_step(encoder, loss_function, batch, parameters, config)
                 else:
                     rows, weights = units.expand(plan.sample(randomness))
-                    batch = [_example(pairs[i], w) for i, w in zip(rows, weights, strict=True)]
+                    batch = [_example(pairs[i], w, units, i) for i, w in zip(rows, weights, strict=True)]
                     clipped, value = mechanism.clipped_sum(encode, batch, parameters)
                     for parameter, noisy in zip(parameters, plan.privatize(clipped, randomness), strict=True):
                         parameter.grad = noisy
@@ -263,13 +269,14 @@ def run(config: TrainRetrieverConfig) -> Artifact:
         if synthetic:  # post-processing of the synthetic set's releases
             writer.inherit(data.artifact)
         if plan is not None:  # a DP release of the pairs it read (a synthetic set's queries, too)
-            writer.release(_dp_guarantee(plan, mechanism, config, units, randomness), data.record, units.keys)
+            guarantee = _dp_guarantee(plan, mechanism, config, units, randomness)
+            writer.release(guarantee, data.record, units.keys, units.kind)
         elif not synthetic:
             reason = "trained on the private queries without DP (ε = ∞)"
             writer.release(Guarantee.non_private(reason, unit="query"), data.record, units.keys)
         if not synthetic:  # read the private pairs: private statistics
             writer.timings_are_private = True
-            writer.diagnostics.update(pairs=len(pairs), pairs_per_query_max=units.max_rows)
+            writer.diagnostics.update(unit_diagnostics(units, len(pairs)))
         writer.metrics.update({"steps": steps, **({"pairs": len(pairs)} if synthetic else {})})
         (writer.metrics if synthetic else writer.diagnostics).update(
             _statistics(losses, elapsed, seen, steps)
@@ -280,6 +287,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
 def _dp_guarantee(plan: PrivacyPlan, mechanism, config: TrainRetrieverConfig, units, randomness) -> Guarantee:
     """The guarantee of the direct-DP run itself (before composing with its inputs)."""
     details = {
+        **unit_details(units),
         "mode": config.dp,
         "clip_norm": config.clip_norm,
         "sensitivity_rule": mechanism.sensitivity_rule,
@@ -287,12 +295,10 @@ def _dp_guarantee(plan: PrivacyPlan, mechanism, config: TrainRetrieverConfig, un
         "group_size": config.group_size if config.dp == "group" else None,
         **mechanism.describe(),
     }
-    assumptions = [
-        randomness.assumption(),
-        "the number of training queries n (recorded to recompute ε) is public",
-    ]
+    assumptions = [randomness.assumption(), public_count_assumption(units)]
     return plan.guarantee(mechanism=f"dp-{config.dp}", details=details, assumptions=assumptions)
 
 
-def _example(pair: Pair, weight: float = 1.0) -> Example:
-    return Example(pair.query, pair.document, pair.doc_id, pair.query_id, weight)
+def _example(pair: Pair, weight: float = 1.0, units: PrivacyUnits | None = None, row: int = -1) -> Example:
+    unit_id = units.key_of(row, pair.query_id) if units is not None else pair.query_id
+    return Example(pair.query, pair.document, pair.doc_id, unit_id, weight)
