@@ -414,6 +414,14 @@ class CanaryAuditConfig(StageConfig):
         default_factory=lambda: list(CANARY_SHAPES), description="exposure: canary shapes (comma-separated)."
     )
     split: str = Field("train", description="qrels split of the private pairs.")
+    privacy_unit: PrivacyUnitName = "query"
+    max_queries_per_user: MaxQueriesPerUser = DEFAULT_MAX_QUERIES_PER_USER
+    canary_queries_per_user: int = Field(
+        3,
+        ge=1,
+        description="--privacy-unit user: canary pairs each canary user writes (one coin per user; "
+        "at most --max-queries-per-user).",
+    )
     canaries_per_shape: int = Field(5, ge=1, description="exposure: canaries per shape and repetition count.")
     references: int = Field(99, ge=1, description="exposure: candidate secrets per canary (rank, exposure).")
     leak_samples: int = Field(10, ge=0, description="Sampled queries per canary document for the leak test.")
@@ -443,7 +451,15 @@ class CanaryAuditConfig(StageConfig):
 
     @model_validator(mode="after")
     def _finetune_options_are_valid(self) -> CanaryAuditConfig:
-        fixed = {"data", "model", "out", "epsilon", "seed", "split", "resume"}
+        fixed = {"data", "model", "out", "epsilon", "seed", "split", "resume", "privacy_unit",
+                 "max_queries_per_user"}  # fmt: skip
+        if self.privacy_unit == "user":
+            if self.method != "one-run":
+                raise ValueError("--privacy-unit user audits with --method one-run (canary users); the "
+                                 "exposure audit's repeated canaries are query-level")  # fmt: skip
+            if self.canary_queries_per_user > self.max_queries_per_user:
+                raise ValueError("--canary-queries-per-user must be at most --max-queries-per-user, or the "
+                                 "bound would drop canaries")  # fmt: skip
         unknown = sorted(set(self.finetune) - set(FinetuneConfig.model_fields))
         if unknown:
             raise ValueError(f"--finetune: unknown finetune-lm option(s) {', '.join(unknown)}")

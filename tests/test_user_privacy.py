@@ -14,7 +14,6 @@ from opacus.accountants import RDPAccountant
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from synthq.artifacts import open_artifact
 from synthq.cli import app
 from synthq.config import EvalConfig, GenerateConfig
 from synthq.data.beir_io import load_beir_dir
@@ -225,7 +224,9 @@ def test_retriever_mechanisms_bound_the_removal_of_any_user(tmp_path, tiny_beir,
 # The stages -------------------------------------------------------------------------------------
 
 
-def test_user_level_pipeline_states_the_user_everywhere(tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir):
+def test_user_level_pipeline_states_the_user_everywhere(
+    tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir
+):
     data = with_users(tmp_path, tiny_beir)
     generator = finetune(
         tmp_path, data, tiny_causal_dir, "gen", epsilon=8.0, max_steps=3, batch_size=3,
@@ -249,11 +250,15 @@ def test_user_level_pipeline_states_the_user_everywhere(tmp_path, tiny_beir, tin
     assert "per user, ≤ 4 queries each" in (generator.path / "README.md").read_text()
 
     synthetic = generate.run(
-        GenerateConfig(generator=generator.path, corpus=str(data), out=tmp_path / "syn", max_new_tokens=4, seed=0)
+        GenerateConfig(
+            generator=generator.path, corpus=str(data), out=tmp_path / "syn", max_new_tokens=4, seed=0
+        )
     )
     retriever = train_retriever.run(retriever_config(tmp_path / "ret", synthetic.path, tiny_encoder_dir))
     assert retriever.privacy.unit == "user" and retriever.privacy.epsilon == pytest.approx(guarantee.epsilon)
-    result = evaluate.run(EvalConfig(out=tmp_path / "ev", retrievers=[str(retriever.path)], datasets=[str(data)]))
+    result = evaluate.run(
+        EvalConfig(out=tmp_path / "ev", retrievers=[str(retriever.path)], datasets=[str(data)])
+    )
     assert f"| {format(guarantee.epsilon, '.2f')} per user |" in (result.path / "results.md").read_text()
     text = "\n".join(ledger_lines([retriever.path]))
     assert "(user, ≤4 queries)" in text and "composed per user" in text and "9 user units" in text
@@ -265,15 +270,30 @@ def test_user_level_pipeline_states_the_user_everywhere(tmp_path, tiny_beir, tin
 def test_direct_dp_retriever_at_the_user_unit(tmp_path, tiny_beir, tiny_encoder_dir):
     data = with_users(tmp_path, tiny_beir)
     retriever = train_retriever.run(
-        retriever_config(tmp_path / "ret", data, tiny_encoder_dir, dp="group", epsilon=4, privacy_unit="user",
-                         max_queries_per_user=2, batch_size=3)  # fmt: skip
+        retriever_config(
+            tmp_path / "ret",
+            data,
+            tiny_encoder_dir,
+            dp="group",
+            epsilon=4,
+            privacy_unit="user",
+            max_queries_per_user=2,
+            batch_size=3,
+        )  # fmt: skip
     )
     assert retriever.privacy.unit == "user" and retriever.privacy.details["num_units"] == 9
     assert retriever.privacy.details["sensitivity"] == 2.0
     with pytest.raises(PrivacyError, match="cannot protect a user"):
         train_retriever.run(
-            retriever_config(tmp_path / "logit", data, tiny_encoder_dir, dp="logit", epsilon=4,
-                             privacy_unit="user", batch_size=3)  # fmt: skip
+            retriever_config(
+                tmp_path / "logit",
+                data,
+                tiny_encoder_dir,
+                dp="logit",
+                epsilon=4,
+                privacy_unit="user",
+                batch_size=3,
+            )  # fmt: skip
         )
     with pytest.raises(ValidationError, match="--privacy-unit user needs --dp"):
         retriever_config(tmp_path / "x", data, tiny_encoder_dir, privacy_unit="user")
@@ -293,3 +313,40 @@ def test_query_and_user_releases_compose_as_the_query_unit(tmp_path, tiny_beir, 
     assert "user" not in text  # a query-level release is never printed as per user
     assert Guarantee.non_private("x", unit="query").per_unit == "per query"
     assert math.isfinite(total.epsilon)
+
+
+# The audit ---------------------------------------------------------------------------------------
+
+
+def test_user_level_audit_inserts_canary_users_and_bounds_per_user(tmp_path, tiny_beir, tiny_causal_dir):
+    from synthq.audit.canaries import make_one_run_canaries, per_user
+    from synthq.config import CanaryAuditConfig
+    from synthq.stages import canary_audit
+
+    data = with_users(tmp_path, tiny_beir)
+    dataset = load_beir_dir(data)
+    canaries = make_one_run_canaries(dataset, 8, seed=0, queries_per_user=2)
+    users, means, coins = per_user(canaries, [float(i) for i in range(16)])
+    assert len(users) == 8 and means[0] == pytest.approx(0.5)  # one score per user, their mean
+    for user in users:  # one coin per user: all of a person's canaries in, or all out
+        assert len({c.included for c in canaries if c.user == user}) == 1
+    assert [c.secret for c in make_one_run_canaries(dataset, 8, 0)] != [c.secret for c in canaries]
+
+    config = CanaryAuditConfig(
+        data=str(data), model=str(tiny_causal_dir), out=tmp_path / "audit", canaries=8, canary_seed=0,
+        epsilons=[4.0], privacy_unit="user", canary_queries_per_user=2, max_queries_per_user=3,
+        retriever_audit=False, secret_references=2,
+        finetune={"batch_size": 4, "max_steps": 2, "physical_batch_size": 8, "max_source_length": 32},
+    )  # fmt: skip
+    artifact = canary_audit.run(config)
+    report = json.loads((artifact.path / "audit.json").read_text())
+    included_users = sum(coins)
+    assert report["privacy_unit"] == "user" and len(report["canary_users"]) == 8
+    assert report["delta"] == pytest.approx(1 / (2 * (9 + included_users)))  # δ counts users
+    (row,) = report["one_run"]
+    assert 0 < row["proven_epsilon"] <= 4 and row["epsilon_lower_bound"] <= row["proven_epsilon"]
+    assert len(report["one_run_scores"]["generator[eps=4.00]"]) == 16  # each canary pair scored
+    with pytest.raises(ValidationError, match="one-run"):
+        CanaryAuditConfig.model_validate({**config.model_dump(), "method": "exposure"})
+    with pytest.raises(ValidationError, match="at most --max-queries-per-user"):
+        CanaryAuditConfig.model_validate({**config.model_dump(), "canary_queries_per_user": 5})

@@ -174,6 +174,7 @@ class OneRunCanary:
     document: str
     secret: str
     included: bool
+    user: str = ""  # the canary user who "wrote" it (user-level audits; one coin per user)
 
     @property
     def query(self) -> str:
@@ -191,26 +192,54 @@ class OneRunCanary:
             "document": self.document,
             "secret": self.secret,
             "included": self.included,
+            **({"user": self.user} if self.user else {}),
         }
 
 
-def make_one_run_canaries(dataset: BeirDataset, count: int, seed: int | None) -> list[OneRunCanary]:
+def make_one_run_canaries(
+    dataset: BeirDataset, count: int, seed: int | None, queries_per_user: int = 0
+) -> list[OneRunCanary]:
     """``count`` canaries with distinct secrets, each included with probability ½ by its own coin.
 
-    The documents are random corpus words (public), so no canary carries private text."""
+    With ``queries_per_user`` m ≥ 1 (the user-level audit) the ``count`` canaries are *users*:
+    each writes m canary pairs (own document, own secret) and one coin includes or excludes all
+    of them, so the membership guessed is the person's. The documents are random corpus words
+    (public), so no canary carries private text."""
     if count < 2:
         raise SynthqError(f"the one-run audit needs at least 2 canaries, got {count}")
     rng = canary_rng(seed)
     vocabulary = _vocabulary(dataset)
     canaries, secrets = [], set()
     for index in range(count):
-        secret = random_secret(rng)
-        while secret in secrets:
+        pairs = []
+        for _ in range(max(queries_per_user, 1)):
             secret = random_secret(rng)
-        secrets.add(secret)
-        document = _random_words(rng, vocabulary, 4, 8)
-        canaries.append(OneRunCanary(f"canary-{index}", document, secret, rng.random() < 0.5))
+            while secret in secrets:
+                secret = random_secret(rng)
+            secrets.add(secret)
+            pairs.append((_random_words(rng, vocabulary, 4, 8), secret))
+        included = rng.random() < 0.5
+        if not queries_per_user:
+            canaries.append(OneRunCanary(f"canary-{index}", pairs[0][0], pairs[0][1], included))
+            continue
+        user = f"canary-user-{index}"
+        canaries += [
+            OneRunCanary(f"canary-{index}-{j}", document, secret, included, user)
+            for j, (document, secret) in enumerate(pairs)
+        ]
     return canaries
+
+
+def per_user(canaries: list[OneRunCanary], scores) -> tuple[list[str], list[float], list[bool]]:
+    """Scores of a user-level audit: each canary user's mean score over their canaries, with
+    their coin (the unit the one-run bound is about). Users in first-appearance order."""
+    grouped: dict[str, list[float]] = {}
+    coins: dict[str, bool] = {}
+    for canary, score in zip(canaries, scores, strict=True):
+        grouped.setdefault(canary.user, []).append(float(score))
+        coins[canary.user] = canary.included
+    users = list(grouped)
+    return users, [sum(grouped[u]) / len(grouped[u]) for u in users], [coins[u] for u in users]
 
 
 def inserted_pair_count(canaries: list[Canary]) -> int:

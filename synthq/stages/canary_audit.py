@@ -19,6 +19,12 @@ then audits it by one or both methods:
   Clopper–Pearson ε lower bound for the **r-fold group** with its threshold chosen on held-out
   canaries, converted to a per-pair bound by group privacy (:mod:`synthq.audit.exposure`).
 
+**User level** (``--privacy-unit user``, one-run): every canary is a *user* who writes
+``canary_queries_per_user`` canary pairs, all included or all left out by one coin; the
+generators are fine-tuned at the user unit (private queries keep their users, via a scratch
+``users.tsv``), a user's score is the mean of their canaries' scores, and the one-run bound is per
+user — the person is the adversary's target, and the bound compares with the per-user ε.
+
 **End-to-end** (``retriever_audit``, with ``one-run``): from each audited generator, one synthetic
 query is sampled for every canary document and ``retriever_documents`` public documents
 (``generate``), a retriever is trained on them (``train-retriever``), and each canary is scored
@@ -51,6 +57,7 @@ from synthq.audit.canaries import (
     inserted_pair_count,
     make_canaries,
     make_one_run_canaries,
+    per_user,
 )
 from synthq.audit.exposure import (
     SECRET_SPACE,
@@ -66,6 +73,7 @@ from synthq.config import CanaryAuditConfig
 from synthq.console import info, progress
 from synthq.data.beir_io import BeirDataset, read_qrels, write_beir_dir
 from synthq.data.sources import load_source, resolve_source
+from synthq.data.users import USERS_FILE, query_users, read_users_file
 from synthq.errors import SynthqError
 from synthq.models.resolve import resolve_device
 from synthq.privacy import Guarantee, default_delta, format_epsilon
@@ -116,7 +124,15 @@ def _augmented_dataset(
             query_id = f"{canary.canary_id}-copy{copy}"
             queries[query_id] = canary.query
             train[query_id] = {canary.canary_id: 1}
-    return write_beir_dir(root, corpus, queries, {config.split: train})
+    write_beir_dir(root, corpus, queries, {config.split: train})
+    if config.privacy_unit == "user":  # who wrote what: the private users, and one user per canary
+        private_queries = list(dict.fromkeys(q for q, _ in private))
+        rows = [dataset.queries.row(q) for q in private_queries]
+        owners = dict(zip(private_queries, query_users(dataset.root, dataset.queries, rows), strict=True))
+        owners |= {c.canary_id: c.user for c in one_run if c.included}
+        lines = "".join(f"{query}\t{user}\n" for query, user in owners.items())
+        (root / USERS_FILE).write_text("query-id\tuser-id\n" + lines, encoding="utf-8")
+    return root
 
 
 def _secret_log_likelihoods(
@@ -420,7 +436,13 @@ def run(config: CanaryAuditConfig) -> Artifact:
     dataset = load_source(config.data, splits=[config.split])
     use_one_run = config.method in ("one-run", "both")
     use_exposure = config.method in ("exposure", "both")
-    one_run = make_one_run_canaries(dataset, config.canaries, config.canary_seed) if use_one_run else []
+    by_user = config.privacy_unit == "user"
+    per_canary_user = config.canary_queries_per_user if by_user else 0
+    one_run = (
+        make_one_run_canaries(dataset, config.canaries, config.canary_seed, per_canary_user)
+        if use_one_run
+        else []
+    )
     exposure = (
         make_canaries(
             dataset,
@@ -443,8 +465,15 @@ def run(config: CanaryAuditConfig) -> Artifact:
             "--canaries, --repetitions or --canaries-per-shape (canaries must not outnumber the data, "
             "or the audit measures a different training set)"
         )
-    coins = np.array([c.included for c in one_run], dtype=bool)
-    inserted = int(coins.sum()) + inserted_pair_count(exposure)
+    inserted = sum(c.included for c in one_run) + inserted_pair_count(exposure)
+
+    def unit_scores(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and coins per audited unit: each canary, or each canary user (mean score)."""
+        if not by_user:
+            return scores, np.array([c.included for c in one_run], dtype=bool)
+        _, means, user_coins = per_user(one_run, scores)
+        return np.array(means), np.array(user_coins, dtype=bool)
+
     with create_artifact(
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
     ) as writer:
@@ -453,9 +482,16 @@ def run(config: CanaryAuditConfig) -> Artifact:
         (writer.dir / "canaries.jsonl").write_text(
             "".join(json.dumps(c.record()) + "\n" for c in [*one_run, *exposure]), encoding="utf-8"
         )
-        finetune = {**config.finetune, "data": str(augmented), "split": config.split, "model": config.model}
-        # δ = 1/(2n) over privacy units, as finetune-lm counts them: the queries of the training set
-        delta = audit_delta(config, len(read_qrels(Path(augmented) / "qrels" / f"{config.split}.tsv")))
+        finetune = {
+            **config.finetune, "data": str(augmented), "split": config.split, "model": config.model,
+            "privacy_unit": config.privacy_unit, "max_queries_per_user": config.max_queries_per_user,
+        }  # fmt: skip
+        # δ = 1/(2n) over privacy units, as finetune-lm counts them: the queries (or the users) of
+        # the training set
+        trained = read_qrels(Path(augmented) / "qrels" / f"{config.split}.tsv")
+        owners = read_users_file(Path(augmented) / USERS_FILE) if by_user else {}
+        units = len({user for user, _ in owners.values()}) if by_user else len(trained)
+        delta = audit_delta(config, units)
         phases: dict[str, float] = {}
         reference = None
         if use_one_run:
@@ -496,8 +532,9 @@ def run(config: CanaryAuditConfig) -> Artifact:
                     - reference
                 )
                 phases[f"one_run_score_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
-                one_run_rows.append(_one_run_row("generator", proven[key], scores, coins, delta, config))
-                panels.append((f"generator, ε = {key}", scores, coins))
+                row = _one_run_row("generator", proven[key], *unit_scores(scores), delta, config)
+                one_run_rows.append(row)
+                panels.append((f"generator, ε = {key}", *unit_scores(scores)))
                 per_canary[f"generator[eps={key}]"] = scores.round(4).tolist()
             if use_exposure:
                 started = time.perf_counter()
@@ -524,9 +561,9 @@ def run(config: CanaryAuditConfig) -> Artifact:
                 )
                 phases[f"retriever_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
                 one_run_rows.append(
-                    _one_run_row("retriever (synthetic)", proven[key], scores, coins, delta, config)
+                    _one_run_row("retriever (synthetic)", proven[key], *unit_scores(scores), delta, config)
                 )
-                panels.append((f"retriever on synthetic, ε = {key}", scores, coins))
+                panels.append((f"retriever on synthetic, ε = {key}", *unit_scores(scores)))
                 per_canary[f"retriever[eps={key}]"] = scores.round(4).tolist()
         if use_one_run and config.retriever_audit:
             started = time.perf_counter()
@@ -536,13 +573,15 @@ def run(config: CanaryAuditConfig) -> Artifact:
             scores = _score_retriever(retriever, one_run, config)
             phases["retriever_seconds[original]"] = round(time.perf_counter() - started, 1)
             one_run_rows.append(
-                _one_run_row("retriever (private pairs)", math.inf, scores, coins, delta, config)
+                _one_run_row("retriever (private pairs)", math.inf, *unit_scores(scores), delta, config)
             )
-            panels.append(("retriever on private pairs, ε = ∞", scores, coins))
+            panels.append(("retriever on private pairs, ε = ∞", *unit_scores(scores)))
             per_canary["retriever[original]"] = scores.round(4).tolist()
         table = summarize(exposure_rows, config.epsilons, proven, delta) if use_exposure else []
         report = {
             "delta": delta,
+            "privacy_unit": config.privacy_unit,
+            **({"canary_users": list(dict.fromkeys(c.user for c in one_run))} if by_user else {}),
             "one_run": one_run_rows,
             "one_run_scores": {"canaries": [c.canary_id for c in one_run], **per_canary},
             "exposure": {"summary": table, "canaries": exposure_rows},
