@@ -176,8 +176,8 @@ def test_the_unit_is_the_query(tmp_path, tiny_beir, tiny_causal_dir):
     artifact = finetune(tmp_path, multi, tiny_causal_dir, "gen", epsilon=8.0, max_steps=2)
     details = artifact.privacy.details
     diagnostics = json.loads((artifact.path / "diagnostics" / "metrics.json").read_text())
-    assert details["num_units"] == 17 and diagnostics["pairs_per_query_max"] == 3
-    assert "pairs_per_query_max" not in released_text(artifact)  # an un-noised statistic: private
+    assert details["num_units"] == 17 and diagnostics["pairs_per_unit_max"] == 3
+    assert "pairs_per_unit_max" not in released_text(artifact)  # an un-noised statistic: private
     assert artifact.privacy.delta == pytest.approx(1 / 34) and artifact.privacy.unit == "query"
     with pytest.raises(PrivacyError, match="several relevant documents|has 3 relevant documents"):
         train_retriever.run(

@@ -18,7 +18,7 @@ from synthq.data import load_beir_dir, training_pairs, write_beir_dir
 from synthq.data import store as store_module
 from synthq.data.beir_io import read_corpus, read_qrels
 from synthq.data.pairs import document_text
-from synthq.data.store import cached_build, content_digest, file_sha256
+from synthq.data.store import CACHE_FORMAT, cached_build, content_digest, file_sha256
 from synthq.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,7 +270,7 @@ def test_failed_build_leaves_nothing(cache):
 
     with pytest.raises(RuntimeError):
         cached_build("thing", "k", build)
-    assert [p.name for p in (cache / "arrow").iterdir()] == [".thing-v1-k.lock"]
+    assert [p.name for p in (cache / "arrow").iterdir()] == [f".thing-v{CACHE_FORMAT}-k.lock"]
 
 
 CONCURRENT = """

@@ -182,21 +182,21 @@ def test_group_engine_default_on_cpu_follows_the_switch(encoder, monkeypatch):
     assert GroupClipping(1.0, 0.05, 3, 10).one_pass is False  # no model, no engine
 
 
-def test_group_assignment_is_keyed_by_query_id_and_the_secret():
+def test_group_assignment_is_keyed_by_unit_id_and_the_secret():
     mechanism = GroupClipping(1.0, 0.05, group_size=2, expected_batch_size=8, randomness=SecretRandomness(3))
     full = mechanism.groups(EXAMPLES[:8])
     fewer = mechanism.groups(EXAMPLES[1:8])
-    where = {e.query_id: k for k, group in full.items() for e in group}
-    assert all(where[e.query_id] == k for k, group in fewer.items() for e in group)
+    where = {e.unit_id: k for k, group in full.items() for e in group}
+    assert all(where[e.unit_id] == k for k, group in fewer.items() for e in group)
     # reordering the data (list positions) changes nothing: the key is the stable id
     shuffled = mechanism.groups(list(reversed(EXAMPLES[:8])))
-    assert {e.query_id: k for k, g in shuffled.items() for e in g} == where
+    assert {e.unit_id: k for k, g in shuffled.items() for e in g} == where
     # without the secret key the assignment cannot be replayed: another key, another assignment
     others = [
         GroupClipping(1.0, 0.05, group_size=2, expected_batch_size=8, randomness=SecretRandomness())
         for _ in range(5)
     ]
-    assignments = [{e.query_id: k for k, g in m.groups(EXAMPLES[:8]).items() for e in g} for m in others]
+    assignments = [{e.unit_id: k for k, g in m.groups(EXAMPLES[:8]).items() for e in g} for m in others]
     assert any(a != where for a in assignments)
 
 
