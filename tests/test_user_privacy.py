@@ -350,3 +350,33 @@ def test_user_level_audit_inserts_canary_users_and_bounds_per_user(tmp_path, tin
         CanaryAuditConfig.model_validate({**config.model_dump(), "method": "exposure"})
     with pytest.raises(ValidationError, match="at most --max-queries-per-user"):
         CanaryAuditConfig.model_validate({**config.model_dump(), "canary_queries_per_user": 5})
+
+
+def test_resume_keeps_the_users_bounded_by_the_interrupted_runs_key(tmp_path, tiny_beir, tiny_causal_dir,
+                                                                    monkeypatch):  # fmt: skip
+    """The K queries a user keeps follow the secret key, which a resumed run restores from its
+    private checkpoint: the resumed steps sample exactly the units the first steps did."""
+    from synthq.stages import finetune_lm
+
+    data = with_users(tmp_path, tiny_beir)
+    seen: list[list[list[int]]] = []
+    original = finetune_lm.GeneratorTraining.step
+    calls = {"n": 0}
+
+    def interrupted(self):
+        calls["n"] += 1
+        seen.append([list(rows) for rows in self.units.rows])
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(finetune_lm.GeneratorTraining, "step", interrupted)
+    options = dict(epsilon=8.0, max_steps=4, checkpoint_every=1, batch_size=3, privacy_unit="user",
+                   max_queries_per_user=2)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        finetune(tmp_path, data, tiny_causal_dir, "gen", **options)
+    calls["n"] = -100  # no more interruptions
+    artifact = finetune(tmp_path, data, tiny_causal_dir, "gen", **options, resume=True)
+    assert artifact.privacy.unit == "user"
+    assert all(units == seen[0] for units in seen)  # one bounded set of units across the restart
+    assert sum(len(rows) for rows in seen[0]) < 17  # the bound dropped queries (users of 5 and 3)
