@@ -309,6 +309,8 @@ class TrainRetrieverConfig(StageConfig):
     @model_validator(mode="after")
     def _limit_without_dp(self) -> TrainRetrieverConfig:
         refuse_limit_with_dp(self.limit, self.dp is not None)
+        if self.dp is None and "epsilon" in self.model_fields_set and math.isfinite(self.epsilon):
+            raise ValueError("--epsilon needs --dp: without it the retriever trains non-privately (ε = ∞)")
         if self.privacy_unit == "user" and self.dp is None:
             raise ValueError("--privacy-unit user needs --dp: training without DP protects no unit (ε = ∞)")
         return self

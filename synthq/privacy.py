@@ -356,7 +356,51 @@ def _epsilon(noise_multiplier: float, delta: float, sample_rate: float, steps: i
 
     acc = create_accountant(mechanism=accountant)
     acc.history = [(noise_multiplier, sample_rate, steps)]
-    return float(acc.get_epsilon(delta=delta))
+    # A conversion that lands below 0 (huge σ, large δ) still proves (0, δ)-DP: ε is never negative.
+    return max(0.0, float(acc.get_epsilon(delta=delta)))
+
+
+# The σ search's limits: above MAX the noise swamps any gradient (Opacus' own limit); below MIN
+# the RDP ε is in the thousands even for one full-batch step, so a target that needs less noise
+# is no privacy at all and is refused (train with ε = inf instead).
+MIN_NOISE_MULTIPLIER = 0.01
+MAX_NOISE_MULTIPLIER = 1e6
+
+
+def _rdp_noise_multiplier(
+    target: float, delta: float, sample_rate: float, steps: int, tolerance: float
+) -> float:
+    """The σ whose RDP ε is in ``[target − tolerance, target]``, by bisection in log σ between the
+    limits above (Opacus' ``get_noise_multiplier`` loops forever on a target above every reachable
+    ε, and its absolute tolerance lets a target of 1e-6 end at a negative ε). The tolerance is at
+    most 1 % of the target; the search stops after 200 halvings, returning the σ found (whose ε
+    is ≤ the target)."""
+    tolerance = min(tolerance, target / 100)
+
+    def epsilon(sigma: float) -> float:
+        return _epsilon(sigma, delta, sample_rate, steps, "rdp")
+
+    where = f"at δ={delta:g} with sampling rate {sample_rate:g} over {steps} steps"
+    low, high = MIN_NOISE_MULTIPLIER, 10.0
+    if epsilon(low) <= target:
+        raise PrivacyError(
+            f"ε={target:g} is beyond any meaningful guarantee {where} (the least noise synthq adds, "
+            f"σ={MIN_NOISE_MULTIPLIER}, already gives ε={epsilon(low):.4g}); use --epsilon inf to train "
+            "without DP"
+        )
+    while epsilon(high) > target:
+        high *= 2
+        if high > MAX_NOISE_MULTIPLIER:
+            raise PrivacyError(f"ε={target:g} cannot be reached {where}: the noise would exceed σ = 1e6")
+    for _ in range(200):
+        if target - epsilon(high) <= tolerance:
+            break
+        middle = math.sqrt(low * high)
+        if epsilon(middle) <= target:
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def epsilon_for(
@@ -402,28 +446,11 @@ def noise_multiplier_for(
     blow-up at large ε. The returned ε is recomputed for the returned σ, exactly what an
     independent accountant call gives.
     """
-    from opacus.accountants.utils import get_noise_multiplier
-
     validate_budget(target_epsilon, delta)
     _validate_accounting(sample_rate, steps, accountant)
     if math.isinf(target_epsilon):
         return Calibration(0.0, math.inf, accountant)
-    try:
-        sigma_rdp = float(
-            get_noise_multiplier(
-                target_epsilon=target_epsilon,
-                target_delta=delta,
-                sample_rate=sample_rate,
-                steps=steps,
-                accountant="rdp",
-                epsilon_tolerance=epsilon_tolerance,
-            )
-        )
-    except ValueError as error:
-        raise PrivacyError(
-            f"ε={target_epsilon} at δ={delta:g} cannot be reached with sampling rate "
-            f"{sample_rate:g} over {steps} steps (noise would exceed Opacus' limit)"
-        ) from error
+    sigma_rdp = _rdp_noise_multiplier(target_epsilon, delta, sample_rate, steps, epsilon_tolerance)
     if accountant == "rdp":
         return epsilon_for(sigma_rdp, delta, sample_rate, steps, "rdp")
     high = epsilon_for(sigma_rdp, delta, sample_rate, steps, "prv")

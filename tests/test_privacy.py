@@ -29,7 +29,8 @@ def test_noise_multiplier_matches_opacus_and_reaches_target():
         accountant="rdp",
         epsilon_tolerance=0.01,
     )
-    assert calibration.noise_multiplier == pytest.approx(expected)
+    # synthq's bounded search (log-σ bisection) and Opacus' land within the same ε tolerance
+    assert calibration.noise_multiplier == pytest.approx(expected, rel=1e-3)
     assert calibration.epsilon <= 8.0
     assert calibration.epsilon > 8.0 - 0.05  # not wastefully noisy
     independent = RDPAccountant()
