@@ -57,10 +57,11 @@ class ModelInput:
             writer.assume(*self.guarantee.assumptions)
 
 
-def model_input(spec: str) -> ModelInput:
+def model_input(spec: str, stage: str | None = None) -> ModelInput:
     """Resolve ``spec`` and say what training from it inherits.
 
-    * a synthq artifact directory: recorded as an input artifact; its guarantee is inherited;
+    * a synthq artifact directory (made by ``stage``, when given: a generator is never taken
+      for an encoder): recorded as an input artifact; its guarantee is inherited;
     * a packaged alias: public by construction (:meth:`Guarantee.public`);
     * any other local directory or hub id: recorded with path (hub: snapshot revision) and
       content hash, public *by assumption*, which the guarantee lists.
@@ -69,7 +70,7 @@ def model_input(spec: str) -> ModelInput:
 
     candidate = Path(spec).expanduser()
     if is_artifact(candidate):
-        artifact = open_artifact(candidate)
+        artifact = open_artifact(candidate, stage=stage)
         record = {**artifact.input_record(), "role": "model"}
         return ModelInput(spec, artifact.path, record, artifact.privacy, artifact)
     path = resolve_model(spec)

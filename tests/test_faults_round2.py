@@ -57,3 +57,14 @@ def test_eval_on_a_one_query_split_plots(tmp_path, tiny_beir, tiny_encoder_dir):
     config = EvalConfig(out=tmp_path / "ev", retrievers=[str(retriever.path)], datasets=[str(data)])
     result = evaluate.run(config)
     assert (result.path / "privacy_utility.png").stat().st_size > 1000
+
+
+def test_a_stage_refuses_an_artifact_of_the_wrong_kind_before_work(tmp_path, tiny_beir, tiny_encoder_dir):
+    from synthq.artifacts import ArtifactError
+
+    retriever = train_retriever.run(retriever_config(tmp_path / "ret", tiny_beir, tiny_encoder_dir))
+    with pytest.raises(ArtifactError, match="is a 'train-retriever' artifact, expected 'finetune-lm'"):
+        finetune(tmp_path, tiny_beir, retriever.path, "gen", epsilon="inf", max_steps=1)
+    assert not (tmp_path / "gen").exists()
+    with pytest.raises(ArtifactError, match="expected 'generate'"):
+        train_retriever.run(retriever_config(tmp_path / "r2", retriever.path, tiny_encoder_dir))

@@ -417,7 +417,7 @@ def run(config: EvalConfig) -> Artifact:
     names = [source_name(spec) for spec in roots]
     if len(set(names)) != len(names):
         raise DataError(f"two datasets share the name {names!r}: tables would mix them up")
-    untrained = {spec: model_input(spec) for spec in config.untrained}
+    untrained = {spec: model_input(spec, stage="train-retriever") for spec in config.untrained}
     known_private = {r["data"]["sha256"] for a in retrievers for r in a.releases} | set(
         registered_private_data()
     )

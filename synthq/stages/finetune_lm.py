@@ -169,7 +169,7 @@ def _diagnostics(log: list[dict], elapsed: float, steps_run: int) -> dict:
 
 def run(config: FinetuneConfig) -> Artifact:
     place = distributed.setup(config.device)
-    start = model_input(config.model)
+    start = model_input(config.model, stage=STAGE)
     data = data_input(config.data)
     inputs = [data.record, start.record]
     if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:

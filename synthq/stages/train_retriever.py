@@ -193,7 +193,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
     data = data_input(config.data)
     synthetic = data.is_artifact
     dataset = load_source(str(data.root), splits=[config.split])
-    start = model_input(config.encoder)
+    start = model_input(config.encoder, stage=STAGE)
     inputs = [data.record, start.record]
     if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
         return done
