@@ -464,14 +464,20 @@ def _overlaps(out: Path, other: Path) -> bool:
 def check_output_free(out: str | Path, force: bool, inputs: Iterable[dict] = ()) -> None:
     """Refuse to write ``out`` where that would lose something.
 
-    ``out`` may not be (or contain) an input of the same command, even with ``--force``; an
-    existing directory is replaced only with ``--force`` and only when it is a synthq artifact
-    (its manifest says so): a user's directory or dataset is never deleted."""
+    ``out`` may not be (or contain) an input of the same command, nor lie inside one (an
+    artifact or dataset directory would change under its own manifest or digest), even with
+    ``--force``; an existing directory is replaced only with ``--force`` and only when it is a
+    synthq artifact (its manifest says so): a user's directory or dataset is never deleted."""
     out = Path(out)
     for record in inputs:
         if _overlaps(out, Path(record["path"])):
             raise ArtifactError(
                 f"{out}: is an input of this command ({record['path']}); choose another --out"
+            )
+        inside = Path(record["path"]).resolve()
+        if inside.is_dir() and inside in out.resolve().parents:
+            raise ArtifactError(
+                f"{out}: is inside an input of this command ({record['path']}); choose an --out outside it"
             )
     if not out.exists() and not out.is_symlink():
         return

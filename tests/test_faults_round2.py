@@ -68,3 +68,13 @@ def test_a_stage_refuses_an_artifact_of_the_wrong_kind_before_work(tmp_path, tin
     assert not (tmp_path / "gen").exists()
     with pytest.raises(ArtifactError, match="expected 'generate'"):
         train_retriever.run(retriever_config(tmp_path / "r2", retriever.path, tiny_encoder_dir))
+
+
+def test_an_output_inside_an_input_is_refused(tmp_path, tiny_beir, tiny_encoder_dir):
+    from synthq.artifacts import ArtifactError
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_beir, data)
+    with pytest.raises(ArtifactError, match="is inside an input of this command"):
+        train_retriever.run(retriever_config(data / "retriever", data, tiny_encoder_dir))
+    assert not (data / "retriever").exists()
