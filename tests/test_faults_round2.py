@@ -78,3 +78,22 @@ def test_an_output_inside_an_input_is_refused(tmp_path, tiny_beir, tiny_encoder_
     with pytest.raises(ArtifactError, match="is inside an input of this command"):
         train_retriever.run(retriever_config(data / "retriever", data, tiny_encoder_dir))
     assert not (data / "retriever").exists()
+
+
+@pytest.mark.parametrize("dp", [None, "sample", "group"])
+def test_lengths_beyond_the_encoders_positions_are_clamped(
+    tmp_path, tiny_beir, tiny_encoder_dir, dp, capsys
+):
+    import json
+
+    data = tmp_path / "long"
+    shutil.copytree(tiny_beir, data)
+    records = [json.loads(line) for line in (data / "corpus.jsonl").read_text().splitlines()]
+    for record in records:
+        record["text"] = " ".join([record["text"]] * 80)  # far beyond 512 tokens
+    (data / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    options = {"max_doc_length": 2000} | ({"dp": dp, "epsilon": 8} if dp else {})
+    artifact = train_retriever.run(retriever_config(tmp_path / "ret", data, tiny_encoder_dir, **options))
+    assert artifact.config["max_doc_length"] == 2000  # the artifact records what was asked
+    error = capsys.readouterr().err
+    assert "beyond" in error and "using 512" in error

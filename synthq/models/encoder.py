@@ -90,6 +90,13 @@ def features(encoder, texts: list[str], max_length: int) -> dict[str, torch.Tens
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in tokenize(texts).items()}
 
 
+def position_limit(encoder) -> int | None:
+    """The longest input the encoder's position embeddings allow (``None`` if it does not say)."""
+    model = getattr(encoder[0], "auto_model", None)
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(limit) if limit else None
+
+
 def freeze_token_embeddings(encoder) -> int:
     """Keep the encoder's token-embedding matrix fixed; returns how many weights that froze.
 

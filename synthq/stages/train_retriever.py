@@ -51,7 +51,13 @@ from synthq.dp.engine import (
 )
 from synthq.errors import DataError, SynthqError
 from synthq.ledger import data_input, model_input
-from synthq.models.encoder import features, freeze_token_embeddings, load_encoder, training_loss
+from synthq.models.encoder import (
+    features,
+    freeze_token_embeddings,
+    load_encoder,
+    position_limit,
+    training_loss,
+)
 from synthq.privacy import Guarantee
 from synthq.units import training_units
 
@@ -177,6 +183,19 @@ def _dp_setup(config: TrainRetrieverConfig, units: PrivacyUnits, encoder, random
     return mechanism, plan, steps
 
 
+def _within_position_limit(config: TrainRetrieverConfig, encoder) -> TrainRetrieverConfig:
+    """``config`` with --max-query-length / --max-doc-length clamped to the encoder's position
+    limit (longer inputs would index past its position embeddings in every mode), with a warning."""
+    limit = position_limit(encoder)
+    clamped = {}
+    for name in ("max_query_length", "max_doc_length"):
+        if limit is not None and getattr(config, name) > limit:
+            warn(f"--{name.replace('_', '-')} {getattr(config, name)} is beyond {config.encoder}'s {limit} "
+                 f"positions: using {limit}")  # fmt: skip
+            clamped[name] = limit
+    return config.model_copy(update=clamped) if clamped else config
+
+
 def _statistics(losses: list[float], elapsed: float, seen: int, steps: int) -> dict:
     tail = losses[-max(1, len(losses) // 10) :]
     return {
@@ -224,9 +243,10 @@ def run(config: TrainRetrieverConfig) -> Artifact:
         raise SynthqError(f"--freeze-embeddings: found no token-embedding matrix in {config.encoder}")
     parameters = [p for p in encoder.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr)
+    settings = _within_position_limit(config, encoder)  # what training uses; the artifact records config
 
     def encode(texts: list[str], side: str) -> torch.Tensor:
-        length = config.max_query_length if side == "query" else config.max_doc_length
+        length = settings.max_query_length if side == "query" else settings.max_doc_length
         return F.normalize(_embed_rows(encoder, texts, length), dim=-1)
 
     mechanism, plan = None, None
@@ -235,7 +255,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
         steps = min(steps, config.max_steps) if config.max_steps is not None else steps
         loss_function = training_loss(encoder, config.temperature, config.mini_batch_size)
     else:
-        mechanism, plan, steps = _dp_setup(config, units, encoder, randomness, synthetic)
+        mechanism, plan, steps = _dp_setup(settings, units, encoder, randomness, synthetic)
     scheduler = _scheduler(optimizer, steps, config.warmup_ratio)
     with artifact_on_main(config.out, STAGE, config, inputs) as writer:
         started, seen, losses, batches = time.perf_counter(), 0, [], []
@@ -248,7 +268,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
                     if not batches:
                         batches = unique_document_batches(pairs, config.batch_size, rng)
                     batch = [_example(pairs[i]) for i in batches.pop(0)]
-                    value = _train_step(encoder, loss_function, batch, parameters, config)
+                    value = _train_step(encoder, loss_function, batch, parameters, settings)
                 else:
                     rows, weights = units.expand(plan.sample(randomness))
                     batch = [_example(pairs[i], w, units, i) for i, w in zip(rows, weights, strict=True)]
