@@ -172,6 +172,16 @@ def build(config_class: type[BaseModel], options: dict) -> Any:
         raise OptionError(validation_message(error, flags(config_class))) from None
 
 
+_CONTEXT = "synthq_typer_context"
+
+
+def _given(context: typer.Context, name: str) -> bool:
+    """Whether the user gave option ``name`` (command line or environment), not its default:
+    a default is the config model's to apply, so ``model_fields_set`` holds only what was typed."""
+    source = context.get_parameter_source(name)
+    return source is None or source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 class StageOptions(dict):
     """The config fields given on the command line (field name -> value as typed), plus
     :meth:`config`, which parses them into the stage's config model."""
@@ -213,12 +223,13 @@ def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -
 
         @functools.wraps(function)
         def command(**kwargs: Any) -> None:
+            context = kwargs.pop(_CONTEXT)
             options = StageOptions(
                 config_class,
                 {
                     key: _value(fields[key], value)
                     for key, value in kwargs.items()
-                    if key not in own_names and value is not None and value != [] and value != ()
+                    if key not in own_names and _given(context, key) and value not in (None, [], ())
                 },
             )
             mark = writes_so_far()
@@ -232,6 +243,7 @@ def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -
                 (report or print_result)(artifact, mark)
 
         own_kw = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+        own_kw.append(inspect.Parameter(_CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
         command.__signature__ = inspect.Signature(derived + own_kw)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in derived + own_kw}
         del command.__wrapped__  # typer must read the signature above, not the function's

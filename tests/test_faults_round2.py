@@ -81,9 +81,7 @@ def test_an_output_inside_an_input_is_refused(tmp_path, tiny_beir, tiny_encoder_
 
 
 @pytest.mark.parametrize("dp", [None, "sample", "group"])
-def test_lengths_beyond_the_encoders_positions_are_clamped(
-    tmp_path, tiny_beir, tiny_encoder_dir, dp, capsys
-):
+def test_lengths_beyond_the_encoders_positions_are_clamped(tmp_path, tiny_beir, tiny_encoder_dir, dp, capsys):
     import json
 
     data = tmp_path / "long"
