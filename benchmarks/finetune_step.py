@@ -56,7 +56,7 @@ def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: 
     indices = list(range(batch))
     if mode is not None:
         plan = PrivacyPlan.with_noise(1.0, 0.1, expected_batch_size=batch)
-        dp = DPStep(generator, optimizer, plan, 0.1, batch, grad_sample_mode=mode)
+        dp = DPStep(generator, optimizer, plan, batch, grad_sample_mode=mode)
         randomness = SecretRandomness(seed=0)
         return lambda: dp.step(make_batch, indices, [1.0] * len(indices), randomness)
     return lambda: non_private_step(generator, optimizer, make_batch, indices, batch)

@@ -104,6 +104,14 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
             ("canary-audit scoring: shared prefix once vs pair by pair",
              f"{canary['results']['speedup']:.2f}× faster", "—", "—", _load(canary))
         )  # fmt: skip
+    for startup in [v for k, v in benchmarks.items() if k.startswith("cli_startup")]:
+        for command, values in startup["results"].items():
+            label = f"synthq {command}" if command not in ("version", "help") else f"synthq --{command}"
+            out.append(
+                (f"command-line start: `{label}` (fresh process, caches warm)",
+                 f"{values['median_seconds']:.2f} s", "gh, ruff, uv: instant",
+                 f"< {values['aim_seconds']:g} s", _load(startup))
+            )  # fmt: skip
     evaluation = benchmarks.get("eval_throughput")
     if evaluation and "generated_search_only" in evaluation:
         search = evaluation["generated_search_only"]

@@ -29,11 +29,12 @@ from synthq import __version__, distributed
 from synthq.errors import ArtifactError
 from synthq.keys import check_seal, key_id, private_data_digest, seal
 from synthq.privacy import Guarantee, check_recorded_epsilon, compose_releases
-from synthq.stages.registry import STAGES as STAGE_REGISTRY
+from synthq.registry import STAGES as STAGE_REGISTRY
 
 # 2: guarantees recomputed from recorded releases, keyed private-data digests, sealed manifests.
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
+CHECKPOINTS = "checkpoints"  # inside a partial artifact: what --resume continues from
 PARTIAL_SUFFIX = ".partial"
 STAGES = tuple(STAGE_REGISTRY)  # the stage names, from the one registry of stages
 # Fields that never change what a stage computes, so they are left out of its fingerprint.
@@ -318,7 +319,7 @@ class ArtifactWriter:
     # sizes): their timings are diagnostics too.
     timings_are_private: bool = False
     # Sub-directories of ``dir`` that hold resumable state and are removed before finishing.
-    scratch: list[str] = field(default_factory=lambda: ["checkpoints"])
+    scratch: list[str] = field(default_factory=lambda: [CHECKPOINTS])
     # False on the ranks other than 0 of a torchrun job, whose writer is thrown away
     # (synthq.artifact_on_main): large saves may be skipped there.
     primary: bool = True
@@ -395,7 +396,7 @@ class ArtifactWriter:
 
     @property
     def checkpoint_dir(self) -> Path:
-        path = self.dir / "checkpoints"
+        path = self.dir / CHECKPOINTS
         path.mkdir(exist_ok=True)
         return path
 
@@ -521,7 +522,37 @@ def existing_result(stage: str, config: Any, inputs: list[dict]) -> Artifact | N
             debug(f"up to date: {out} ({stage}); pass --force to redo it")
             return artifact
     check_output_free(out, force=getattr(config, "force", False), inputs=inputs)
+    _SEEN[out.resolve()] = _manifest_state(out)
     return None
+
+
+# What :func:`existing_result` saw at each output it let a stage write (the manifest's identity, or
+# None), so that :func:`create_artifact` can tell when another process finished that output in
+# between: the lock is taken only when the stage starts writing, after its inputs are read.
+_SEEN: dict[Path, tuple[int, int] | None] = {}
+
+
+def _manifest_state(out: Path) -> tuple[int, int] | None:
+    try:
+        status = os.stat(Path(out) / MANIFEST)
+    except OSError:
+        return None
+    return (status.st_ino, status.st_mtime_ns)
+
+
+def _refuse_if_finished_meanwhile(out: Path, stage: str, config: Any, inputs: list[dict]) -> None:
+    """Under the output lock: refuse to redo an output that another process finished, up to date
+    for this very config and inputs, since :func:`existing_result` looked (two runs of the same
+    pipeline started together). Re-running then reuses it."""
+    key = out.resolve()
+    if key not in _SEEN or getattr(config, "force", False):
+        return
+    seen = _SEEN.pop(key)
+    if _manifest_state(out) != seen and find_up_to_date(out, stage, config, inputs) is not None:
+        raise ArtifactError(
+            f"{out}: another process finished this artifact, up to date for the same config and "
+            "inputs, while this one was starting; nothing was redone — rerun to use it"
+        )
 
 
 _WRITTEN: list[Path] = []  # artifacts finished by this process, in order
@@ -611,10 +642,14 @@ def create_artifact(
     check_output_free(out, force=True, inputs=inputs)
     out.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(out):
+        _refuse_if_finished_meanwhile(out, stage, config, inputs)
         tmp = partial_dir(out)
         if tmp.exists() and not resume:
             shutil.rmtree(tmp)
+        elif tmp.exists():
+            _keep_only_checkpoints(tmp)
         tmp.mkdir(exist_ok=True)
+        _WRITING.append(out)
         config_dict = config_to_dict(config)
         writer = ArtifactWriter(
             path=out,
@@ -637,9 +672,36 @@ def create_artifact(
             _finish(writer)
             _WRITTEN.append(out.resolve())
         except BaseException:
+            _FAILED.append(out)
             if tmp.exists() and not keep_partial_on_error:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise
+        finally:
+            _WRITING.remove(out)
+
+
+_WRITING: list[Path] = []  # outputs this process is writing now, innermost last
+_FAILED: list[Path] = []  # outputs whose write failed, last last
+
+
+def output_in_trouble() -> Path | None:
+    """The artifact this process is writing (innermost) or, once the error has left it, the one
+    whose write failed last: for errors that carry no file name (a full disk reported by a
+    library) and are reported after the stage has unwound."""
+    return _WRITING[-1] if _WRITING else (_FAILED[-1] if _FAILED else None)
+
+
+def _keep_only_checkpoints(partial: Path) -> None:
+    """Before a resume: the interrupted run's checkpoints are all it continues from (each written
+    whole, by rename); payload it had begun to write (a model cut off by a full disk) is rewritten
+    from them, so none of it can reach the finished artifact."""
+    for entry in partial.iterdir():
+        if entry.name == CHECKPOINTS:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _finish(writer: ArtifactWriter) -> None:

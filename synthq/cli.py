@@ -24,7 +24,7 @@ from rich.table import Table
 
 from synthq import __version__
 from synthq.artifacts import open_artifact
-from synthq.console import console, result, set_verbosity, verbosity
+from synthq.console import console, result, set_verbosity, verbosity, warn
 from synthq.errors import SynthqError
 from synthq.options import Interrupted, OptionError, StageOptions, print_result, stage_command
 from synthq.privacy import Guarantee, format_epsilon
@@ -81,6 +81,9 @@ def _quiet_libraries() -> None:
     """No progress bars or advice from Hugging Face libraries: synthq reports progress itself."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # Bars that libraries draw with tqdm directly (transformers' GGUF conversion) would write
+    # carriage returns into every non-terminal log; tqdm reads this when it is first imported.
+    os.environ.setdefault("TQDM_DISABLE", "1")
     if "transformers" in sys.modules:  # already imported (tests, notebooks): switch it off there
         from transformers.utils import logging as transformers_logging
 
@@ -115,26 +118,26 @@ def info_command(
         typer.echo(json.dumps(artifact.manifest, indent=2))
         return
     guarantee = artifact.privacy
-    console.print(f"[bold]{artifact.stage}[/] artifact at {artifact.path}")
+    result(f"[bold]{artifact.stage}[/] artifact at {artifact.path}")
     if artifact.verified:
-        console.print("seal: verified with this installation's key; ε recomputed from its releases")
+        result("seal: verified with this installation's key; ε recomputed from its releases")
     else:
-        console.print(f"[bold yellow]seal NOT verifiable[/]: {artifact.unverified_assumption}")
-    console.print(f"created {artifact.manifest.get('created')} by synthq {artifact.manifest.get('synthq')}")
-    console.print(
+        result(f"[bold yellow]seal NOT verifiable[/]: {artifact.unverified_assumption}")
+    result(f"created {artifact.manifest.get('created')} by synthq {artifact.manifest.get('synthq')}")
+    result(
         f"[bold]privacy[/]: ε = {format_epsilon(guarantee.epsilon)}, δ = {guarantee.delta:.3g}, "
         f"{guarantee.per_unit}, mechanism = {guarantee.mechanism}, accountant = {guarantee.accountant}"
     )
     if guarantee.note:
-        console.print(f"  {guarantee.note}")
+        result(f"  {guarantee.note}")
     for assumption in guarantee.assumptions:
-        console.print(f"  [yellow]assuming[/]: {assumption}")
+        result(f"  [yellow]assuming[/]: {assumption}")
     for key, value in guarantee.details.items():
-        console.print(f"  {key}: {value}")
+        result(f"  {key}: {value}")
     for release in artifact.releases:
         own = Guarantee.from_manifest(release["guarantee"])
         units = release.get("units") or {}
-        console.print(
+        result(
             f"  release {release['id'][:8]} by {release['stage']} ({release['path']}) of "
             f"{release['data'].get('name')}: {own.describe()}, {units.get('count', '?')} "
             f"{units.get('kind', own.unit)} units",
@@ -142,32 +145,34 @@ def info_command(
         )
     private = artifact.manifest.get("private_files", {})
     if private:
-        console.print(
+        result(
             f"[bold red]private diagnostics (ε = ∞)[/]: {', '.join(private)} — "
             f"{artifact.manifest.get('private_files_note', '')}"
         )
     if artifact.inputs:
-        console.print("[bold]inputs[/]:")
+        result("[bold]inputs[/]:")
         for line in _lineage(artifact.inputs):
-            console.print(f"  {line}")
+            result(f"  {line}")
     for title, values in (("metrics", artifact.metrics), ("timings", artifact.timings)):
         if values:
-            console.print(f"[bold]{title}[/]:")
+            result(f"[bold]{title}[/]:")
             for key, value in values.items():
                 shown = json.dumps(value) if isinstance(value, dict | list) else value
-                console.print(f"  {key}: {shown}")
+                result(f"  {key}: {shown}")
 
 
 @app.command("ledger")
 def ledger_command(
-    paths: list[Path] = typer.Argument(..., help="Artifact directories (their inputs are followed too)."),
+    paths: list[Path] = typer.Argument(
+        ..., metavar="DIR", help="Artifact directories (their inputs are followed too)."
+    ),
 ) -> None:
     """The privacy cost per private dataset of a set of artifacts: which are DP releases, what
     each assumed, which read private data without DP (basic composition over the releases)."""
     from synthq.ledger import ledger_lines
 
     for line in ledger_lines(paths):
-        console.print(line, markup=False)
+        result(line, markup=False)
 
 
 @app.command("key")
@@ -196,7 +201,7 @@ def key_command(
 
 @app.command("export")
 def export_command(
-    path: Path = typer.Argument(..., help="An artifact directory."),
+    path: Path = typer.Argument(..., metavar="DIR", help="An artifact directory."),
     out: Path = typer.Option(..., "--out", help="Where to write the release copy (must not exist)."),
 ) -> None:
     """Copy an artifact for release, without its private diagnostics (losses and timings of
@@ -206,7 +211,7 @@ def export_command(
     exported, left_out = export_artifact(path, out)
     if left_out:
         console.print(f"left out (not listed as release payload): {', '.join(left_out)}", markup=False)
-    console.print(
+    result(
         f"release copy written to {exported.path}: {exported.privacy.describe(with_assumptions=True)}",
         markup=False,
     )
@@ -238,18 +243,18 @@ def data_info_command(
             str(row["documents"]),
             f"{row['judgements'] / max(row['queries'], 1):.2f}",
         )
-    console.print(table)
+    result(table)
     for split, row in summary["splits"].items():
         if "users" in row:
             per = row["users"]["queries_per_user"]
-            console.print(
+            result(
                 f"{split}: {row['users']['users']} users; queries per user min {per['min']}, "
                 f"median {per['median']:g}, p99 {per['p99']:g}, max {per['max']}"
             )
     for warning in summary["warnings"]:
-        console.print(f"[yellow]warning:[/] {warning}")
+        warn(escape(warning))
     if not summary["warnings"]:
-        console.print("[green]valid[/]: schema, ids and qrels are consistent")
+        result("[green]valid[/]: schema, ids and qrels are consistent")
 
 
 @stage_command(app, "finetune-lm")
@@ -305,6 +310,24 @@ def _train_retriever_result(artifact, mark: int) -> None:
             f"  --dp {dp}: sensitivity {details['sensitivity']:.4g}, σ {details['noise_multiplier']:.3f}, "
             f"q {details['sample_rate']:.4f}, {details['steps']} steps"
         )
+
+
+def _filter_result(artifact, mark: int) -> None:
+    print_result(artifact, mark)
+    metrics = artifact.metrics
+    result(
+        f"  {metrics['method']}: kept {metrics['queries_kept']} of {metrics['queries_before']} queries "
+        f"({100 * metrics['kept_fraction']:.1f} %); {metrics['dev_queries']} held out in split dev"
+    )
+
+
+@stage_command(app, "filter", report=_filter_result)
+def filter_command(options: StageOptions):
+    """Keep the better synthetic queries (round-trip consistency, likelihood) and hold documents
+    out for tuning: post-processing, no ε."""
+    from synthq.stages import filter as filter_stage
+
+    return filter_stage.run(options.config())
 
 
 @stage_command(app, "train-retriever", report=_train_retriever_result)
@@ -418,7 +441,7 @@ def _shorten(text: str, width: int = 100) -> str:
 @app.command("run")
 def run_command(
     pipeline: Path = typer.Argument(
-        ..., metavar="PIPELINE", help="A pipeline YAML, e.g. pipelines/demo.yaml."
+        None, metavar="PIPELINE", help="A pipeline YAML, e.g. pipelines/demo.yaml.", show_default=False
     ),
     overrides: list[str] = typer.Argument(
         None, metavar="KEY=VALUE", help="key=value overrides, e.g. vars.limit=100."
@@ -432,9 +455,18 @@ def run_command(
         "--check",
         help="Compare the results with the pipeline's `expected:` figures; exit 1 on a regression.",
     ),
+    schema: bool = typer.Option(
+        False, "--schema", help="Print the JSON Schema of pipeline files (for editors) and exit."
+    ),
 ) -> None:
     """Run a whole pipeline: every stage through its public run, skipping up-to-date artifacts."""
-    from synthq.stages.pipeline import check_expected, describe_plan, plan_pipeline, run_plan
+    from synthq.stages.pipeline import check_expected, describe_plan, pipeline_schema, plan_pipeline, run_plan
+
+    if schema:
+        typer.echo(json.dumps(pipeline_schema(), indent=2, ensure_ascii=False))
+        return
+    if pipeline is None:
+        raise OptionError("give a PIPELINE file (or --schema)")
 
     plan = plan_pipeline(pipeline, overrides or [], force or [])
     for line in describe_plan(plan):
@@ -466,7 +498,10 @@ _DISK_ADVICE = {
 
 
 def _os_error_line(error: OSError) -> str:
-    where = error.filename or "?"
+    from synthq.artifacts import output_in_trouble
+
+    trouble = output_in_trouble()
+    where = error.filename or (f"while writing {trouble}" if trouble is not None else "?")
     advice = _DISK_ADVICE.get(error.errno, "check the path and rerun")
     return f"{where}: {error.strerror or error}; {advice}"
 
@@ -514,6 +549,8 @@ def main() -> None:
         context = getattr(error, "ctx", None)
         command = context.command_path if context is not None else "synthq"
         message = error.format_message().replace("Value error, ", "")
-        _fail(f"{command}: {message} (see {command} --help)", error.exit_code)
+        subcommand = command.removeprefix("synthq").strip()  # one "synthq:" prefix per line
+        where = f"{subcommand}: " if subcommand else ""
+        _fail(f"{where}{message} (see {command} --help)", error.exit_code)
     if isinstance(status, int) and status:
         sys.exit(status)

@@ -259,6 +259,34 @@ class SimilarityConfig(StageConfig):
     device: Device = "auto"
 
 
+FilterMethod = Literal["consistency", "likelihood", "none"]
+
+
+class FilterConfig(StageConfig):
+    """``synthq filter``: keep the better synthetic queries and hold documents out for tuning
+    (post-processing of the generator: no ε)."""
+
+    synthetic: Path = Field(description="A generate (or filter) artifact.")
+    method: FilterMethod = Field(
+        "consistency",
+        description="consistency: keep a query when a retriever finds its own document in the top K; "
+        "likelihood: keep each document's most likely queries under the set's generator; none: keep all.",
+    )
+    retriever: str = Field(
+        "minilm-l6",
+        description="consistency: the retriever (encoder alias, directory, hub id, a train-retriever "
+        "artifact, or bm25).",
+    )
+    top_k: int = Field(3, ge=1, description="consistency: how high the query's own document must rank.")
+    keep: int = Field(1, ge=1, description="likelihood: queries kept per document.")
+    holdout_documents: int = Field(
+        0, ge=0, description="Move the queries of N documents (public hash of their ids) to a dev split."
+    )
+    encode_batch_size: int = Field(64, ge=1, description="consistency: texts per encoding batch.")
+    scoring_batch_size: int = Field(16, ge=1, description="likelihood: queries per scoring batch.")
+    device: Device = "auto"
+
+
 DPMode = Literal["sample", "batch", "group", "logit"]
 
 
@@ -271,7 +299,11 @@ class TrainRetrieverConfig(StageConfig):
     dp: DPMode | None = Field(None, description="Direct DP on the private pairs (baselines); default: none.")
     epsilon: Epsilon = Field(8.0, description="Target ε for --dp.")
     delta: float | None = Field(None, gt=0, lt=1, description="δ for --dp (default 1/(2n)).")
-    clip_norm: float = Field(1.0, gt=0, description="Clipping norm C for --dp (paper: 0.1).")
+    clip_norm: float = Field(
+        1.0,
+        gt=0,
+        description="Clipping norm C for --dp (the paper uses 0.1 with T5-Base; 1.0 here by default).",
+    )
     accountant: Accountant = Field("rdp", description="Privacy accountant for --dp: rdp or prv.")
     batch_size: int = Field(32, ge=1, description="Batch (paper: 32); the expected batch under --dp.")
     epochs: float = Field(5.0, gt=0, description="Epochs (paper: 5).")

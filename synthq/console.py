@@ -1,7 +1,10 @@
 """The shared rich console and progress bars, so every stage reports the same way.
 
-Everything goes to stderr (results, progress, warnings and errors). ``-q`` hides progress and
-info lines only, never warnings, errors or the result line. When stderr is not a terminal (a
+Results go to **stdout** (:data:`output`: each command's result line, the tables of ``eval``,
+``report``, ``similarity``, ``info``, ``ledger``, ``data info``, ``search``), so that
+``synthq eval ... > results.txt`` or ``| tee`` captures what the command found and nothing else.
+Progress, info lines, warnings and errors go to **stderr** (:data:`console`). ``-q`` hides progress
+and info lines only, never warnings, errors or results. When stderr is not a terminal (a
 log file, SLURM, CI, ``| tee``) the progress bar becomes a plain line every
 :data:`LOG_INTERVAL_SECONDS` (``SYNTHQ_PROGRESS_INTERVAL``) with step/total, the stage's own
 fields (loss, ε, ...), rate and ETA.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -26,6 +30,8 @@ from rich.progress import (
 )
 
 console = Console(stderr=True, soft_wrap=True)
+# Piped or redirected, rich would fold tables to 80 columns; a file gets them whole.
+output = Console(soft_wrap=True, width=None if os.isatty(1) else 200)
 _state = {"verbosity": 1, "follower": False}
 LOG_INTERVAL_SECONDS = 30.0
 
@@ -132,10 +138,11 @@ def progress(*extra_columns) -> Progress:
     )
 
 
-def result(message: str) -> None:
-    """A command's result line: printed even under ``-q`` (not on torchrun followers)."""
+def result(message: Any, markup: bool = True) -> None:
+    """A command's result (a line or a rich table) on stdout: printed even under ``-q`` (not on
+    torchrun followers, whose rank 0 prints it)."""
     if not _state["follower"]:
-        console.print(message, highlight=False)
+        output.print(message, highlight=False, markup=markup)
 
 
 def warn(message: str) -> None:

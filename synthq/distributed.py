@@ -26,12 +26,13 @@ communication, and the accountant sees the global sampling rate ``q = batch / n`
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 
@@ -58,9 +59,24 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value not in (None, "") else default
 
 
+def _group():
+    """``torch.distributed`` when this process has joined a process group, else None.
+
+    Nothing can have joined one before torch was imported, so a process that never imported
+    torch (``synthq --help``, ``info``, ``ledger``) is a world of one without paying the second
+    it takes to import it.
+    """
+    if "torch" not in sys.modules:
+        return None
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
 def topology() -> Topology:
     """The current process' place in the process group (a world of one when there is none)."""
-    if dist.is_available() and dist.is_initialized():
+    dist = _group()
+    if dist is not None:
         return Topology(
             rank=dist.get_rank(),
             world_size=dist.get_world_size(),
@@ -78,6 +94,9 @@ def setup(device: str = "auto", threads: int | None = None) -> Topology:
     It also sets torch's CPU thread count: the node's cores shared by its ranks, unless
     ``threads`` / ``SYNTHQ_THREADS`` / ``OMP_NUM_THREADS`` say otherwise (:mod:`synthq.threads`).
     """
+    import torch
+    import torch.distributed as dist
+
     from synthq.threads import configure_threads
 
     configure_threads(threads)
@@ -121,6 +140,9 @@ def all_reduce_sum(tensors: Sequence[torch.Tensor]) -> None:
     """Sum every tensor over all ranks, in place (one flattened collective)."""
     if topology().world_size == 1 or not tensors:
         return
+    import torch
+    import torch.distributed as dist
+
     flat = _to_backend(torch.cat([t.reshape(-1) for t in tensors]))
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     offset = 0
@@ -139,6 +161,9 @@ def gather_rows(tensor: torch.Tensor, with_grad: bool = False) -> torch.Tensor:
     """
     if topology().world_size == 1:
         return tensor
+    import torch
+    import torch.distributed as dist
+
     home = tensor.device
     tensor = _to_backend(tensor)
     counts = [None] * topology().world_size
@@ -162,6 +187,8 @@ def broadcast(value: T, source: int = 0) -> T:
     """``value`` as held by rank ``source``, on every rank (any picklable object)."""
     if topology().world_size == 1:
         return value
+    import torch.distributed as dist
+
     holder = [value]
     dist.broadcast_object_list(holder, src=source)
     return holder[0]
@@ -171,6 +198,8 @@ def gather_objects(value: Any) -> list[Any]:
     """Every rank's ``value``, in rank order, on every rank."""
     if topology().world_size == 1:
         return [value]
+    import torch.distributed as dist
+
     values = [None] * topology().world_size
     dist.all_gather_object(values, value)
     return values
@@ -192,6 +221,9 @@ def broadcast_parameters(module: torch.nn.Module, source: int = 0) -> None:
     """Make every rank's copy of ``module`` equal to rank ``source``'s (parameters and buffers)."""
     if topology().world_size == 1:
         return
+    import torch
+    import torch.distributed as dist
+
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
             dist.broadcast(tensor.data, src=source)
@@ -199,4 +231,6 @@ def broadcast_parameters(module: torch.nn.Module, source: int = 0) -> None:
 
 def barrier() -> None:
     if topology().world_size > 1:
+        import torch.distributed as dist
+
         dist.barrier()

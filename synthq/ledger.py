@@ -31,6 +31,7 @@ from synthq.artifacts import (
 )
 from synthq.errors import ArtifactError
 from synthq.privacy import Guarantee, compose_releases, release_guarantee
+from synthq.registry import SYNTHETIC_STAGES
 from synthq.units import sharing_groups
 
 
@@ -109,7 +110,7 @@ def data_input(spec: str, private: bool = True) -> DataInput:
 
     candidate = Path(spec).expanduser()
     if is_artifact(candidate):
-        artifact = open_artifact(candidate, stage="generate")
+        artifact = open_artifact(candidate, stage=SYNTHETIC_STAGES)
         return DataInput(spec, artifact.path, {**artifact.input_record(), "role": "data"}, artifact)
     root = resolve_source(spec)
     return DataInput(spec, root, data_input_record(root, name=spec, private=private))

@@ -31,7 +31,7 @@ from synthq.artifacts import writes_so_far, written_here
 from synthq.config import apply_overrides, validation_message
 from synthq.console import result
 from synthq.errors import SynthqError
-from synthq.stages.registry import stage_entry
+from synthq.registry import stage_entry
 
 
 class OptionError(SynthqError):
@@ -87,6 +87,20 @@ def _default_text(field: FieldInfo) -> str | None:
     return str(value)
 
 
+_BOUNDS = (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤"))
+
+
+def range_text(field: FieldInfo) -> str | None:
+    """A field's valid range in words, from its constraints: ``> 0``, ``≥ 1``, ``> 0 and < 1``."""
+    parts = []
+    for constraint in field.metadata:
+        for attribute, symbol in _BOUNDS:
+            bound = getattr(constraint, attribute, None)
+            if bound is not None:
+                parts.append(f"{symbol} {bound:g}" if isinstance(bound, float) else f"{symbol} {bound}")
+    return " and ".join(parts) or None
+
+
 def _parameter(name: str, field: FieldInfo) -> inspect.Parameter | None:
     """The typer parameter for one config field, or None for a field the command line hides."""
     settings = _settings(field)
@@ -97,6 +111,8 @@ def _parameter(name: str, field: FieldInfo) -> inspect.Parameter | None:
     help_text = field.description or name.replace("_", " ")
     if field.is_required():
         help_text += "  [required]"
+    if (valid := range_text(field)) is not None:
+        help_text += f"  [range: {valid}]"
     declarations = [flag_name(name, field), *settings.get("aliases", [])]
 
     def parameter(info: Any, kind: Any) -> inspect.Parameter:
@@ -198,7 +214,7 @@ def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -
     """Register ``function(options, **own_options)`` as the command of the stage ``name``.
 
     The command's options are one per field of the stage's config model (from the stage
-    registry, :mod:`synthq.stages.registry`) followed by ``function``'s own parameters
+    registry, :mod:`synthq.registry`) followed by ``function``'s own parameters
     (command-line-only switches such as ``--merge``). ``function`` gets ``options`` (a
     :class:`StageOptions`; ``options.config()`` is the validated config) and returns the artifact,
     whose result line is printed here (or by ``report(artifact, mark)``); Ctrl-C becomes

@@ -283,6 +283,14 @@ def recomputed_epsilon(guarantee: Guarantee) -> float | None:
 
 @functools.lru_cache(maxsize=256)
 def _cached_epsilon(noise_multiplier: float, delta: float, sample_rate: float, steps: int, accountant: str):
+    from synthq.accountant_memo import remembered
+
+    return remembered(_accountant_epsilon, noise_multiplier, delta, sample_rate, steps, accountant)
+
+
+def _accountant_epsilon(
+    noise_multiplier: float, delta: float, sample_rate: float, steps: int, accountant: str
+) -> float:
     return epsilon_for(noise_multiplier, delta, sample_rate, steps, accountant).epsilon
 
 
@@ -312,18 +320,18 @@ def default_delta(num_examples: int) -> float:
 
 
 def validate_budget(epsilon: float, delta: float, num_examples: int | None = None) -> None:
-    """Reject impossible budgets with a clear error; warn about meaningless ones."""
+    """Reject impossible budgets, and δ ≥ 1/n (meaningless: "publish one unit in full" satisfies
+    it), with a clear error."""
     if not (epsilon > 0):
         raise PrivacyError(f"ε must be > 0 (use 'inf' for non-private training), got {epsilon}")
     if math.isinf(epsilon):
         return
     if not (0 < delta < 1):
         raise PrivacyError(f"δ must be in (0, 1), got {delta}")
-    if num_examples and delta > 1.0 / num_examples:
-        warnings.warn(
-            f"δ={delta:g} is larger than 1/n = {1 / num_examples:g}: such a guarantee allows "
-            "publishing an example outright; prefer δ ≤ 1/(2n)",
-            stacklevel=2,
+    if num_examples and delta >= 1.0 / num_examples:
+        raise PrivacyError(
+            f"δ={delta:g} is not below 1/n = {1 / num_examples:g} (n = {num_examples} privacy units): "
+            "such a guarantee allows publishing one unit's data outright; use δ ≤ 1/(2n) (the default)"
         )
 
 
@@ -356,8 +364,14 @@ def _epsilon(noise_multiplier: float, delta: float, sample_rate: float, steps: i
 
     acc = create_accountant(mechanism=accountant)
     acc.history = [(noise_multiplier, sample_rate, steps)]
+    with warnings.catch_warnings():
+        # Opacus warns when the best RDP order is at the edge of its grid: the ε is then a valid but
+        # looser bound. It happens for the extreme σ the calibration probes on every DP run, never
+        # for the σ a run ends with at a sensible target, so it would only be noise in every log.
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        epsilon = float(acc.get_epsilon(delta=delta))
     # A conversion that lands below 0 (huge σ, large δ) still proves (0, δ)-DP: ε is never negative.
-    return max(0.0, float(acc.get_epsilon(delta=delta)))
+    return max(0.0, epsilon)
 
 
 # The σ search's limits: above MAX the noise swamps any gradient (Opacus' own limit); below MIN

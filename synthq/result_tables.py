@@ -10,15 +10,44 @@ Recall@10 (Tables 3 and 4); across datasets, retrievers × datasets for each hea
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
 
 import numpy as np
 
+from synthq.errors import ArtifactError
 from synthq.privacy import Guarantee, compose_all, format_epsilon
 from synthq.retrieval.metrics import HEADLINE, METRICS
 from synthq.retrieval.significance import bootstrap_ci, compare_all
+
+# The files an eval writes that other stages read (report, eval --select-on): one name each.
+RESULTS_FILE = "results.json"  # one row per retriever × dataset: metrics, ε, settings
+PER_QUERY_FILE = "per_query.json"  # dataset -> retriever -> metric -> query -> score
+SELECTION_FILE = "selection.md"  # the candidates' dev scores behind --select-on
+
+
+def read_per_query(directory: Path) -> dict:
+    """An evaluation's ``per_query.json`` (``{dataset: {retriever: {metric: {query: v}}}}``);
+    empty for evaluations written before per-query scores were kept."""
+    path = Path(directory) / PER_QUERY_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ArtifactError(f"{path}: unreadable per-query scores ({error})") from error
+
+
+def attach_per_query(rows: list[dict], scores: dict) -> list[dict]:
+    """Copies of ``rows`` with ``per_query`` (metric -> {query: value}) where ``scores`` has it."""
+    out = []
+    for row in rows:
+        mine = scores.get(row["dataset"], {}).get(row["retriever"])
+        out.append({**row, "per_query": mine} if mine else dict(row))
+    return out
+
 
 # Seed of the bootstrap and randomization draws: the same inputs always print the same table.
 RESAMPLING_SEED = 0
@@ -39,13 +68,27 @@ def is_public(row: dict) -> bool:
     return privacy.get("mechanism") == "public" or row.get("kind") in ("bm25", "untrained")
 
 
+def shown_epsilon(row: dict) -> tuple[float, str | None, bool]:
+    """``(ε, unit, unaccounted)`` as tables and plots show a row: a row whose configuration was
+    chosen on private dev queries without noise is ∞, and is shown at the ε it has without that
+    choice, with ``unaccounted`` set so the choice is printed beside it."""
+    selection = row.get("selection") or {}
+    epsilon, unit = _epsilon(row["epsilon"]), (row.get("privacy") or {}).get("unit")
+    unaccounted = math.isinf(_epsilon(selection.get("epsilon", 0.0))) and math.isinf(epsilon)
+    if unaccounted and "row_epsilon_without" in selection:
+        epsilon, unit = _epsilon(selection["row_epsilon_without"]), selection.get("row_unit_without")
+    return epsilon, unit, unaccounted
+
+
 def epsilon_cell(row: dict) -> str:
     """``∞``, ``8.00``, ``8.00 per user`` (a user-level guarantee) or ``0 (public)`` for a row
-    that never saw private data."""
+    that never saw private data; ``8.00 + selection ∞`` for a row chosen on private dev queries
+    without noise (its ε is ∞; the reader sees why, :func:`shown_epsilon`)."""
     if is_public(row):
         return "0 (public)"
-    per_user = (row.get("privacy") or {}).get("unit") == "user" and math.isfinite(_epsilon(row["epsilon"]))
-    return format_epsilon(_epsilon(row["epsilon"])) + (" per user" if per_user else "")
+    epsilon, unit, unaccounted = shown_epsilon(row)
+    text = format_epsilon(epsilon) + (" per user" if unit == "user" and math.isfinite(epsilon) else "")
+    return f"{text} + selection ∞" if unaccounted and math.isfinite(epsilon) else text
 
 
 def _datasets(rows: list[dict]) -> list[str]:
@@ -324,7 +367,8 @@ def privacy_utility_plot(rows: list[dict], path: Path, metric: str = "ndcg@10") 
 
     merged = systems(rows)
     datasets = _datasets(rows)
-    ticks = epsilon_positions([_epsilon(r["epsilon"]) for r in merged if not is_public(r)])
+    ticks = epsilon_positions([shown_epsilon(r)[0] for r in merged if not is_public(r)])
+    unaccounted = any(shown_epsilon(r)[2] for r in merged if not is_public(r))
     width = max(6.0, 1.4 * len(ticks) + 4)
     figure, axes = plt.subplots(1, len(datasets), figsize=(width * len(datasets), 4.6), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -356,13 +400,16 @@ def privacy_utility_plot(rows: list[dict], path: Path, metric: str = "ndcg@10") 
                 )
                 # one query (or equal scores): the interval is the point, up to rounding
                 below, above = max(y - low, 0.0), max(high - y, 0.0)
-                points.append((_x_index(_epsilon(member["epsilon"]), ticks) + offset, y, below, above))
+                points.append((_x_index(shown_epsilon(member)[0], ticks) + offset, y, below, above))
             points.sort()
             xs, ys, below, above = zip(*points, strict=True)
             axis.errorbar(xs, ys, yerr=[below, above], marker="o", capsize=3, color=color, label=method)
         axis.set_xticks(range(len(ticks)), [f"ε = {label}" for _, label in ticks])
         axis.set_xlim(-0.6, max(len(ticks) - 0.4, 0.6))
-        axis.set_xlabel("ε (ordinal axis; ∞ = no privacy)")
+        axis.set_xlabel(
+            "ε (ordinal axis; ∞ = no privacy)"
+            + ("; configurations chosen on private dev queries: not counted" if unaccounted else "")
+        )
         axis.set_ylabel(f"{DISPLAY.get(metric, metric)} (95 % CI)")
         axis.set_title(dataset)
         axis.legend(fontsize=7, loc="best")

@@ -175,3 +175,31 @@ def test_replacing_an_artifact_is_atomic(tmp_path):
     make(tmp_path / "art", payload="two")
     assert (tmp_path / "art" / "payload.txt").read_text() == "two"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+
+
+def test_an_output_another_process_finished_meanwhile_is_not_redone(tmp_path):
+    """Two runs of one stage start together: both find nothing up to date; the other process
+    finishes first. Under the lock, this one sees the up-to-date artifact and stops instead of
+    training again and replacing it."""
+    out = tmp_path / "art"
+    config = GenerateConfig(out=out, generator="gen", corpus="embedded")
+    assert existing_result("generate", config, []) is None  # this run: nothing there yet
+    other = textwrap.dedent(
+        f"""
+        from synthq.config import GenerateConfig
+        from tests.test_artifacts import make
+        config = GenerateConfig(out={str(out)!r}, generator="gen", corpus="embedded")
+        make({str(out)!r}, payload="theirs", config=config)
+        """
+    )
+    subprocess.run([sys.executable, "-c", other], check=True, cwd=os.getcwd(), timeout=120)
+    with (
+        pytest.raises(ArtifactError, match="another process finished"),
+        create_artifact(out, "generate", config) as writer,
+    ):
+        writer.privacy = PRIVATE
+    assert (out / "payload.txt").read_text() == "theirs"
+    # A run that looks again finds it up to date; a changed config may rewrite it.
+    assert existing_result("generate", config, []) is not None
+    changed = GenerateConfig(out=out, generator="gen", corpus="embedded", seed=5)
+    assert make(out, payload="mine", config=changed).metrics == {"count": 2}

@@ -104,9 +104,12 @@ def test_unreachable_epsilon_is_a_clear_error():
         noise_multiplier_for(1e-4, 1e-10, 1.0, 100000)
 
 
-def test_delta_larger_than_one_over_n_warns():
-    with pytest.warns(UserWarning, match="1/n"):
+def test_delta_not_below_one_over_n_is_refused():
+    with pytest.raises(PrivacyError, match="not below 1/n"):
         validate_budget(8.0, 0.01, num_examples=1000)
+    with pytest.raises(PrivacyError, match="not below 1/n"):
+        validate_budget(8.0, 1 / 1000, num_examples=1000)
+    validate_budget(8.0, 1 / 2000, num_examples=1000)
     assert default_delta(1000) == pytest.approx(1 / 2000)
     with pytest.raises(PrivacyError):
         default_delta(0)

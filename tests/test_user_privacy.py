@@ -156,7 +156,7 @@ def test_generator_step_moves_by_at_most_c_when_any_user_is_removed(tmp_path, ti
     clip = 1e-3
     plan = PrivacyPlan.with_noise(1.0, clip, 4)
     optimizer = torch.optim.SGD([p for p in generator.model.parameters() if p.requires_grad], lr=0.1)
-    step = DPStep(generator, optimizer, plan, clip, physical_batch_size=4, grad_sample_mode="vmap")
+    step = DPStep(generator, optimizer, plan, physical_batch_size=4, grad_sample_mode="vmap")
 
     def make_batch(rows):
         chosen = [pairs[i] for i in rows]

@@ -1,4 +1,5 @@
-"""Dataset sources by name: a local BEIR directory, ``embedded``, ``msmarco`` or ``beir:<name>``.
+"""Dataset sources by name: a local BEIR directory, ``embedded``, ``msmarco``, ``beir:<name>`` or
+``irds:<ir_datasets id>``.
 
 ``embedded`` is the dataset shipped in ``data/embedded`` (found from a checkout or from the
 installed wheel, where it lives in ``synthq/_embedded``). ``msmarco`` and ``beir:<name>`` are
@@ -7,6 +8,11 @@ Hugging Face hub's copies (``BeIR/<name>`` with its ``corpus`` and ``queries`` c
 ``BeIR/<name>-qrels``) through ``datasets``, converted to the same BEIR directory (same ids and
 splits; the hub's ``validation`` split is BEIR's ``dev``). Offline, the error says where to put
 the unzipped directory by hand.
+
+``irds:<id>`` takes any dataset of the ``ir_datasets`` catalogue by its own name
+(``irds:msmarco-passage/dev/small``, ``irds:beir/scifact/test``): its documents, queries and
+judgements are streamed once into a BEIR directory in the cache, whose qrels split is the id's
+``train`` / ``dev`` / ``test`` part (``test`` when it names none), and read like any other.
 """
 
 from __future__ import annotations
@@ -57,18 +63,84 @@ def embedded_dir() -> Path:
     raise DataError("the embedded dataset is missing from this installation", checkout)
 
 
+IRDS_PREFIX = "irds:"
+IRDS_SPLITS = ("train", "dev", "test")
+
+
 def source_name(spec: str) -> str:
-    """A short name for tables: ``embedded``, ``msmarco``, ``fiqa``, or the directory name."""
+    """A short name for tables: ``embedded``, ``msmarco``, ``fiqa``, ``beir-scifact-test`` (an
+    ir_datasets id), or the directory name."""
     if spec in ("embedded", "msmarco"):
         return spec
     if spec.startswith("beir:"):
         return spec.split(":", 1)[1]
+    if spec.startswith(IRDS_PREFIX):
+        return spec[len(IRDS_PREFIX) :].replace("/", "-")
     return Path(spec).name
 
 
+def irds_split(dataset_id: str) -> str:
+    """The split an ir_datasets id names (``msmarco-passage/dev/small`` -> ``dev``), else test."""
+    return next((part for part in dataset_id.split("/")[1:] if part in IRDS_SPLITS), "test")
+
+
 def default_eval_split(spec: str) -> str:
-    """MS MARCO is evaluated on ``dev`` (its BEIR ``test`` split has 43 queries); others on test."""
+    """MS MARCO is evaluated on ``dev`` (its BEIR ``test`` split has 43 queries); an ir_datasets id
+    on the split it names; others on test."""
+    if spec.startswith(IRDS_PREFIX):
+        return irds_split(spec[len(IRDS_PREFIX) :])
     return "dev" if source_name(spec) == "msmarco" else "test"
+
+
+def irds_to_beir(dataset_id: str, target: Path) -> Path:
+    """Stream ``ir_datasets.load(dataset_id)`` into a BEIR directory at ``target`` (atomically):
+    documents (``doc_id``, ``title`` when it has one, ``text``; other fields joined into the text
+    when there is no ``text``), queries (``query_id``, ``text``) and judgements
+    (``qrels/<split>.tsv``, :func:`irds_split`)."""
+    try:
+        import ir_datasets
+    except ImportError:
+        raise DataError(f"irds:{dataset_id} needs the ir_datasets package: pip install ir_datasets") from None
+    try:
+        dataset = ir_datasets.load(dataset_id)
+    except KeyError:
+        raise DataError(f"irds:{dataset_id}: not an ir_datasets id (see ir-datasets.com)") from None
+    if not dataset.has_docs():
+        raise DataError(f"irds:{dataset_id}: this ir_datasets entry has no documents")
+    tmp = target.with_name(f".{target.name}.irds-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "qrels").mkdir(parents=True)
+    try:
+        with open(tmp / "corpus.jsonl", "w", encoding="utf-8") as out:
+            for doc in dataset.docs_iter():
+                fields = doc._asdict()
+                text = fields.get("text")
+                if text is None:
+                    text = " ".join(str(v) for k, v in fields.items() if k not in ("doc_id", "title") and v)
+                record = {"_id": str(doc.doc_id), "title": fields.get("title") or "", "text": text}
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        with open(tmp / "queries.jsonl", "w", encoding="utf-8") as out:
+            for query in dataset.queries_iter() if dataset.has_queries() else ():
+                out.write(
+                    json.dumps({"_id": str(query.query_id), "text": query.text}, ensure_ascii=False) + "\n"
+                )
+        if dataset.has_qrels():
+            with open(tmp / "qrels" / f"{irds_split(dataset_id)}.tsv", "w", encoding="utf-8") as out:
+                out.write("query-id\tcorpus-id\tscore\n")
+                for judgement in dataset.qrels_iter():
+                    out.write(f"{judgement.query_id}\t{judgement.doc_id}\t{int(judgement.relevance)}\n")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _irds(dataset_id: str) -> Path:
+    target = cache_dir("irds") / dataset_id.replace("/", "__")
+    if (target / "corpus.jsonl").is_file():
+        return target
+    return irds_to_beir(dataset_id, target)
 
 
 def _write_hub_rows(path: Path, dataset, fields: tuple[str, ...]) -> None:
@@ -166,14 +238,48 @@ def resolve_source(spec: str) -> Path:
         return _download_beir("msmarco")
     if spec.startswith("beir:"):
         return _download_beir(spec.split(":", 1)[1])
+    if spec.startswith(IRDS_PREFIX):
+        return _irds(spec[len(IRDS_PREFIX) :])
     path = Path(spec).expanduser()
     if path.is_dir():
         return path
     if spec in BEIR_DATASETS:
         return _download_beir(spec)
     raise DataError(
-        "not a directory or known source (use embedded, msmarco, beir:NAME or a BEIR directory)", spec
+        "not a directory or known source (use embedded, msmarco, beir:NAME, irds:ID or a BEIR directory)",
+        spec,
     )
+
+
+def _subsets(root: Path) -> list[Path]:
+    """Sub-dataset directories (each with a corpus) of a directory that has no corpus itself."""
+    if not root.is_dir() or (root / "corpus.jsonl").is_file():
+        return []
+    return sorted(p for p in root.iterdir() if (p / "corpus.jsonl").is_file())
+
+
+def resolve_dataset(spec: str) -> Path:
+    """The directory ``spec`` names. CQADupStack by name is the directory of its sub-forums
+    (downloaded into the BEIR cache on first use), which :func:`dataset_parts` splits."""
+    if source_name(spec) == "cqadupstack" and not Path(spec).expanduser().is_dir():
+        cached = cache_dir("beir") / "cqadupstack"
+        if not _subsets(cached):
+            try:
+                resolve_source(spec)
+            except DataError:  # the download lands sub-forums, which resolve_source refuses
+                if not _subsets(cached):
+                    raise
+        return cached
+    return resolve_source(spec)
+
+
+def dataset_parts(root: Path) -> list[tuple[str, Path]]:
+    """``[("", root)]`` for a BEIR directory, ``[(name, dir), ...]`` for a set of sub-datasets."""
+    if (root / "corpus.jsonl").is_file():
+        return [("", root)]
+    if subsets := _subsets(root):
+        return [(p.name, p) for p in subsets]
+    raise DataError("not a BEIR directory: no corpus.jsonl here nor in any sub-directory", root)
 
 
 def load_source(spec: str, splits: list[str] | None = None) -> BeirDataset:

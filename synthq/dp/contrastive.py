@@ -3,7 +3,7 @@
 Each mechanism turns one Poisson-sampled batch of (query, document) pairs into a clipped
 gradient sum whose ℓ2 sensitivity it states; :func:`privatize` then adds Gaussian noise with
 standard deviation ``σ × sensitivity``, where σ comes from the accountant for the sampling rate
-and step count. The privacy unit is one pair (which protects its query).
+and step count. The privacy unit is stated once, below.
 
 The four mechanisms differ in what they clip, which decides the sensitivity (see Wang et al.,
 "DP-GCL", section 2.3, Kong et al., "Logit-DP", and Carranza et al., section 5.3.2):

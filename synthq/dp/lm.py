@@ -190,8 +190,9 @@ class DPStep:
     Args:
         generator: the model being trained (trainable parameters = ``requires_grad``).
         optimizer: a torch optimizer over the trainable parameters.
-        plan: the :class:`~synthq.dp.engine.PrivacyPlan` (σ, sensitivity ``C``, expected batch).
-        clip_norm: ``C``.
+        plan: the :class:`~synthq.dp.engine.PrivacyPlan` (σ, expected batch, and the sensitivity
+            ``C`` of :class:`PerQueryClipping`, which is also the clipping norm: C enters once,
+            through the mechanism, so the clipper and the accountant cannot disagree).
         physical_batch_size: examples per forward/backward (memory bound).
         grad_sample_mode: ``auto`` | ``ghost`` | ``hooks`` | ``vmap`` (see :func:`make_clipper`);
             all compute the same clipped sum.
@@ -202,7 +203,6 @@ class DPStep:
         generator: QueryGenerator,
         optimizer: torch.optim.Optimizer,
         plan: PrivacyPlan,
-        clip_norm: float,
         physical_batch_size: int,
         grad_sample_mode: str = "auto",
     ):
@@ -210,7 +210,7 @@ class DPStep:
         self.optimizer = optimizer
         self.plan = plan
         self.physical_batch_size = physical_batch_size
-        self.clipper = make_clipper(generator, clip_norm, grad_sample_mode)
+        self.clipper = make_clipper(generator, plan.sensitivity, grad_sample_mode)
         self.mode = self.clipper.mode
         self.parameters = dict(generator.model.named_parameters())
 
@@ -314,7 +314,7 @@ class GeneratorTraining:
         batch_size: the (expected) logical batch size in queries.
         plan: the privacy plan, or ``None`` for non-private training (shuffled epochs of rows).
         randomness: the run's secret randomness (sampling, noise, shuffling).
-        clip_norm, physical_batch_size, grad_sample_mode: as for :class:`DPStep`.
+        physical_batch_size, grad_sample_mode: as for :class:`DPStep`.
     """
 
     def __init__(
@@ -326,7 +326,6 @@ class GeneratorTraining:
         batch_size: int,
         plan: PrivacyPlan | None,
         randomness: SecretRandomness,
-        clip_norm: float,
         physical_batch_size: int,
         grad_sample_mode: str = "auto",
     ):
@@ -334,7 +333,7 @@ class GeneratorTraining:
         self.units, self.batch_size, self.plan, self.randomness = units, batch_size, plan, randomness
         self.physical_batch_size = physical_batch_size
         self.dp_step = (
-            DPStep(generator, optimizer, plan, clip_norm, physical_batch_size, grad_sample_mode)
+            DPStep(generator, optimizer, plan, physical_batch_size, grad_sample_mode)
             if plan is not None
             else None
         )

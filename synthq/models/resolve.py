@@ -92,13 +92,13 @@ def _smollm2_135m() -> Path:
 
 def _smollm2_encoder(layers: int | None) -> Callable[[], Path]:
     """A sentence-transformers encoder from SmolLM2-135M's first ``layers`` blocks, mean pooled
-    (:func:`synthq.models.encoder.build_lm_encoder`), built once under ``$SYNTHQ_CACHE/models``."""
+    (:func:`synthq.models.lm_encoder.build_lm_encoder`), built once under ``$SYNTHQ_CACHE/models``."""
 
     def build() -> Path:
         target = cache_dir("models") / f"smollm2-135m-enc{'-l' + str(layers) if layers else ''}"
         if (target / "modules.json").is_file():
             return target
-        from synthq.models.encoder import build_lm_encoder
+        from synthq.models.lm_encoder import build_lm_encoder
 
         info(f"building a mean-pooled SmolLM2 encoder ({layers or 'all'} layers) in {target} (once)")
         return build_lm_encoder(_smollm2_135m(), target, layers)

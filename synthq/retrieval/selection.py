@@ -165,8 +165,8 @@ def selection_markdown(
         )
     elif scores:
         cost = (
-            "If these dev queries are private, this choice is a release that no ε here counts; "
-            "synthq marks such rows (selection ε = ∞)."
+            "The dev queries are public, or synthetic queries from a released generator: choosing "
+            "on them is post-processing and costs no ε."
         )
     else:
         cost = (

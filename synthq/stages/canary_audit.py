@@ -43,12 +43,10 @@ import hashlib
 import json
 import math
 import shutil
-import statistics
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from synthq.artifacts import Artifact, create_artifact, data_input_record, existing_result, open_artifact
 from synthq.audit.canaries import (
@@ -59,16 +57,10 @@ from synthq.audit.canaries import (
     make_one_run_canaries,
     per_user,
 )
-from synthq.audit.exposure import (
-    SECRET_SPACE,
-    exposure_extrapolated,
-    exposure_from_rank,
-    held_out_epsilon_lower_bound,
-    per_pair_from_group,
-    rank_of,
-)
 from synthq.audit.one_run import one_run_audit, score_summary
 from synthq.audit.retriever import retriever_scores
+from synthq.audit.scoring import score_canaries, secret_scores, verbatim_leaks
+from synthq.audit.tables import one_run_markdown, plot_exposure, plot_scores, summarize, to_markdown
 from synthq.config import CanaryAuditConfig
 from synthq.console import info, progress
 from synthq.data.beir_io import BeirDataset, read_qrels, write_beir_dir
@@ -77,7 +69,7 @@ from synthq.data.users import USERS_FILE, query_users, read_users_file
 from synthq.errors import SynthqError
 from synthq.models.resolve import resolve_device
 from synthq.privacy import Guarantee, default_delta, format_epsilon
-from synthq.stages.registry import stage_entry
+from synthq.registry import stage_entry
 
 STAGE = "canary-audit"
 AUDIT_DATA = "data"  # scratch BEIR directory with the private pairs; removed at the end
@@ -133,227 +125,6 @@ def _augmented_dataset(
         lines = "".join(f"{query}\t{user}\n" for query, user in owners.items())
         (root / USERS_FILE).write_text("query-id\tuser-id\n" + lines, encoding="utf-8")
     return root
-
-
-def _secret_log_likelihoods(
-    generator, canaries: list[OneRunCanary], references: int, batch_size: int, label: str
-) -> np.ndarray:
-    """Per canary, log p(secret | document) minus the mean of log p(reference | document) over
-    ``references`` random secrets of the same form (:meth:`OneRunCanary.reference_secrets`), under
-    the same model; the raw log-likelihood when ``references`` is 0.
-
-    Fine-tuning teaches the generator the canaries' format (ten digits after a few random words),
-    which raises included and excluded secrets alike and buries the membership signal in that
-    shared gain; the references take it out. The candidates share the document, which is
-    computed once (:meth:`QueryGenerator.candidate_log_likelihoods`)."""
-    if references == 0:
-        documents = [c.document for c in canaries]
-        return generator.query_log_likelihood(documents, [c.query for c in canaries], batch_size).numpy()
-    scores = np.empty(len(canaries))
-    with progress() as bar:
-        task = bar.add_task(f"scoring one-run canaries ({label})", total=len(canaries))
-        for index, canary in enumerate(canaries):
-            candidates = [canary.secret, *canary.reference_secrets(references)]
-            values = generator.candidate_log_likelihoods(canary.document, candidates, batch_size)
-            scores[index] = float(values[0] - values[1:].mean())
-            bar.advance(task)
-    return scores
-
-
-def _score_canaries(generator, canaries: list[Canary], batch_size: int) -> list[dict]:
-    """Rank and exposure of every canary under one generator (log-perplexity = −log-likelihood).
-
-    A canary's candidates share the document and the query up to the secret, so they are scored
-    with that shared part computed once (:meth:`QueryGenerator.candidate_log_likelihoods`)."""
-    results = []
-    for canary in canaries:
-        candidates = [canary.query_with(secret) for secret in [canary.secret, *canary.reference_secrets]]
-        log_likelihoods = generator.candidate_log_likelihoods(canary.document, candidates, batch_size)
-        count = len(candidates)
-        scores = [-value for value in log_likelihoods.tolist()]
-        rank = rank_of(scores[0], scores[1:])
-        results.append(
-            {
-                "canary": canary.canary_id,
-                "shape": canary.shape,
-                "repetitions": canary.repetitions,
-                "rank": rank,
-                "candidates": count,
-                "exposure": exposure_from_rank(rank, count),
-                "exposure_extrapolated": exposure_extrapolated(scores[0], scores[1:]),
-            }
-        )
-    return results
-
-
-@torch.no_grad()
-def _leaks(
-    generator, canaries: list[Canary], samples: int, top_p: float, max_new_tokens: int, seed: int
-) -> list[bool]:
-    """Whether sampling queries for each canary document ever reproduces its secret verbatim."""
-    leaked = []
-    torch.manual_seed(seed)
-    for canary in canaries:
-        batch = generator.generation_batch([canary.document]).to(generator.model.device)
-        output = generator.model.generate(
-            **batch,
-            do_sample=True,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-            num_return_sequences=samples,
-            pad_token_id=generator.tokenizer.pad_token_id,
-        )
-        expanded = {k: v.repeat_interleave(samples, dim=0) for k, v in batch.items()}
-        texts = generator.decode_new_tokens(output, expanded)
-        leaked.append(any(canary.secret in text.replace(" ", "") for text in texts))
-    return leaked
-
-
-def _mean(values: list[float]) -> float:
-    return float(statistics.fmean(values)) if values else math.nan
-
-
-def summarize(rows: list[dict], epsilons: list[float], proven: dict[str, float], delta: float) -> list[dict]:
-    """Table 7 rows: one per ε × repetition (0 = held-out control) × shape, plus "all" shapes.
-
-    The ε lower bound of repetition r is for the r-fold group, with the threshold chosen on half
-    of the canaries and scored on the other half; ``pair_epsilon_lower_bound`` is its per-pair
-    conversion by group privacy."""
-    table = []
-    for epsilon in epsilons:
-        key = format_epsilon(epsilon)
-        at_epsilon = [r for r in rows if r["epsilon"] == key]
-        controls = [r["exposure_extrapolated"] for r in at_epsilon if r["repetitions"] == 0]
-        for repetition in sorted({r["repetitions"] for r in at_epsilon}):
-            for shape in [*sorted({r["shape"] for r in at_epsilon}), "all"]:
-                group = [
-                    r for r in at_epsilon if r["repetitions"] == repetition and shape in (r["shape"], "all")
-                ]
-                if not group:
-                    continue
-                members = [r["exposure_extrapolated"] for r in group]
-                bound_at = held_out_epsilon_lower_bound(members, controls) if repetition > 0 else None
-                table.append(
-                    {
-                        "epsilon": key,
-                        "proven_epsilon": proven[key],
-                        "repetitions": repetition,
-                        "shape": shape,
-                        "canaries": len(group),
-                        "mean_rank": _mean([r["rank"] for r in group]),
-                        "candidates": group[0]["candidates"],
-                        "leaked": _mean([float(r["leaked"]) for r in group]),
-                        "exposure": _mean([r["exposure"] for r in group]),
-                        "exposure_extrapolated": _mean(members),
-                        "group_epsilon_lower_bound": (
-                            None if bound_at is None else bound_at(min(1.0, repetition * delta))
-                        ),
-                        "pair_epsilon_lower_bound": (
-                            None if bound_at is None else per_pair_from_group(bound_at, repetition, delta)
-                        ),
-                    }
-                )
-    return table
-
-
-def _bound_text(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3f}"
-
-
-def to_markdown(table: list[dict]) -> str:
-    """The exposure method's table (Table 7's layout plus the group and per-pair bounds)."""
-    lines = [
-        "| ε (proven) | repetitions | shape | canaries | rank | leaked | exposure (rank) "
-        "| exposure (extrapolated) | ε lower bound, r-fold group | per pair |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in table:
-        repetitions = "held out" if row["repetitions"] == 0 else str(row["repetitions"])
-        lines.append(
-            f"| {row['epsilon']} ({format_epsilon(row['proven_epsilon'])}) | {repetitions} | {row['shape']} "
-            f"| {row['canaries']} | {row['mean_rank']:.1f}/{row['candidates']} | {100 * row['leaked']:.0f}% "
-            f"| {row['exposure']:.2f} | {row['exposure_extrapolated']:.2f} "
-            f"| {_bound_text(row['group_epsilon_lower_bound'])} "
-            f"| {_bound_text(row['pair_epsilon_lower_bound'])} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def one_run_markdown(rows: list[dict]) -> str:
-    """The one-run table: one row per audited model (generator or retriever) and ε."""
-    lines = [
-        "| audited | ε (proven) | canaries in/out | guesses (k₊+k₋) | correct | ε lower bound (ε, δ) "
-        "| Gaussian-DP ε lower bound | TPR@FPR 1% | TPR@FPR 10% | AUROC [95% CI] |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row['audited']} | {format_epsilon(row['proven_epsilon'])} "
-            f"| {row['included']}/{row['canaries'] - row['included']} | {row['guesses']} ({row['k_plus']}+"
-            f"{row['k_minus']}) | {row['correct']} | **{row['epsilon_lower_bound']:.2f}** "
-            f"| {row['gdp_epsilon_lower_bound']:.2f} | {100 * row['tpr_at_fpr_1']:.1f}% "
-            f"| {100 * row['tpr_at_fpr_10']:.1f}% | {row['auroc']:.3f} [{row['auroc_low']:.3f}, "
-            f"{row['auroc_high']:.3f}] |"
-        )
-    delta = rows[0]["delta"] if rows else math.nan
-    confidence = rows[0]["confidence"] if rows else math.nan
-    lines.append(
-        f"\nLower bounds hold with {100 * confidence:.0f}% confidence at δ = {delta:.2e} "
-        "(Steinke et al. 2023, Bonferroni over the guess counts tried); the Gaussian-DP column is "
-        "the ε at that δ of the largest μ-GDP profile the same test rejects "
-        "(not Mahloujifar et al.'s sharper f-DP analysis)."
-    )
-    return "\n".join(lines) + "\n"
-
-
-def plot_exposure(table: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for epsilon in dict.fromkeys(r["epsilon"] for r in table):
-        rows = sorted(
-            (r for r in table if r["epsilon"] == epsilon and r["shape"] == "all"),
-            key=lambda r: r["repetitions"],
-        )
-        axis.plot(
-            [max(r["repetitions"], 0.5) for r in rows],
-            [r["exposure_extrapolated"] for r in rows],
-            marker="o",
-            label=f"ε = {epsilon}",
-        )
-    axis.set_xscale("log")
-    axis.set_xlabel("canary repetitions (0.5 = held-out control)")
-    axis.set_ylabel("exposure (bits, skew-normal extrapolation)")
-    axis.axhline(math.log2(SECRET_SPACE), color="grey", linestyle=":", linewidth=1)
-    axis.set_title("Canary exposure of the query generator")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-def plot_scores(panels: list[tuple[str, np.ndarray, np.ndarray]], path: Path) -> None:
-    """Histograms of included vs excluded canaries' scores, one panel per audited model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
-    for axis, (title, scores, included) in zip(axes[0], panels, strict=True):
-        bins = np.histogram_bin_edges(scores, bins=30)
-        axis.hist(scores[included], bins=bins, alpha=0.6, label="included")
-        axis.hist(scores[~included], bins=bins, alpha=0.6, label="excluded")
-        axis.set_title(title, fontsize=9)
-        axis.set_xlabel("membership score")
-    axes[0][0].set_ylabel("canaries")
-    axes[0][0].legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
 
 
 def _one_run_row(
@@ -500,7 +271,7 @@ def run(config: CanaryAuditConfig) -> Artifact:
                 config.model, device=resolve_device(), max_source_length=finetune.get("max_source_length")
             )
             base.model.eval()
-            reference = _secret_log_likelihoods(
+            reference = secret_scores(
                 base, one_run, config.secret_references, config.scoring_batch_size, "base model"
             )
             del base
@@ -526,7 +297,7 @@ def run(config: CanaryAuditConfig) -> Artifact:
             if use_one_run:
                 started = time.perf_counter()
                 scores = (
-                    _secret_log_likelihoods(
+                    secret_scores(
                         generator, one_run, config.secret_references, config.scoring_batch_size, f"ε = {key}"
                     )
                     - reference
@@ -543,11 +314,11 @@ def run(config: CanaryAuditConfig) -> Artifact:
                     scored = []
                     for start in range(0, len(exposure), 4):
                         chunk = exposure[start : start + 4]
-                        scored.extend(_score_canaries(generator, chunk, batch_size=config.scoring_batch_size))
+                        scored.extend(score_canaries(generator, chunk, batch_size=config.scoring_batch_size))
                         bar.advance(task, len(chunk))
                 phases[f"score_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)
                 started = time.perf_counter()
-                leaks = _leaks(
+                leaks = verbatim_leaks(
                     generator, exposure, config.leak_samples, config.top_p, config.max_new_tokens, config.seed
                 )
                 phases[f"leak_sampling_seconds[eps={key}]"] = round(time.perf_counter() - started, 1)

@@ -19,7 +19,9 @@ Args (:class:`synthq.config.EvalConfig`):
 Outputs:
     ``results.json`` (one row per retriever × dataset: every metric, the retriever's ε, δ and
     full guarantee, its seed and training settings), ``per_query.json`` (dataset -> retriever ->
-    metric -> query -> score), ``results.md`` (Tables 3-5 layout, ε beside every number, 95 %
+    metric -> query -> score), ``runs/DATASET/[SUB-DATASET/]RETRIEVER.trec`` (the ranked lists,
+    TREC run format: ``trec_eval``, ``ir_measures``, ``ranx`` recompute every number from them,
+    :mod:`synthq.retrieval.trec`), ``results.md`` (Tables 3-5 layout, ε beside every number, 95 %
     intervals, mean ± std over seeds, and every pair's paired test with Holm's correction, see
     :mod:`synthq.retrieval.significance`; with ``select_on`` also the candidates' dev scores,
     ``selection.md``) and ``privacy_utility.png`` (NDCG@10 against ε with intervals). Encoding
@@ -65,29 +67,39 @@ from synthq.artifacts import (
     sha256_tree,
 )
 from synthq.config import EvalConfig
-from synthq.console import console, info, verbosity, warn
+from synthq.console import info, result, verbosity, warn
 from synthq.data.beir_io import load_beir_dir
 from synthq.data.sources import (
     IDENTICAL_ID_DATASETS,
+    dataset_parts,
     declared_splits,
     default_eval_split,
-    resolve_source,
+    resolve_dataset,
     source_name,
 )
 from synthq.errors import ArtifactError, DataError
 from synthq.keys import private_data_digest
 from synthq.ledger import model_input
-from synthq.paths import cache_dir
 from synthq.privacy import Guarantee, compose_releases
-from synthq.result_tables import privacy_utility_plot, results_markdown, results_table
+from synthq.result_tables import (
+    PER_QUERY_FILE,
+    RESULTS_FILE,
+    SELECTION_FILE,
+    attach_per_query,
+    privacy_utility_plot,
+    results_markdown,
+    results_table,
+)
 from synthq.retrieval.bm25 import bm25_search
 from synthq.retrieval.cache import corpus_embeddings, encode_texts, weights_key
 from synthq.retrieval.metrics import judged_queries, mean_metrics, per_query, query_means
 from synthq.retrieval.search import exact_search
 from synthq.retrieval.selection import select_best, selection_guarantee, selection_markdown
+from synthq.retrieval.trec import RUN_SUFFIX, run_tag, write_run
 from synthq.units import registered_private_data, sharing_groups
 
 STAGE = "eval"
+RUNS_DIR = "runs"  # the ranked lists, one TREC run file per retriever per (sub-)dataset
 
 
 @dataclass
@@ -107,21 +119,34 @@ class DenseModel:
     variant: str | None = None  # training config without seed and output: one system over seeds
 
 
-def _generator_name(synthetic_path: str) -> str | None:
-    """The model name of the generator behind a synthetic-data artifact (for table labels)."""
+def _synthetic_origin(synthetic_path: str) -> tuple[str | None, int, list[str]]:
+    """For table labels: the generator's model name behind a synthetic set (``, per user`` for a
+    user-level generator), its queries per document, and the filters applied on the way
+    (``filter`` artifacts over a ``generate`` one)."""
+    filters: list[str] = []
+    kept_per_document = math.inf  # a likelihood filter keeps at most --keep per document
     try:
         synthetic = open_artifact(synthetic_path, verify=False)
-        generator = open_artifact(synthetic.config["generator"], verify=False)
-        return Path(str(generator.config["model"])).name
-    except (ArtifactError, KeyError, OSError, TypeError):
-        return None
-
-
-def _queries_per_document(synthetic_path: str) -> int:
+        while synthetic.stage == "filter":
+            method = synthetic.config.get("method")
+            if method and method != "none":
+                filters.insert(0, f"{method}-filtered")
+            if method == "likelihood":
+                kept_per_document = min(kept_per_document, int(synthetic.config.get("keep") or 1))
+            synthetic = open_artifact(synthetic.config["synthetic"], verify=False)
+        per_document = int(min(int(synthetic.config.get("num_queries") or 1), kept_per_document))
+    except (ArtifactError, KeyError, OSError, TypeError, ValueError):
+        return None, 1, filters
     try:
-        return int(open_artifact(synthetic_path, verify=False).config.get("num_queries") or 1)
-    except (ArtifactError, OSError, TypeError, ValueError):
-        return 1
+        generator = open_artifact(synthetic.config["generator"], verify=False)
+        name = Path(str(generator.config["model"])).name
+    except (ArtifactError, KeyError, OSError, TypeError):
+        return None, per_document, filters
+    return (
+        name + (", per user" if generator.config.get("privacy_unit") == "user" else ""),
+        per_document,
+        filters,
+    )
 
 
 def describe_method(artifact: Artifact) -> str:
@@ -131,13 +156,14 @@ def describe_method(artifact: Artifact) -> str:
     config = artifact.config
     encoder = Path(str(config.get("encoder", "?"))).name
     if config.get("dp"):
-        return f"direct DP ({config['dp']}), {encoder}"
+        per_user = ", per user" if config.get("privacy_unit") == "user" else ""
+        return f"direct DP ({config['dp']}{per_user}), {encoder}"
     data = str(config.get("data", ""))
     if (Path(data) / "manifest.json").is_file():
-        generator = _generator_name(data)
-        per_document = min(_queries_per_document(data), config.get("queries_per_document") or math.inf)
+        generator, generated, filters = _synthetic_origin(data)
+        per_document = min(generated, config.get("queries_per_document") or math.inf)
         detail = ", ".join(
-            x for x in (generator, f"{per_document} queries/doc" if per_document > 1 else None) if x
+            x for x in (generator, f"{per_document} queries/doc" if per_document > 1 else None, *filters) if x
         )
         return f"synthetic ({detail}), {encoder}" if detail else f"synthetic, {encoder}"
     return f"original (non-private), {encoder}"
@@ -153,37 +179,6 @@ def training_settings(artifact: Artifact) -> tuple[dict, str | None]:
         return settings, None
     variant = json.dumps({k: v for k, v in settings.items() if k != "seed"}, sort_keys=True, default=str)
     return settings, hashlib.sha256(variant.encode()).hexdigest()[:16]
-
-
-def _subsets(root: Path) -> list[Path]:
-    """Sub-dataset directories (each with a corpus) of a directory that has no corpus itself."""
-    if not root.is_dir() or (root / "corpus.jsonl").is_file():
-        return []
-    return sorted(p for p in root.iterdir() if (p / "corpus.jsonl").is_file())
-
-
-def resolve_dataset(spec: str) -> Path:
-    """The directory ``spec`` names. CQADupStack by name is the directory of its sub-forums
-    (downloaded into the BEIR cache on first use), which :func:`dataset_parts` splits."""
-    if source_name(spec) == "cqadupstack" and not Path(spec).expanduser().is_dir():
-        cached = cache_dir("beir") / "cqadupstack"
-        if not _subsets(cached):
-            try:
-                resolve_source(spec)
-            except DataError:  # the download lands sub-forums, which resolve_source refuses
-                if not _subsets(cached):
-                    raise
-        return cached
-    return resolve_source(spec)
-
-
-def dataset_parts(root: Path) -> list[tuple[str, Path]]:
-    """``[("", root)]`` for a BEIR directory, ``[(name, dir), ...]`` for a set of sub-datasets."""
-    if (root / "corpus.jsonl").is_file():
-        return [("", root)]
-    if subsets := _subsets(root):
-        return [(p.name, p) for p in subsets]
-    raise DataError("not a BEIR directory: no corpus.jsonl here nor in any sub-directory", root)
 
 
 def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dict, device: str):
@@ -253,8 +248,8 @@ def _score_dense(
     config: EvalConfig,
     device: str,
     ignore_identical: bool,
-) -> tuple[dict[str, dict[str, float]], dict]:
-    """Per-query metrics and throughput of one dense model on one (sub-)dataset."""
+) -> tuple[dict[str, dict[str, float]], dict, dict[str, dict[str, float]]]:
+    """Per-query metrics, throughput and the ranked lists of one dense model on one (sub-)dataset."""
     # One model in memory at a time (the paper's tables hold many T5-Base retrievers);
     # reloading per dataset costs seconds, encoding a corpus costs far more.
     model = model_spec.load()
@@ -289,7 +284,7 @@ def _score_dense(
         "encode_queries_per_second": round(len(query_ids) / max(encoded - started, 1e-9), 2),
         "search_queries_per_second": round(len(query_ids) / max(searched - encoded, 1e-9), 2),
     }
-    return per_query(qrels, results), timing
+    return per_query(qrels, results), timing, results
 
 
 def _by_metric(parts: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -301,27 +296,6 @@ def _by_metric(parts: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[
             for metric, value in metrics.items():
                 table.setdefault(metric, {})[f"{part}/{query_id}" if part else query_id] = value
     return table
-
-
-def read_per_query(directory: Path) -> dict:
-    """An evaluation's ``per_query.json`` (``{dataset: {retriever: {metric: {query: v}}}}``);
-    empty for evaluations written before per-query scores were kept."""
-    path = Path(directory) / "per_query.json"
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise ArtifactError(f"{path}: unreadable per-query scores ({error})") from error
-
-
-def attach_per_query(rows: list[dict], scores: dict) -> list[dict]:
-    """Copies of ``rows`` with ``per_query`` (metric -> {query: value}) where ``scores`` has it."""
-    out = []
-    for row in rows:
-        mine = scores.get(row["dataset"], {}).get(row["retriever"])
-        out.append({**row, "per_query": mine} if mine else dict(row))
-    return out
 
 
 @dataclass
@@ -376,7 +350,7 @@ def _select(retrievers: list[Artifact], dev: Artifact, select_epsilon: float | N
     each method's best configuration); retrievers the dev evaluation did not score are kept.
     On a dev evaluation that read private queries, ``select_epsilon`` makes the choice
     report-noisy-max; without it the choice is an unaccounted release (ε = ∞)."""
-    rows = json.loads((dev.path / "results.json").read_text(encoding="utf-8"))
+    rows = json.loads((dev.path / RESULTS_FILE).read_text(encoding="utf-8"))
     private = dev.manifest.get("own_release") is not None
     noisy = select_epsilon is not None and private
     choices = select_best(rows, total_epsilon=select_epsilon if noisy else None)
@@ -474,13 +448,17 @@ def run(config: EvalConfig) -> Artifact:
                 evaluated_queries += [f"{part}/{q}" if part else q for q in queries]
                 counts["documents"] += len(dataset.corpus)
                 counts["queries"] += len(queries)
+                runs = writer.dir / RUNS_DIR / name / part
                 if config.bm25:
                     run_bm25 = bm25_search(dataset.corpus, queries, config.top_k, ignore_identical)
                     part_metrics.setdefault("BM25", {})[part] = per_query(qrels, run_bm25)
+                    write_run(runs / f"{run_tag('BM25')}{RUN_SUFFIX}", run_bm25, run_tag("BM25"))
                 for model_spec in models:
-                    metrics, timing = _score_dense(
+                    metrics, timing, ranked = _score_dense(
                         model_spec, dataset.corpus, queries, qrels, config, device, ignore_identical
                     )
+                    tag = run_tag(model_spec.label)
+                    write_run(runs / f"{tag}{RUN_SUFFIX}", ranked, tag)
                     part_metrics.setdefault(model_spec.label, {})[part] = metrics
                     timings["per_run"][f"{name}{'/' + part if part else ''}/{model_spec.label}"] = timing
                     cache["hits" if timing["cache_hit"] else "misses"] += 1
@@ -518,7 +496,12 @@ def run(config: EvalConfig) -> Artifact:
                 row = _row(name, split, label, method, kind, privacy, identity)
                 row["model_epsilon"] = model_privacy.epsilon
                 if own and selection is not None:
-                    row["selection"] = _selection_label(selection)
+                    before = _row_privacy([*model_releases, *data_releases], [a for a in assumptions if a])
+                    row["selection"] = {
+                        **_selection_label(selection),
+                        "row_epsilon_without": json_safe(before.epsilon),
+                        "row_unit_without": before.unit,
+                    }
                 if model_spec is not None and model_spec.settings is not None:
                     row.update(seed=model_spec.seed, settings=model_spec.settings, variant=model_spec.variant)
                 parts = part_metrics[label]
@@ -528,15 +511,15 @@ def run(config: EvalConfig) -> Artifact:
                     row["parts"] = means
                 rows.append({**row, **counts})
                 per_query_out.setdefault(name, {})[label] = _by_metric(parts)
-        (writer.dir / "results.json").write_text(json.dumps(json_safe(rows), indent=2), encoding="utf-8")
-        (writer.dir / "per_query.json").write_text(json.dumps(per_query_out), encoding="utf-8")
+        (writer.dir / RESULTS_FILE).write_text(json.dumps(json_safe(rows), indent=2), encoding="utf-8")
+        (writer.dir / PER_QUERY_FILE).write_text(json.dumps(per_query_out), encoding="utf-8")
         with_scores = attach_per_query(rows, per_query_out)
         text = results_markdown(with_scores)
         if selection is not None:
             text += "\n## Hyper-parameters chosen on dev\n\n" + selection.markdown
-            (writer.dir / "selection.md").write_text(selection.markdown, encoding="utf-8")
+            (writer.dir / SELECTION_FILE).write_text(selection.markdown, encoding="utf-8")
             if selection.private_markdown:
-                (writer.diagnostics_dir / "selection.md").write_text(
+                (writer.diagnostics_dir / SELECTION_FILE).write_text(
                     selection.private_markdown, encoding="utf-8"
                 )
         (writer.dir / "results.md").write_text(text, encoding="utf-8")
@@ -559,7 +542,7 @@ def run(config: EvalConfig) -> Artifact:
         )
         writer.timings.update(timings)
     if verbosity() >= 1:  # rank 0 only under torchrun
-        console.print(results_table(rows))
+        result(results_table(rows))
     return distributed.on_main(open_artifact, config.out, STAGE)
 
 
@@ -569,4 +552,4 @@ def _selection_label(selection: Selection) -> dict:
         return {"how": "report-noisy-max on private dev", "epsilon": selection.guarantee.epsilon}
     if selection.private:
         return {"how": "on private dev, unaccounted", "epsilon": "inf"}
-    return {"how": "on public dev", "epsilon": 0.0}
+    return {"how": "on dev data that is public or synthetic (no ε)", "epsilon": 0.0}

@@ -191,8 +191,7 @@ def run(config: FinetuneConfig) -> Artifact:
 
     training = GeneratorTraining(
         generator, make_optimizer(config.optimizer, trainable, config.lr, config.weight_decay), make_batch,
-        units, config.batch_size, plan, randomness, config.clip_norm,
-        config.physical_batch_size, config.grad_sample_mode,
+        units, config.batch_size, plan, randomness, config.physical_batch_size, config.grad_sample_mode,
     )  # fmt: skip
     info(
         f"fine-tuning {config.model} ({generator.kind}, {sum(p.numel() for p in trainable):,} trainable) "

@@ -26,19 +26,26 @@ from pathlib import Path
 
 from synthq.artifacts import Artifact, create_artifact, existing_result, json_safe, open_artifact
 from synthq.config import ReportConfig
-from synthq.console import console
+from synthq.console import result
 from synthq.errors import ArtifactError
 from synthq.ledger import ledger_lines
 from synthq.privacy import Guarantee, format_epsilon
-from synthq.result_tables import paper_comparison, privacy_utility_plot, results_markdown
-from synthq.stages.evaluate import attach_per_query, read_per_query
+from synthq.result_tables import (
+    RESULTS_FILE,
+    SELECTION_FILE,
+    attach_per_query,
+    paper_comparison,
+    privacy_utility_plot,
+    read_per_query,
+    results_markdown,
+)
 
 STAGE = "report"
 
 
 def _rows(artifact: Artifact) -> list[dict]:
     """The evaluation's rows, each with its per-query scores when the evaluation kept them."""
-    path = artifact.path / "results.json"
+    path = artifact.path / RESULTS_FILE
     try:
         rows = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
@@ -97,10 +104,10 @@ def run(config: ReportConfig) -> Artifact:
     with create_artifact(config.out, STAGE, config, inputs) as writer:
         sections = [results_markdown(rows, title=config.title), "![privacy-utility](privacy_utility.png)\n"]
         for artifact in evals:
-            if (artifact.path / "selection.md").is_file():
+            if (artifact.path / SELECTION_FILE).is_file():
                 sections += [
                     f"## Hyper-parameters chosen on dev ({artifact.path.name})\n",
-                    (artifact.path / "selection.md").read_text(encoding="utf-8"),
+                    (artifact.path / SELECTION_FILE).read_text(encoding="utf-8"),
                 ]
         if similarities:
             sections += ["## Synthetic vs original queries\n", _similarity_table(similarities)]
@@ -111,10 +118,10 @@ def run(config: ReportConfig) -> Artifact:
         text = "\n".join(sections)
         (writer.dir / "README.md").write_text(text, encoding="utf-8")
         published = [{k: v for k, v in r.items() if k != "per_query"} for r in rows]
-        (writer.dir / "results.json").write_text(json.dumps(json_safe(published), indent=2), encoding="utf-8")
+        (writer.dir / RESULTS_FILE).write_text(json.dumps(json_safe(published), indent=2), encoding="utf-8")
         privacy_utility_plot(rows, writer.dir / "privacy_utility.png")
         for artifact in [*evals, *similarities]:  # the report publishes them: their releases
             writer.inherit(artifact)
         writer.metrics["rows"] = len(rows)
-    console.print(text)
+    result(text, markup=False)
     return open_artifact(config.out, STAGE)

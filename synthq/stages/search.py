@@ -50,7 +50,7 @@ def search(
     Returns:
         per query, a list of ``{"doc_id", "score", "title", "text"}``.
     """
-    from synthq.stages.evaluate import dataset_parts, resolve_dataset
+    from synthq.data.sources import dataset_parts, resolve_dataset
 
     if not queries or not all(q.strip() for q in queries):
         raise DataError("give a non-empty query")

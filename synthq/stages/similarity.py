@@ -21,12 +21,13 @@ import time
 
 from synthq.artifacts import Artifact, create_artifact, data_input_record, existing_result, open_artifact
 from synthq.config import SimilarityConfig
-from synthq.console import console
+from synthq.console import result
 from synthq.data.beir_io import read_qrels, read_queries
 from synthq.data.sources import load_source, resolve_source
 from synthq.errors import DataError
 from synthq.models.resolve import resolve_device
 from synthq.privacy import Guarantee, format_epsilon
+from synthq.registry import SYNTHETIC_STAGES
 
 STAGE = "similarity"
 
@@ -104,7 +105,7 @@ def mauve_scores(
 
 
 def run(config: SimilarityConfig) -> Artifact:
-    synthetic = open_artifact(config.synthetic, stage="generate")
+    synthetic = open_artifact(config.synthetic, stage=SYNTHETIC_STAGES)
     root = resolve_source(config.original)
     inputs = [synthetic.input_record(), data_input_record(root, name=config.original, private=True)]
     if (done := existing_result(STAGE, config, inputs)) is not None:
@@ -170,5 +171,5 @@ def run(config: SimilarityConfig) -> Artifact:
         reason = "similarity scores are computed from the original private queries without noise (ε = ∞)"
         writer.release(Guarantee.non_private(reason, unit="query"), inputs[1], list(qrels))
         writer.timings["wall_seconds"] = round(time.perf_counter() - started, 3)
-    console.print((config.out / "similarity.md").read_text(encoding="utf-8"))
+    result((config.out / "similarity.md").read_text(encoding="utf-8"), markup=False)
     return open_artifact(config.out, STAGE)

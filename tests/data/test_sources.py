@@ -150,3 +150,61 @@ def test_hub_keeps_string_ids(monkeypatch, tmp_path):
     converted = load_beir_dir(resolve_source("beir:scifact"))
     assert dict(converted.qrels["test"]) == {"0001": {"007": 1, "7": 2}}
     assert sorted(converted.corpus) == ["007", "7"]
+
+
+def _fake_ir_datasets(beir_root):
+    """An ``ir_datasets`` module serving a local BEIR directory under one id, with the record
+    types ir_datasets uses (GenericDoc / GenericQuery / TrecQrel namedtuples)."""
+    import types
+    from collections import namedtuple
+
+    from synthq.data import load_beir_dir
+
+    data = load_beir_dir(beir_root)
+    doc, query, qrel = (
+        namedtuple("BeirTitleDoc", "doc_id text title"),
+        namedtuple("GenericQuery", "query_id text"),
+        namedtuple("TrecQrel", "query_id doc_id relevance iteration"),
+    )
+
+    class Dataset:
+        def has_docs(self):
+            return True
+
+        has_queries = has_qrels = has_docs
+
+        def docs_iter(self):
+            return (doc(d, data.corpus[d]["text"], data.corpus[d]["title"]) for d in data.corpus)
+
+        def queries_iter(self):
+            return (query(q, data.queries[q]) for q in data.qrels["test"])
+
+        def qrels_iter(self):
+            return (qrel(q, d, r, "0") for q, docs in data.qrels["test"].items() for d, r in docs.items())
+
+    def load(dataset_id):
+        if dataset_id != "beir/tiny/test":
+            raise KeyError(dataset_id)
+        return Dataset()
+
+    return types.SimpleNamespace(load=load)
+
+
+def test_ir_datasets_names_are_sources(monkeypatch, tiny_beir):
+    import sys
+
+    from synthq.data import load_beir_dir
+
+    monkeypatch.setitem(sys.modules, "ir_datasets", _fake_ir_datasets(tiny_beir))
+    spec = "irds:beir/tiny/test"
+    assert source_name(spec) == "beir-tiny-test" and default_eval_split(spec) == "test"
+    assert default_eval_split("irds:msmarco-passage/dev/small") == "dev"
+    converted, original = load_beir_dir(resolve_source(spec)), load_beir_dir(tiny_beir)
+    assert dict(converted.corpus) == dict(original.corpus)
+    assert converted.qrels == {"test": original.qrels["test"]}
+    assert {q: converted.queries[q] for q in converted.queries} == {
+        q: original.queries[q] for q in original.qrels["test"]
+    }
+    assert resolve_source(spec) == resolve_source(spec)  # converted once, then the cache
+    with pytest.raises(DataError, match="not an ir_datasets id"):
+        resolve_source("irds:nope/x")

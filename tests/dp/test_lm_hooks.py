@@ -197,7 +197,7 @@ def test_every_mode_gives_the_same_dp_update(kind, request):
         generator = load(path)
         optimizer = torch.optim.SGD(generator.model.parameters(), lr=1.0)
         plan = PrivacyPlan.with_noise(0.3, 0.05, expected_batch_size=3)
-        step = DPStep(generator, optimizer, plan, 0.05, physical_batch_size=2, grad_sample_mode=mode)
+        step = DPStep(generator, optimizer, plan, physical_batch_size=2, grad_sample_mode=mode)
         assert step.mode == mode
 
         def make_batch(indices, generator=generator):

@@ -114,7 +114,7 @@ def test_lm_encoder_loads_encodes_trains_and_saves(tmp_path, tiny_causal_dir):
     saves, and that ``SentenceTransformer(path)`` reloads with the trained weights."""
     from sentence_transformers import SentenceTransformer
 
-    from synthq.models.encoder import build_lm_encoder
+    from synthq.models.lm_encoder import build_lm_encoder
 
     path = build_lm_encoder(tiny_causal_dir, tmp_path / "enc", layers=1)
     model = load_encoder(path)

@@ -12,6 +12,7 @@ import pytest
 
 from synthq.audit.canaries import SHAPES, make_canaries, make_one_run_canaries
 from synthq.audit.retriever import retriever_scores
+from synthq.audit.scoring import secret_scores
 from synthq.config import CanaryAuditConfig
 from synthq.data import load_beir_dir
 from synthq.data.beir_io import write_beir_dir
@@ -77,8 +78,8 @@ def test_one_run_score_takes_out_what_every_secret_gains(tiny_beir):
             own = [-23.0 + (5.0 if c in self.memorised else 0.0) + int(c[0]) / 10 for c in candidates]
             return torch.tensor(own) + self.format_gain
 
-    plain = canary_audit._secret_log_likelihoods(Generator(0.0, set()), canaries, 7, 4, "base")
-    tuned = canary_audit._secret_log_likelihoods(Generator(12.0, {canaries[2].secret}), canaries, 7, 4, "ft")
+    plain = secret_scores(Generator(0.0, set()), canaries, 7, 4, "base")
+    tuned = secret_scores(Generator(12.0, {canaries[2].secret}), canaries, 7, 4, "ft")
     difference = tuned - plain
     assert difference[2] == pytest.approx(5.0, abs=1e-4)
     assert np.delete(difference, 2) == pytest.approx(0.0, abs=1e-4)
@@ -128,7 +129,7 @@ def test_batch_size_is_an_alias_of_scoring_batch_size(tmp_path):
 
 def test_retriever_ranks_a_memorised_canary_above_controls(tmp_path, tiny_encoder_dir):
     from synthq.models.encoder import load_encoder
-    from synthq.stages.registry import stage_entry
+    from synthq.registry import stage_entry
 
     dataset = load_beir_dir(helpers.write_tiny_beir(tmp_path / "beir"))
     canaries = make_one_run_canaries(dataset, 12, seed=0)

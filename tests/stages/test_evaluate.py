@@ -204,6 +204,10 @@ def test_sub_datasets_are_averaged_like_cqadupstack(tmp_path, retriever, tiny_be
         }  # fmt: skip
         for name in ("android", "gaming")
     }
+    assert {p.parent.name for p in (whole.path / "runs" / "cqadupstack").glob("*/*.trec")} == {
+        "android",
+        "gaming",
+    }
     for row in _rows(whole):
         assert row["dataset"] == "cqadupstack" and set(row["parts"]) == {"android", "gaming"}
         assert row["queries"] == 6
@@ -309,3 +313,51 @@ def test_cli_prints_metrics_with_epsilon(tmp_path, retriever, tiny_beir):
         app, ["eval", "--datasets", str(tiny_beir), "--top-k", "5", "--out", str(tmp_path / "x")]
     )
     assert bad.exit_code != 0 and "--top-k" in str(bad.exception)
+
+
+def test_trec_run_files_give_ir_measures_the_same_numbers(tmp_path, retriever, tiny_beir, tiny_encoder_dir):
+    """Every row's ranked list is written as a TREC run file that an IR tool reads back with the
+    numbers synthq printed."""
+    import ir_measures
+    from ir_measures import R, nDCG
+
+    from synthq.retrieval.trec import run_tag
+
+    artifact = evaluate.run(
+        EvalConfig(
+            retrievers=[str(retriever.path)],
+            untrained=[str(tiny_encoder_dir)],
+            datasets=[str(tiny_beir)],
+            out=tmp_path / "e",
+        )
+    )
+    qrels = {q: dict(docs) for q, docs in load_beir_dir(tiny_beir).qrels["test"].items()}
+    rows = _rows(artifact)
+    assert {r["retriever"] for r in rows} >= {"BM25", "ret-dp"} and len(rows) == 3
+    for row in rows:
+        path = artifact.path / "runs" / row["dataset"] / f"{run_tag(row['retriever'])}.trec"
+        lines = path.read_text().splitlines()
+        first = lines[0].split()
+        assert len(first) == 6 and first[1] == "Q0" and first[3] == "1"
+        assert {line.split()[5] for line in lines} == {run_tag(row["retriever"])}
+        scores = ir_measures.calc_aggregate(
+            [nDCG @ 10, R @ 10], qrels, list(ir_measures.read_trec_run(str(path)))
+        )
+        assert scores[nDCG @ 10] == pytest.approx(row["metrics"]["ndcg@10"], abs=1e-6)
+        assert scores[R @ 10] == pytest.approx(row["metrics"]["recall@10"], abs=1e-6)
+    # The run files are payload: listed (and verified) like every other file.
+    assert any(name.startswith("runs/") for name in artifact.manifest["files"])
+
+
+def test_run_lines_rank_from_one_and_break_ties_by_document():
+    from synthq.retrieval.trec import run_lines, run_tag
+
+    lines = run_lines({"q2": {"b": 0.5, "a": 0.5, "c": 0.9}, "q1": {"x": 1.0}}, run_tag("untrained minilm"))
+    assert lines == [
+        "q1 Q0 x 1 1.000000 untrained_minilm",
+        "q2 Q0 c 1 0.900000 untrained_minilm",
+        "q2 Q0 a 2 0.500000 untrained_minilm",
+        "q2 Q0 b 3 0.500000 untrained_minilm",
+    ]
+    with pytest.raises(DataError, match="spaces"):
+        run_lines({"q 1": {"a": 1.0}}, "t")

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from synthq import registry
 from synthq.artifacts import create_artifact, existing_result, open_artifact
 from synthq.config import StageConfig
 from synthq.errors import SynthqError
 from synthq.privacy import Guarantee
-from synthq.stages import registry
 from synthq.stages.pipeline import describe_plan, plan_pipeline, run_plan
 
 CALLS: list[str] = []
@@ -203,3 +203,37 @@ def test_run_check_passes_and_fails_loudly_on_a_regression(tmp_path):
     result = CliRunner().invoke(app, ["run", str(path), "--check", "expected.1.metric=[scores, '*']"])
     assert result.exit_code == 1 and "FAILED first-3: scores / *: no such metric" in result.output
     assert "matches 2" in result.output
+
+
+def test_the_pipeline_schema_accepts_the_shipped_pipelines_and_names_mistakes(monkeypatch):
+    """``synthq run --schema``: every shipped pipeline validates; an unknown key, a misspelled
+    stage option and a wrong type are errors an editor shows."""
+    import json
+
+    import jsonschema
+    from typer.testing import CliRunner
+
+    from synthq.cli import app
+    from synthq.config import load_yaml
+    from synthq.stages.pipeline import EXPECTED_KEYS, PIPELINE_KEYS, STAGE_KEYS
+
+    monkeypatch.setitem(registry.STAGES, "generate", REAL_GENERATE)
+    printed = CliRunner().invoke(app, ["run", "--schema"])
+    assert printed.exit_code == 0, printed.output
+    schema = json.loads(printed.stdout)
+    assert set(schema["properties"]) == PIPELINE_KEYS
+    assert set(schema["properties"]["expected"]["items"]["properties"]) == EXPECTED_KEYS
+    assert all(
+        set(item["properties"]) == STAGE_KEYS for item in schema["properties"]["stages"]["items"]["oneOf"]
+    )
+    validator = jsonschema.Draft202012Validator(schema)
+    for path in PIPELINE_FILES:
+        errors = list(validator.iter_errors(load_yaml(path)))
+        assert not errors, (path, errors[0].message)
+    base = {"stages": [{"name": "g", "stage": "generate", "config": {"generator": "@x", "top_p": 0.9}}]}
+    assert validator.is_valid(base)
+    assert not validator.is_valid({**base, "stagez": []})
+    typo = {"stages": [{"name": "g", "stage": "generate", "config": {"top-p": 0.9}}]}
+    assert not validator.is_valid(typo)
+    wrong_type = {"stages": [{"name": "g", "stage": "generate", "config": {"top_p": [0.9]}}]}
+    assert not validator.is_valid(wrong_type)

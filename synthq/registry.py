@@ -30,12 +30,17 @@ class StageEntry:
 STAGES: dict[str, StageEntry] = {
     "finetune-lm": StageEntry("synthq.stages.finetune_lm", "FinetuneConfig"),
     "generate": StageEntry("synthq.stages.generate", "GenerateConfig"),
+    "filter": StageEntry("synthq.stages.filter", "FilterConfig"),
     "similarity": StageEntry("synthq.stages.similarity", "SimilarityConfig"),
     "train-retriever": StageEntry("synthq.stages.train_retriever", "TrainRetrieverConfig"),
     "eval": StageEntry("synthq.stages.evaluate", "EvalConfig"),
     "report": StageEntry("synthq.stages.report", "ReportConfig"),
     "canary-audit": StageEntry("synthq.stages.canary_audit", "CanaryAuditConfig"),
 }
+
+
+# Stages whose artifact is a synthetic set (BEIR layout), which every reader of synthetic data takes.
+SYNTHETIC_STAGES = ("generate", "filter")
 
 
 def stage_entry(name: str) -> StageEntry:

@@ -1,0 +1,213 @@
+"""``synthq filter``: keep the better synthetic queries, and hold out documents for tuning — at no ε.
+
+Everything here reads a released synthetic set and public things (the public corpus, a public or
+already-released model), so the output is post-processing of the DP generator: it inherits the
+set's guarantee and spends nothing (a filter model that is itself a private artifact brings its
+own releases, which compose). Methods:
+
+* ``consistency`` (round-trip filtering, Promptagator, Dai et al. 2023): a retriever searches the
+  set's public corpus with each synthetic query; the query is kept when its own document ranks in
+  the top ``--top-k``. The retriever is an encoder (alias, directory, hub id), a
+  ``train-retriever`` artifact, or ``bm25``.
+* ``likelihood`` (InPars, Bonifacio et al. 2022): every query is scored by the set's own
+  generator — its mean log-likelihood per target token given the document — and each document
+  keeps its ``--keep`` most likely queries (generate several with ``generate --num-queries N``).
+* ``none``: keep every query (to only hold documents out).
+
+``--holdout-documents N`` moves the queries of N documents, chosen by a public hash of their ids
+(never by their queries), to a ``dev`` split: a synthetic dev set for ``eval --select-on`` that
+costs no private query and no ε. Training reads the ``train`` split, so the held-out documents'
+queries are never trained on. Without it, each query keeps the split it had.
+
+Outputs: a synthetic set in the same BEIR layout as ``generate`` (the whole public corpus of the
+input, so held-out documents keep their distractors), and in the manifest's metrics the method,
+queries before and after, the kept fraction and the held-out counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from synthq.artifacts import Artifact, create_artifact, current_input_hash, existing_result, open_artifact
+from synthq.config import FilterConfig
+from synthq.data.beir_io import load_beir_dir
+from synthq.data.pairs import document_text
+from synthq.errors import ArtifactError, DataError
+from synthq.ledger import model_input
+from synthq.models.resolve import resolve_device
+from synthq.registry import SYNTHETIC_STAGES
+
+STAGE = "filter"
+HOLDOUT_SPLIT = "dev"
+
+
+def holdout_documents(doc_ids: list[str], count: int) -> set[str]:
+    """The ``count`` documents with the smallest SHA-256 of their id: public, fixed, and
+    independent of every query."""
+    ordered = sorted(doc_ids, key=lambda d: hashlib.sha256(d.encode()).hexdigest())
+    return set(ordered[:count])
+
+
+def round_trip_kept(
+    ranked: dict[str, dict[str, float]], own_document: dict[str, str], top_k: int
+) -> set[str]:
+    """Queries whose own document is among the ``top_k`` best of ``ranked`` (ties by id)."""
+    kept = set()
+    for query_id, scores in ranked.items():
+        best = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:top_k]
+        if own_document[query_id] in {doc_id for doc_id, _ in best}:
+            kept.add(query_id)
+    return kept
+
+
+def most_likely_kept(scores: dict[str, float], own_document: dict[str, str], keep: int) -> set[str]:
+    """Per document, the ``keep`` queries with the highest score (ties by query id)."""
+    by_document: dict[str, list[str]] = {}
+    for query_id, doc_id in own_document.items():
+        by_document.setdefault(doc_id, []).append(query_id)
+    kept = set()
+    for queries in by_document.values():
+        kept.update(sorted(queries, key=lambda q: (-scores[q], q))[:keep])
+    return kept
+
+
+def _dense_ranking(retriever, corpus, queries: dict[str, str], config: FilterConfig, device: str) -> dict:
+    from sentence_transformers import SentenceTransformer
+
+    from synthq.models.encoder import load_encoder
+    from synthq.retrieval.cache import corpus_embeddings, encode_texts, weights_key
+    from synthq.retrieval.search import exact_search
+
+    if retriever.artifact is not None:
+        model = SentenceTransformer(str(retriever.path), device=device)
+        key = weights_key(retriever.artifact.manifest)
+    else:
+        model = load_encoder(retriever.path, device=device)
+        key = f"encoder:{retriever.record['sha256']}"
+    embedded = corpus_embeddings(model, key, corpus, config.encode_batch_size)
+    query_ids = sorted(queries)
+    vectors = encode_texts(
+        model, [queries[q] for q in query_ids], config.encode_batch_size, "encoding queries"
+    )
+    return exact_search(
+        vectors, embedded.embeddings, query_ids, embedded.doc_ids, config.top_k, device=device
+    )
+
+
+def _mean_log_likelihoods(generator_path: Path, corpus, queries, own_document, config, device) -> dict:
+    """Each query's log p(query | document) under the generator, per target token (EOS included).
+    A document's queries are scored together, its prompt computed once
+    (:meth:`QueryGenerator.candidate_log_likelihoods`)."""
+    from synthq.console import progress
+    from synthq.models.generator import QueryGenerator
+
+    generator = QueryGenerator.load(generator_path, device=device)
+    generator.model.eval()
+    by_document: dict[str, list[str]] = {}
+    for query_id in sorted(queries):
+        by_document.setdefault(own_document[query_id], []).append(query_id)
+    scores = {}
+    with progress() as bar:
+        task = bar.add_task("scoring queries under the generator", total=len(queries))
+        for doc_id, query_ids in by_document.items():
+            texts = [queries[q] for q in query_ids]
+            totals = generator.candidate_log_likelihoods(
+                document_text(corpus[doc_id]), texts, batch_size=config.scoring_batch_size
+            )
+            lengths = [
+                len(ids) + 1 for ids in generator.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            ]
+            scores.update(
+                {q: float(t) / n for q, t, n in zip(query_ids, totals.tolist(), lengths, strict=True)}
+            )
+            bar.advance(task, len(query_ids))
+    return scores
+
+
+def _generator_record(synthetic: Artifact) -> dict:
+    """The generator the set was sampled from, as the set recorded it; refused when the directory
+    there no longer holds that generator (the lineage is the record, not the path)."""
+    records = [r for r in synthetic.inputs if r.get("stage") == "finetune-lm"]
+    if not records:
+        raise ArtifactError(f"{synthetic.path}: records no generator; likelihood filtering needs one")
+    record = records[0]
+    if current_input_hash(record) != record["sha256"]:
+        raise ArtifactError(
+            f"{record['path']}: is not the generator {synthetic.path} was sampled from any more "
+            "(rewritten since); likelihood filtering needs that generator"
+        )
+    return record
+
+
+def run(config: FilterConfig) -> Artifact:
+    synthetic = open_artifact(config.synthetic, stage=SYNTHETIC_STAGES)
+    inputs = [synthetic.input_record()]
+    retriever = generator_record = None
+    if config.method == "consistency" and config.retriever != "bm25":
+        retriever = model_input(config.retriever, stage="train-retriever")
+        inputs.append(retriever.record)
+    if config.method == "likelihood":
+        generator_record = _generator_record(synthetic)
+        inputs.append({**generator_record, "role": "model"})
+    if (done := existing_result(STAGE, config, inputs)) is not None:
+        return done
+    data = load_beir_dir(synthetic.path)
+    splits = {q: split for split, qrels in data.qrels.items() for q in qrels}
+    own_document = {q: next(iter(data.qrels[split][q])) for q, split in splits.items()}
+    queries = {q: data.queries[q] for q in splits}
+    corpus = data.corpus
+    if not queries:
+        raise DataError("the synthetic set holds no queries", synthetic.path)
+    device = resolve_device(config.device)
+    if config.method == "consistency":
+        if retriever is None:
+            from synthq.retrieval.bm25 import bm25_search
+
+            ranked = bm25_search(corpus, queries, config.top_k)
+        else:
+            ranked = _dense_ranking(retriever, corpus, queries, config, device)
+        kept = round_trip_kept(ranked, own_document, config.top_k)
+    elif config.method == "likelihood":
+        scores = _mean_log_likelihoods(
+            Path(generator_record["path"]), corpus, queries, own_document, config, device
+        )
+        kept = most_likely_kept(scores, own_document, config.keep)
+    else:
+        kept = set(queries)
+    if not kept:
+        raise DataError(
+            f"{config.method} filtering kept no query; loosen it (--top-k, --keep)", synthetic.path
+        )
+    held_out = (
+        holdout_documents(sorted(corpus), config.holdout_documents) if config.holdout_documents else set()
+    )
+    qrels: dict[str, dict[str, dict[str, int]]] = {}
+    for query_id in sorted(kept):
+        doc_id = own_document[query_id]
+        split = HOLDOUT_SPLIT if doc_id in held_out else (splits[query_id] if not held_out else "train")
+        qrels.setdefault(split, {})[query_id] = {doc_id: 1}
+    if "train" not in qrels:
+        raise DataError("no training query left outside the held-out documents", synthetic.path)
+    with create_artifact(config.out, STAGE, config, inputs) as writer:
+        from synthq.data.beir_io import write_beir_dir
+
+        write_beir_dir(writer.dir, corpus, {q: queries[q] for q in kept}, qrels)
+        writer.metrics.update(
+            {
+                "method": config.method,
+                "queries_before": len(queries),
+                "queries_kept": len(kept),
+                "kept_fraction": len(kept) / len(queries),
+                "documents_with_a_query": len({own_document[q] for q in kept}),
+                "train_queries": len(qrels.get("train", {})),
+                "dev_queries": len(qrels.get(HOLDOUT_SPLIT, {})),
+                "dev_documents": len(held_out),
+            }
+        )
+        writer.inherit(synthetic)
+        if retriever is not None:
+            if retriever.artifact is not None:
+                writer.inherit(retriever.artifact)
+            writer.assume(*retriever.guarantee.assumptions)
+    return open_artifact(config.out, STAGE)
