@@ -64,8 +64,11 @@ def _epsilon(value) -> float:
 
 
 def is_public(row: dict) -> bool:
+    """A reference row that never saw private data: a public guarantee, or BM25 / an untrained
+    public encoder on public queries (on a private split their scores are ε = ∞ like any row's)."""
     privacy = row.get("privacy") or {}
-    return privacy.get("mechanism") == "public" or row.get("kind") in ("bm25", "untrained")
+    reference = row.get("kind") in ("bm25", "untrained") and _epsilon(row["epsilon"]) == 0
+    return privacy.get("mechanism") == "public" or reference
 
 
 def shown_epsilon(row: dict) -> tuple[float, str | None, bool]:
@@ -369,7 +372,7 @@ def privacy_utility_plot(rows: list[dict], path: Path, metric: str = "ndcg@10") 
     datasets = _datasets(rows)
     ticks = epsilon_positions([shown_epsilon(r)[0] for r in merged if not is_public(r)])
     unaccounted = any(shown_epsilon(r)[2] for r in merged if not is_public(r))
-    width = max(6.0, 1.4 * len(ticks) + 4)
+    width = max(9.0, 1.4 * len(ticks) + 4)
     figure, axes = plt.subplots(1, len(datasets), figsize=(width * len(datasets), 4.6), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for axis, dataset in zip(axes[0], datasets, strict=True):
@@ -408,11 +411,11 @@ def privacy_utility_plot(rows: list[dict], path: Path, metric: str = "ndcg@10") 
         axis.set_xlim(-0.6, max(len(ticks) - 0.4, 0.6))
         axis.set_xlabel(
             "ε (ordinal axis; ∞ = no privacy)"
-            + ("; configurations chosen on private dev queries: not counted" if unaccounted else "")
+            + ("\nconfigurations chosen on private dev queries: not counted in ε" if unaccounted else "")
         )
         axis.set_ylabel(f"{DISPLAY.get(metric, metric)} (95 % CI)")
         axis.set_title(dataset)
-        axis.legend(fontsize=7, loc="best")
+        axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, frameon=False)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, bbox_inches="tight")  # the legends sit below their panels
     plt.close(figure)

@@ -48,7 +48,7 @@ def test_sweep_picks_the_dev_best_value_averaged_over_seeds():
     text = selection_markdown(choices)
     assert (
         "| **direct DP, ε = 8.00** | **lr=0.01** | **2** | **0.5900** |" in text
-        and "no ε here counts" in text
+        and "costs no ε" in text
     )
 
 
