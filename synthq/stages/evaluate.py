@@ -133,6 +133,8 @@ def _synthetic_origin(synthetic_path: str) -> tuple[str | None, int, list[str]]:
                 filters.insert(0, f"{method}-filtered")
             if method == "likelihood":
                 kept_per_document = min(kept_per_document, int(synthetic.config.get("keep") or 1))
+            if synthetic.config.get("holdout_documents"):
+                filters.insert(0, f"{synthetic.config['holdout_documents']} docs held out")
             synthetic = open_artifact(synthetic.config["synthetic"], verify=False)
         per_document = int(min(int(synthetic.config.get("num_queries") or 1), kept_per_document))
     except (ArtifactError, KeyError, OSError, TypeError, ValueError):
