@@ -649,7 +649,6 @@ def create_artifact(
         elif tmp.exists():
             _keep_only_checkpoints(tmp)
         tmp.mkdir(exist_ok=True)
-        _WRITING.append(out)
         config_dict = config_to_dict(config)
         writer = ArtifactWriter(
             path=out,
@@ -660,6 +659,7 @@ def create_artifact(
             fingerprint=config_fingerprint(config, inputs),
         )
         started = time.perf_counter()
+        _WRITING.append(out)
         try:
             yield writer
             if not writer.accounted and not writer.releases:
