@@ -107,16 +107,18 @@ _SEED_SUFFIX = re.compile(r"[-_.]?s(?:eed)?\d+$")
 
 
 def systems(rows: list[dict]) -> list[dict]:
-    """Rows merged over training seeds: rows on one dataset and split whose ``variant`` (the
-    training configuration without seed and output path, set by ``eval``) is the same are one
-    system. A system has the first row's fields, ``seeds``, ``metrics`` (mean over seeds),
+    """Rows merged over training seeds and generator replicates: rows on one dataset and split
+    whose ``variant`` (the training configuration without seed and output path, a synthetic set
+    replaced by its recipe; set by ``eval``) is the same are one system; when they rest on
+    different releases (replicates), the system's guarantee is their composition
+    (``system_privacy``). A system has the first row's fields, ``seeds``, ``metrics`` (mean over seeds),
     ``metrics_std`` (sample std over seeds, 0 for one seed) and, when every member has
     per-query scores, ``per_query`` (metric -> ``[seeds, queries]`` array) and ``query_ids``."""
     groups: dict[tuple, list[dict]] = {}
     for index, row in enumerate(rows):
         key = (row["dataset"], row.get("split"), row.get("variant") or f"row:{index}", str(row["epsilon"]))
-        seeds = [r.get("seed") for r in groups.get(key, [])]
-        if row.get("seed") in seeds:  # the same seed twice is not a seed sweep: keep both rows
+        runs = [(r.get("seed"), r.get("replicate")) for r in groups.get(key, [])]
+        if (row.get("seed"), row.get("replicate")) in runs:  # the same run twice: keep both rows
             key = (*key, f"row:{index}")
         groups.setdefault(key, []).append(row)
     merged = []
@@ -124,8 +126,20 @@ def systems(rows: list[dict]) -> list[dict]:
         first = members[0]
         system = {**first, "members": [r["retriever"] for r in members]}
         system["seeds"] = [r.get("seed") for r in members]
+        replicates = len({r.get("replicate") for r in members})
         if len(members) > 1:
-            system["retriever"] = f"{_seedless(first['retriever'])} ({len(members)} seeds)"
+            runs = f"{len(members)} seeds" + (f", {replicates} generators" if replicates > 1 else "")
+            system["retriever"] = f"{_seedless(first['retriever'])} ({runs})"
+        if len(members) > 1 and first.get("system_privacy"):  # several releases behind one number
+            system["privacy"] = first["system_privacy"]
+            system["epsilon"] = first["system_privacy"]["epsilon"]
+            if first.get("selection"):
+                without = first["system_privacy_without_selection"]
+                system["selection"] = {
+                    **first["selection"],
+                    "row_epsilon_without": without["epsilon"],
+                    "row_unit_without": without["unit"],
+                }
         names = [m for m in first["metrics"] if all(m in r["metrics"] for r in members)]
         values = {m: np.array([r["metrics"][m] for r in members], dtype=float) for m in names}
         system["metrics"] = {m: float(v.mean()) for m, v in values.items()}

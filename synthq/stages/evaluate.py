@@ -117,6 +117,7 @@ class DenseModel:
     seed: int | None = None
     settings: dict | None = None  # the training options (tables show the swept ones)
     variant: str | None = None  # training config without seed and output: one system over seeds
+    replicate: str | None = None  # the synthetic set (generator draw) it was trained on
 
 
 def _synthetic_origin(synthetic_path: str) -> tuple[str | None, int, list[str]]:
@@ -171,16 +172,51 @@ def describe_method(artifact: Artifact) -> str:
     return f"original (non-private), {encoder}"
 
 
-def training_settings(artifact: Artifact) -> tuple[dict, str | None]:
-    """A retriever's training options (without output path and run flags) and its ``variant``:
-    a hash of those options without the seed, so retrievers that differ only by seed share it
-    (``None`` when the config records no seed: such a retriever is its own system)."""
+_RUN_FLAGS = {"out", "force", "resume", "device", "generation_batch_size", "batch_size"}
+
+
+def synthetic_recipe(path: str) -> dict | None:
+    """What a synthetic set is one draw of: its generate (and filter) settings and its generator's
+    training settings, without outputs, run flags and seeds. Two sets from independently trained
+    generators with the same recipe are replicates, as two training seeds are (``None`` when
+    ``path`` is not a synthetic artifact)."""
+    try:
+        artifact = open_artifact(path, verify=False)
+        if artifact.stage == "filter":
+            own = {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"synthetic"}}
+            return {"filter": own, "of": synthetic_recipe(artifact.config["synthetic"])}
+        if artifact.stage == "generate":
+            generator = open_artifact(artifact.config["generator"], verify=False)
+            return {
+                "generate": {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"generator"}},
+                "generator": {k: v for k, v in generator.config.items() if k not in _RUN_FLAGS | {"seed"}},
+            }
+    except (ArtifactError, KeyError, OSError, TypeError):
+        return None
+    return None
+
+
+def training_settings(artifact: Artifact) -> tuple[dict, str | None, str | None]:
+    """A retriever's training options (without output path and run flags), its ``variant`` — a
+    hash of those options without the seed, with a synthetic set replaced by its recipe
+    (:func:`synthetic_recipe`), so retrievers that differ only by seed or by the generator
+    replicate they were trained on share it (``None`` when the config records no seed: such a
+    retriever is its own system) — and its ``replicate``: the manifest hash of the synthetic set
+    it was trained on (``None`` for other data)."""
     skip = {"out", "force", "resume", "device"}
     settings = {k: v for k, v in artifact.config.items() if k not in skip}
+    data = str(settings.get("data", ""))
+    recipe = synthetic_recipe(data) if (Path(data) / "manifest.json").is_file() else None
+    replicate = None
+    if recipe is not None:
+        replicate = open_artifact(data, verify=False).manifest_hash[:12]
     if "seed" not in settings:
-        return settings, None
-    variant = json.dumps({k: v for k, v in settings.items() if k != "seed"}, sort_keys=True, default=str)
-    return settings, hashlib.sha256(variant.encode()).hexdigest()[:16]
+        return settings, None, replicate
+    identity = {k: v for k, v in settings.items() if k != "seed"}
+    if recipe is not None:
+        identity["data"] = recipe
+    variant = json.dumps(identity, sort_keys=True, default=str)
+    return settings, hashlib.sha256(variant.encode()).hexdigest()[:16], replicate
 
 
 def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dict, device: str):
@@ -201,6 +237,7 @@ def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dic
             seed=r.config.get("seed"),
             settings=training_settings(r)[0],
             variant=training_settings(r)[1],
+            replicate=training_settings(r)[2],
         )
         for r in retrievers
     ]
@@ -412,6 +449,7 @@ def run(config: EvalConfig) -> Artifact:
     device = distributed.device_for(config.device)
     models = _dense_models(config, retrievers, untrained, device)
     rows, timings, per_query_out = [], {"per_run": {}}, {}
+    row_releases: list[tuple[list[dict], list[dict], list[str]]] = []  # aligned with rows
     totals = {"documents_encoded": 0, "encode_seconds": 0.0, "queries": 0, "query_seconds": 0.0}
     cache = {"hits": 0, "misses": 0}
     with artifact_on_main(config.out, STAGE, config, inputs) as writer:
@@ -489,7 +527,8 @@ def run(config: EvalConfig) -> Artifact:
             for label, method, kind, model_releases, identity, model_spec in entries:
                 assumptions = [*(model_spec.privacy.assumptions if model_spec else []), data.assumption or ""]
                 own = [] if kind == "bm25" or kind == "untrained" else chosen_by
-                privacy = _row_privacy([*model_releases, *data_releases, *own], [a for a in assumptions if a])
+                releases = [*model_releases, *data_releases, *own]
+                privacy = _row_privacy(releases, [a for a in assumptions if a])
                 model_privacy = (
                     model_spec.privacy
                     if model_spec
@@ -505,14 +544,23 @@ def run(config: EvalConfig) -> Artifact:
                         "row_unit_without": before.unit,
                     }
                 if model_spec is not None and model_spec.settings is not None:
-                    row.update(seed=model_spec.seed, settings=model_spec.settings, variant=model_spec.variant)
+                    row.update(
+                        seed=model_spec.seed,
+                        settings=model_spec.settings,
+                        variant=model_spec.variant,
+                        replicate=model_spec.replicate,
+                    )
                 parts = part_metrics[label]
                 means = {part: query_means(table) for part, table in parts.items()}
                 row["metrics"] = means[""] if "" in means else mean_metrics(list(means.values()))
                 if "" not in parts:
                     row["parts"] = means
                 rows.append({**row, **counts})
+                row_releases.append(
+                    (releases, [*model_releases, *data_releases], [a for a in assumptions if a])
+                )
                 per_query_out.setdefault(name, {})[label] = _by_metric(parts)
+        _compose_replicates(rows, row_releases)
         (writer.dir / RESULTS_FILE).write_text(json.dumps(json_safe(rows), indent=2), encoding="utf-8")
         (writer.dir / PER_QUERY_FILE).write_text(json.dumps(per_query_out), encoding="utf-8")
         with_scores = attach_per_query(rows, per_query_out)
@@ -546,6 +594,36 @@ def run(config: EvalConfig) -> Artifact:
     if verbosity() >= 1:  # rank 0 only under torchrun
         result(results_table(rows))
     return distributed.on_main(open_artifact, config.out, STAGE)
+
+
+def _compose_replicates(
+    rows: list[dict], row_releases: list[tuple[list[dict], list[dict], list[str]]]
+) -> None:
+    """Rows that tables merge into one system (same variant: other seeds, or other generator
+    replicates of the same recipe) but that rest on different releases — two independently
+    trained ε = 8 generators — get ``system_privacy``: the composition of all their releases, the
+    guarantee of anything computed from them together (a mean over replicates of two ε = 8
+    generators is ε = 16 on the queries both read), and ``system_privacy_without_selection`` (the
+    same without an unaccounted choice on private dev queries, which tables print beside it).
+    ``row_releases`` holds, per row, its releases with and without the selection and its
+    assumptions. Rows over one release set get nothing."""
+    groups: dict[tuple, list[int]] = {}
+    for index, row in enumerate(rows):
+        if row.get("variant"):
+            key = (row["dataset"], row.get("split"), row["variant"], str(row["epsilon"]))
+            groups.setdefault(key, []).append(index)
+    for members in groups.values():
+        # Decided on the releases without the selection: an unaccounted choice brings every
+        # release behind the dev evaluation into every row it chose, replicates' included.
+        if len({frozenset(r["id"] for r in row_releases[i][1]) for i in members}) < 2:
+            continue
+        assumptions = list(dict.fromkeys(a for i in members for a in row_releases[i][2]))
+        composed = []
+        for part in (0, 1):
+            union = list({r["id"]: r for i in members for r in row_releases[i][part]}.values())
+            composed.append(_row_privacy(union, assumptions).model_dump(mode="json"))
+        for i in members:
+            rows[i]["system_privacy"], rows[i]["system_privacy_without_selection"] = composed
 
 
 def _selection_label(selection: Selection) -> dict:

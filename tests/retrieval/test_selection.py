@@ -46,10 +46,7 @@ def test_sweep_picks_the_dev_best_value_averaged_over_seeds():
     assert choices["direct DP, ε = 1.00"].model_ids == {"artifact:dp-eps1-lr1e-3"}
     assert varying_settings(dp) == ["lr"]  # seed differs within, not between
     text = selection_markdown(choices)
-    assert (
-        "| **direct DP, ε = 8.00** | **lr=0.01** | **2** | **0.5900** |" in text
-        and "costs no ε" in text
-    )
+    assert "| **direct DP, ε = 8.00** | **lr=0.01** | **2** | **0.5900** |" in text and "costs no ε" in text
 
 
 def test_selection_needs_one_dataset():

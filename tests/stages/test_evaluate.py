@@ -361,3 +361,40 @@ def test_run_lines_rank_from_one_and_break_ties_by_document():
     ]
     with pytest.raises(DataError, match="spaces"):
         run_lines({"q 1": {"a": 1.0}}, "t")
+
+
+def test_generator_replicates_merge_like_seeds_and_compose(
+    tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir
+):
+    """Retrievers trained on sets from two independently trained generators of one recipe are
+    one system (the tests resample them like seeds), and a number computed from both rests on two
+    ε = 8 releases: the table prints their composition, never 8."""
+    from synthq.config import GenerateConfig
+    from synthq.result_tables import systems
+    from synthq.stages import generate, train_retriever
+    from tests.test_privacy_integrity import finetune, retriever_config
+
+    retrievers = []
+    for name in ("a", "b"):
+        generator = finetune(tmp_path, tiny_beir, tiny_causal_dir, f"gen-{name}", epsilon=8.0, max_steps=1)
+        synthetic = generate.run(
+            GenerateConfig(generator=generator.path, corpus=str(tiny_beir), out=tmp_path / f"syn-{name}",
+                           max_new_tokens=4, seed=1)
+        )  # fmt: skip
+        retrievers.append(
+            train_retriever.run(
+                retriever_config(tmp_path / f"ret-{name}-s0", synthetic.path, tiny_encoder_dir)
+            )
+        )
+    artifact = evaluate.run(
+        EvalConfig(
+            retrievers=[str(r.path) for r in retrievers], datasets=[str(tiny_beir)], out=tmp_path / "e"
+        )
+    )
+    rows = [r for r in _rows(artifact) if r["kind"] == "retriever"]
+    assert rows[0]["variant"] == rows[1]["variant"] and rows[0]["replicate"] != rows[1]["replicate"]
+    assert all(r["epsilon"] == pytest.approx(8.0, abs=0.05) for r in rows)  # each retriever alone
+    (system,) = [s for s in systems(rows)]
+    assert "2 generators" in system["retriever"]
+    assert float(system["epsilon"]) == pytest.approx(rows[0]["epsilon"] + rows[1]["epsilon"], rel=1e-6)
+    assert float(system["epsilon"]) == pytest.approx(artifact.privacy.epsilon, rel=1e-6)
