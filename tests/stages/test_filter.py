@@ -51,14 +51,15 @@ def test_selection_rules():
 def test_consistency_keeps_what_bm25_finds_and_inherits_the_generator(tmp_path, synthetic):
     from synthq.retrieval.bm25 import bm25_search
 
+    top_k = 3
     kept = filter_stage.run(
         FilterConfig(
-            synthetic=synthetic.path, out=tmp_path / "f", method="consistency", retriever="bm25", top_k=1
+            synthetic=synthetic.path, out=tmp_path / "f", method="consistency", retriever="bm25", top_k=top_k
         )
     )
     data = load_beir_dir(synthetic.path)
     queries = {q: data.queries[q] for q in data.qrels["train"]}
-    independent = bm25_search(data.corpus, queries, 5)
+    independent = bm25_search(data.corpus, queries, top_k)
     expected = {q for q, ranked in independent.items() if next(iter(data.qrels["train"][q])) in ranked}
     assert set(_pairs(kept)) == expected and expected
     assert kept.metrics["kept_fraction"] == pytest.approx(len(expected) / len(queries))
