@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from synthq.keys import state_dir, unit_digests
+from synthq.keys import key_id, state_dir, unit_digests
 
 UNITS_DIR = "units"
 
@@ -33,13 +33,18 @@ def store_unit_set(kind: str, unit_ids: list[str], also_in: Path | None = None) 
     if also_in is not None:
         also_in.mkdir(parents=True, exist_ok=True)
         (also_in / "units.bin").write_bytes(data)
-    return {"kind": kind, "count": len(data) // 8, "sha256": sha}
+    return {"kind": kind, "count": len(data) // 8, "sha256": sha, "key_id": key_id()}
 
 
 def load_unit_set(record: dict | None, artifact_path: str | None = None) -> bytes | None:
     """The unit set of a release record, from the state directory or the releasing artifact's
-    diagnostics; ``None`` when neither holds it (or it does not match its recorded sha256)."""
+    diagnostics; ``None`` when neither holds it, it does not match its recorded sha256, or it was
+    digested under another key (a colleague's artifact on a shared disk carries its diagnostics:
+    their digests can never meet this installation's, so intersecting them would call every unit
+    disjoint — they count as unknown, i.e. shared with every other release)."""
     if not record or "sha256" not in record:
+        return None
+    if "key_id" in record and record["key_id"] != key_id():
         return None
     candidates = [state_dir(UNITS_DIR) / f"{record['sha256']}.bin"]
     if artifact_path:

@@ -15,6 +15,24 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("SYNTHQ_LOAD_PROBE", "0")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_state_for_the_session(tmp_path_factory):
+    """The same cache and state directory for session- and module-scoped fixtures as for the tests
+    (a fixture built before the per-test settings would otherwise use the user's key)."""
+    base = tmp_path_factory.getbasetemp()
+    saved = {name: os.environ.get(name) for name in ("SYNTHQ_CACHE", "SYNTHQ_STATE")}
+    os.environ["SYNTHQ_CACHE"], os.environ["SYNTHQ_STATE"] = (
+        str(base / "synthq-cache"),
+        str(base / "synthq-state"),
+    )
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Each test session gets its own cache, except for converted packaged models (slow to redo)."""

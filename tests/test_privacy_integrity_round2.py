@@ -273,6 +273,23 @@ def test_sharing_groups_are_exact_on_disjoint_and_shared_units():
     assert sharing_groups([a, user]) == [["a", "u"]]  # users hold queries: never assumed apart
 
 
+def test_a_unit_set_digested_under_another_key_is_assumed_shared(tmp_path, monkeypatch):
+    """A colleague's artifact on a shared disk carries its unit set in diagnostics, digested under
+    their key: it can never intersect ours, so it must count as unknown (shared), not disjoint."""
+    colleague = tmp_path / "colleague-state"
+    monkeypatch.setenv("SYNTHQ_STATE", str(colleague))
+    theirs = {
+        "id": "theirs",
+        "units": store_unit_set("query", ["q1", "q2"], also_in=tmp_path / "art" / "diagnostics"),
+    }
+    theirs["path"] = str(tmp_path / "art")
+    monkeypatch.setenv("SYNTHQ_STATE", str(tmp_path / "my-state"))
+    ours = {"id": "ours", "units": store_unit_set("query", ["q1", "q2"])}
+    other = {"id": "other", "units": store_unit_set("query", ["q9"])}
+    assert theirs["units"]["key_id"] != ours["units"]["key_id"]
+    assert sharing_groups([theirs, ours, other]) == [["other", "theirs"], ["ours", "theirs"]]
+
+
 def test_the_key_command_shows_exports_and_imports(tmp_path, monkeypatch):
     runner = CliRunner()
     shown = runner.invoke(app, ["key"])

@@ -132,3 +132,21 @@ def test_a_filter_on_a_rewritten_generator_is_refused(tmp_path, tiny_beir, tiny_
     with pytest.raises(ArtifactError, match="rewritten since"):
         filter_stage.run(FilterConfig(synthetic=synthetic.path, out=tmp_path / "l", method="likelihood"))
     assert open_artifact(synthetic.path).stage == "generate"
+
+
+def test_a_private_filter_model_composes(tmp_path, synthetic, tiny_beir, tiny_encoder_dir):
+    """A filter retriever trained on the private pairs without DP is a read of them (ε = ∞): the
+    filtered set carries it, never the synthetic set's ε alone; a DP one composes."""
+    private = train_retriever.run(retriever_config(tmp_path / "private", tiny_beir, tiny_encoder_dir))
+    kept = filter_stage.run(
+        FilterConfig(synthetic=synthetic.path, out=tmp_path / "f", retriever=str(private.path), top_k=12)
+    )
+    assert kept.privacy.epsilon == float("inf")
+    assert {r["id"] for r in private.releases} <= {r["id"] for r in kept.releases}
+    dp = train_retriever.run(
+        retriever_config(tmp_path / "dp", tiny_beir, tiny_encoder_dir, dp="group", epsilon=2.0)
+    )
+    both = filter_stage.run(
+        FilterConfig(synthetic=synthetic.path, out=tmp_path / "g", retriever=str(dp.path), top_k=12)
+    )
+    assert both.privacy.epsilon == pytest.approx(synthetic.privacy.epsilon + dp.privacy.epsilon, rel=1e-6)
