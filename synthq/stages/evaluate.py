@@ -121,35 +121,29 @@ class DenseModel:
 
 
 def _synthetic_origin(synthetic_path: str) -> tuple[str | None, int, list[str]]:
-    """For table labels: the generator's model name behind a synthetic set (``, per user`` for a
-    user-level generator), its queries per document, and the filters applied on the way
-    (``filter`` artifacts over a ``generate`` one)."""
-    filters: list[str] = []
+    """For table labels, read off the set's recipe (:func:`synthetic_recipe`): the generator's
+    model name (``, per user`` for a user-level generator), the queries per document, and the
+    filters applied on the way (``filter`` artifacts over a ``generate`` one)."""
+    recipe, filters = synthetic_recipe(synthetic_path), []
     kept_per_document = math.inf  # a likelihood filter keeps at most --keep per document
-    try:
-        synthetic = open_artifact(synthetic_path, verify=False)
-        while synthetic.stage == "filter":
-            method = synthetic.config.get("method")
-            if method and method != "none":
-                filters.insert(0, f"{method}-filtered")
-            if method == "likelihood":
-                kept_per_document = min(kept_per_document, int(synthetic.config.get("keep") or 1))
-            if synthetic.config.get("holdout_documents"):
-                filters.insert(0, f"{synthetic.config['holdout_documents']} docs held out")
-            synthetic = open_artifact(synthetic.config["synthetic"], verify=False)
-        per_document = int(min(int(synthetic.config.get("num_queries") or 1), kept_per_document))
-    except (ArtifactError, KeyError, OSError, TypeError, ValueError):
+    while recipe is not None and "filter" in recipe:
+        own = recipe["filter"]
+        method = own.get("method")
+        if method and method != "none":
+            filters.insert(0, f"{method}-filtered")
+        if method == "likelihood":
+            kept_per_document = min(kept_per_document, int(own.get("keep") or 1))
+        if own.get("holdout_documents"):
+            filters.insert(0, f"{own['holdout_documents']} docs held out")
+        recipe = recipe["of"]
+    if recipe is None:
         return None, 1, filters
-    try:
-        generator = open_artifact(synthetic.config["generator"], verify=False)
-        name = Path(str(generator.config["model"])).name
-    except (ArtifactError, KeyError, OSError, TypeError):
+    per_document = int(min(int(recipe["generate"].get("num_queries") or 1), kept_per_document))
+    generator = recipe["generator"]
+    if not generator or "model" not in generator:
         return None, per_document, filters
-    return (
-        name + (", per user" if generator.config.get("privacy_unit") == "user" else ""),
-        per_document,
-        filters,
-    )
+    per_user = ", per user" if generator.get("privacy_unit") == "user" else ""
+    return Path(str(generator["model"])).name + per_user, per_document, filters
 
 
 def describe_method(artifact: Artifact) -> str:
@@ -186,14 +180,27 @@ def synthetic_recipe(path: str) -> dict | None:
             own = {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"synthetic"}}
             return {"filter": own, "of": synthetic_recipe(artifact.config["synthetic"])}
         if artifact.stage == "generate":
-            generator = open_artifact(artifact.config["generator"], verify=False)
             return {
                 "generate": {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"generator"}},
-                "generator": {k: v for k, v in generator.config.items() if k not in _RUN_FLAGS | {"seed"}},
+                "generator": _generator_recipe(artifact.config.get("generator")),
             }
     except (ArtifactError, KeyError, OSError, TypeError):
         return None
     return None
+
+
+def _generator_recipe(path: str | None) -> dict | None:
+    """A generator's training settings without outputs, run flags and seed (``None`` when the set
+    records no generator that can be opened)."""
+    try:
+        generator = open_artifact(path, verify=False) if path else None
+    except (ArtifactError, OSError, TypeError):
+        return None
+    return (
+        None
+        if generator is None
+        else {k: v for k, v in generator.config.items() if k not in _RUN_FLAGS | {"seed"}}
+    )
 
 
 def training_settings(artifact: Artifact) -> tuple[dict, str | None, str | None]:
@@ -235,11 +242,12 @@ def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dic
             load=lambda r=r: SentenceTransformer(str(r.path), device=device),
             releases=r.releases,
             seed=r.config.get("seed"),
-            settings=training_settings(r)[0],
-            variant=training_settings(r)[1],
-            replicate=training_settings(r)[2],
+            settings=settings,
+            variant=variant,
+            replicate=replicate,
         )
         for r in retrievers
+        for settings, variant, replicate in [training_settings(r)]  # once per retriever
     ]
     for spec, start in untrained.items():
         # Only a model that is public by construction (alias) or by stated assumption (plain

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from synthq.artifacts import Artifact, create_artifact, current_input_hash, existing_result, open_artifact
 from synthq.config import FilterConfig
-from synthq.data.beir_io import load_beir_dir
+from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.data.pairs import document_text
 from synthq.errors import ArtifactError, DataError
 from synthq.ledger import model_input
@@ -190,8 +190,6 @@ def run(config: FilterConfig) -> Artifact:
     if "train" not in qrels:
         raise DataError("no training query left outside the held-out documents", synthetic.path)
     with create_artifact(config.out, STAGE, config, inputs) as writer:
-        from synthq.data.beir_io import write_beir_dir
-
         write_beir_dir(writer.dir, corpus, {q: queries[q] for q in kept}, qrels)
         writer.metrics.update(
             {
