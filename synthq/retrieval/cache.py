@@ -159,3 +159,19 @@ def corpus_embeddings(
         tmp.unlink(missing_ok=True)
     seconds = time.perf_counter() - started
     return CorpusEmbeddings(doc_ids, np.load(path, mmap_mode="r"), False, path, seconds)
+
+
+def search_corpus(
+    model, model_key: str, corpus: dict[str, dict[str, str]], queries: dict[str, str], top_k: int,
+    batch_size: int, device: str = "cpu",
+) -> dict[str, dict[str, float]]:  # fmt: skip
+    """The ``top_k`` documents of ``corpus`` for each of ``queries`` (id -> text), best first: the
+    corpus embeddings from the cache (encoded on a miss, :func:`corpus_embeddings`), the queries
+    encoded, exact search (:func:`synthq.retrieval.search.exact_search`). What ``synthq search``
+    and the consistency filter run; ``eval`` times the same steps one by one."""
+    from synthq.retrieval.search import exact_search
+
+    embedded = corpus_embeddings(model, model_key, corpus, batch_size)
+    query_ids = list(queries)
+    vectors = encode_texts(model, [queries[q] for q in query_ids], batch_size, "encoding queries")
+    return exact_search(vectors, embedded.embeddings, query_ids, embedded.doc_ids, top_k, device=device)

@@ -76,8 +76,7 @@ def _dense_ranking(retriever, corpus, queries: dict[str, str], config: FilterCon
     from sentence_transformers import SentenceTransformer
 
     from synthq.models.encoder import load_encoder
-    from synthq.retrieval.cache import corpus_embeddings, encode_texts, weights_key
-    from synthq.retrieval.search import exact_search
+    from synthq.retrieval.cache import search_corpus, weights_key
 
     if retriever.artifact is not None:
         model = SentenceTransformer(str(retriever.path), device=device)
@@ -85,14 +84,7 @@ def _dense_ranking(retriever, corpus, queries: dict[str, str], config: FilterCon
     else:
         model = load_encoder(retriever.path, device=device)
         key = f"encoder:{retriever.record['sha256']}"
-    embedded = corpus_embeddings(model, key, corpus, config.encode_batch_size)
-    query_ids = sorted(queries)
-    vectors = encode_texts(
-        model, [queries[q] for q in query_ids], config.encode_batch_size, "encoding queries"
-    )
-    return exact_search(
-        vectors, embedded.embeddings, query_ids, embedded.doc_ids, config.top_k, device=device
-    )
+    return search_corpus(model, key, corpus, queries, config.top_k, config.encode_batch_size, device)
 
 
 def _mean_log_likelihoods(generator_path: Path, corpus, queries, own_document, config, device) -> dict:

@@ -14,8 +14,7 @@ from synthq.artifacts import data_input_record, is_artifact, open_artifact
 from synthq.data.beir_io import read_corpus
 from synthq.errors import DataError
 from synthq.models.resolve import resolve_device
-from synthq.retrieval.cache import corpus_embeddings, encode_texts, weights_key
-from synthq.retrieval.search import exact_search
+from synthq.retrieval.cache import search_corpus, weights_key
 
 QUERY_BATCH = 64
 
@@ -61,11 +60,9 @@ def search(
     documents = read_corpus(Path(parts[0][1]) / "corpus.jsonl")
     device = resolve_device(device)
     model, key = _model(retriever, device)
-    embedded = corpus_embeddings(model, key, documents, QUERY_BATCH)
     query_ids = [str(i) for i in range(len(queries))]
-    query_embeddings = encode_texts(model, queries, QUERY_BATCH, "encoding queries")
-    run = exact_search(
-        query_embeddings, embedded.embeddings, query_ids, embedded.doc_ids, top_k, device=device
+    run = search_corpus(
+        model, key, documents, dict(zip(query_ids, queries, strict=True)), top_k, QUERY_BATCH, device
     )
     return [
         [
