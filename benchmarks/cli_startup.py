@@ -8,7 +8,8 @@ Times (median wall seconds over ``--repeats`` fresh processes, interpreter start
 ``ART`` is a DP artifact: ``--artifact``, or one trained here first (``train-retriever --dp group``
 on the embedded data for one step, not timed). One untimed run of each command comes first, so
 the caches a second call finds (the accountant's memo, the corpus embeddings, the Arrow cache)
-are warm, which is what a user meets from the second call on. Aims (issue 29): ``--help`` and
+and search's ONNX query encoder (:mod:`synthq.models.onnx_encoder`) are warm, which is what a
+user meets from the second call on; that first call's time is recorded too. Aims (issue 29): ``--help`` and
 ``--version`` < 0.3 s, ``info`` and ``ledger`` < 0.6 s, ``search`` < 3 s.
 """
 
@@ -43,6 +44,7 @@ def _dp_artifact(workdir: Path) -> Path:
     out = workdir / "ret-dp"
     subprocess.run(
         _synthq(
+            "-q",
             "train-retriever",
             "--data",
             "embedded",
@@ -58,7 +60,6 @@ def _dp_artifact(workdir: Path) -> Path:
             "1",
             "--out",
             str(out),
-            "-q",
         ),  # fmt: skip
         check=True,
     )
@@ -90,12 +91,15 @@ def main() -> None:
         }
         results = {}
         for name, command in commands.items():
-            _seconds(command)  # warm the caches a second call finds
+            first = _seconds(
+                command
+            )  # warms the caches a second call finds (and writes search's ONNX encoder)
             times = [_seconds(command) for _ in range(args.repeats)]
             median = statistics.median(times)
             results[name] = {
                 "median_seconds": round(median, 3),
                 "min_seconds": round(min(times), 3),
+                "first_call_seconds": round(first, 3),
                 "aim_seconds": AIMS[name],
                 "met": median < AIMS[name],
             }

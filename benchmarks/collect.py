@@ -59,13 +59,19 @@ def key(payload: dict) -> str:
 def merge(lines_path: Path, results_path: Path) -> dict:
     results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else {}
     benchmarks = results.get("benchmarks", {})
+    # Rows kept from an earlier run keep the machine and time they were measured on.
+    earlier = {"at": results.get("collected"), "cpu": results.get("machine", {}).get("cpu")}
+    for payload in benchmarks.values():
+        payload.setdefault("measured", earlier)
+    now = {"at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": machine()["cpu"]}
     for line in lines_path.read_text(encoding="utf-8").splitlines():
         if line.strip():
             payload = json.loads(line)
+            payload["measured"] = now
             benchmarks[key(payload)] = payload
     merged = {
         "machine": machine(),
-        "collected": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "collected": now["at"],
         "benchmarks": dict(sorted(benchmarks.items())),
     }
     results_path.write_text(json.dumps(merged, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -38,6 +38,9 @@ def _load(payload: dict | None) -> str:
     threads.discard(None)
     if threads:
         parts.append(f"{'/'.join(map(str, sorted(threads)))} thread(s)")
+    measured = payload.get("measured") or {}
+    if measured.get("at") and measured.get("at") != payload.get("_collected"):
+        parts.append(f"measured {measured['at'][:10]} on {measured.get('cpu') or '?'}")
     return ", ".join(parts)
 
 
@@ -123,10 +126,15 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
 
 
 def table(results: dict) -> str:
+    """The README's table; a row measured in an earlier run than the latest says when and on
+    which CPU (re-running one script refreshes its rows only, and VMs change CPUs)."""
+    for payload in results.get("benchmarks", {}).values():
+        payload["_collected"] = results.get("collected")
     machine = results.get("machine", {})
     lines = [
-        f"Measured {results.get('collected', '?')} on {machine.get('cpu', '?')}, {machine.get('cores', '?')} "
-        f"cores, {machine.get('memory_gb', '?')} GB, torch {machine.get('torch', '?')}"
+        f"Last measured {results.get('collected', '?')} on {machine.get('cpu', '?')}, "
+        + f"{machine.get('cores', '?')} cores, {machine.get('memory_gb', '?')} GB, "
+        + f"torch {machine.get('torch', '?')}"
         + (f", {machine['gpu']}" if machine.get("gpu") else ", no GPU")
         + ". Every ratio is from one run that measured both sides; a load above the core count "
         "means other work shared the CPU (ratios then carry more noise than the times suggest). "

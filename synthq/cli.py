@@ -26,9 +26,17 @@ from synthq import __version__
 from synthq.artifacts import open_artifact
 from synthq.console import console, result, set_verbosity, verbosity, warn
 from synthq.errors import SynthqError
-from synthq.options import Interrupted, OptionError, StageOptions, print_result, stage_command
+from synthq.options import (
+    Interrupted,
+    OptionError,
+    StageOptions,
+    plain_arguments,
+    print_result,
+    stage_command,
+)
 from synthq.privacy import Guarantee, format_epsilon
 
+plain_arguments()
 app = typer.Typer(
     name="synthq",
     help=(

@@ -38,6 +38,31 @@ class OptionError(SynthqError):
     """An option value that the stage's config refuses (exit status 2)."""
 
 
+class PlainArgument(typer.core.TyperArgument):
+    """A positional argument written the way Unix usage lines write it: ``DIR...`` for several,
+    ``[DIR]`` when optional, and in the help list its name alone (typer 0.29 writes
+    ``{DIR}...`` in the usage and ``DIR <list[Path]>`` in the list). Installed for every
+    command by :func:`plain_arguments`."""
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    def _rich_display_name(self) -> str:
+        return self.display_name_raw + ("..." if self.nargs != 1 else "")
+
+    def display_type_rich(self, ctx) -> None:
+        return None
+
+
+def plain_arguments() -> None:
+    """Let typer build positional arguments as :class:`PlainArgument` (it looks the class up in
+    ``typer.main`` each time a command is built)."""
+    import typer.main
+
+    typer.main.TyperArgument = PlainArgument
+
+
 class Interrupted(SynthqError):
     """Ctrl-C during a command; carries what to do next (exit status 130)."""
 

@@ -21,6 +21,18 @@ def test_help_lists_commands():
     assert "info" in result.output and "data" in result.output
 
 
+def test_positional_arguments_read_as_unix_usage():
+    """``DIR...`` in the usage and the list, never typer's ``{DIR}...`` or ``<list[Path]>``."""
+    expected = (("ledger", "[OPTIONS] DIR..."), ("export", "[OPTIONS] DIR"), ("search", "QUERY..."))
+    for command, usage in expected:
+        result = runner.invoke(app, [command, "--help"], terminal_width=120)
+        assert result.exit_code == 0, result.output
+        first = result.output.strip().splitlines()[0]
+        assert first.startswith(f"Usage: synthq {command}") and first.endswith(usage), first
+        assert "<list[" not in result.output and "{" not in result.output
+        assert f"  {usage.split()[-1]}  " in result.output  # the argument's own help line
+
+
 def test_info_prints_guarantee_and_lineage(tmp_path, tiny_beir):
     from synthq.artifacts import data_input_record
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from synthq import distributed
 from synthq.console import progress
@@ -101,8 +100,13 @@ def encode_texts(
                 if mine
                 else np.zeros((0, out.shape[1]), dtype=np.float32)
             )
-            gathered = distributed.gather_rows(torch.from_numpy(np.ascontiguousarray(vectors, np.float32)))
-            out[[i for rank in range(ranks) for i in chunk[rank::ranks]]] = gathered.numpy()
+            if ranks > 1:
+                import torch
+
+                vectors = distributed.gather_rows(
+                    torch.from_numpy(np.ascontiguousarray(vectors, np.float32))
+                ).numpy()
+            out[[i for rank in range(ranks) for i in chunk[rank::ranks]]] = vectors
             bar.advance(task, len(chunk))
     return out
 
@@ -123,6 +127,28 @@ def cache_key(model_key: str, corpus: dict[str, dict[str, str]], max_seq_length:
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
 
+def embeddings_path(model_key: str, corpus: dict[str, dict[str, str]], max_seq_length: int | None) -> Path:
+    """Where the cache keeps (or would keep) these corpus embeddings."""
+    return cache_dir("embeddings") / f"{cache_key(model_key, corpus, max_seq_length)}.npy"
+
+
+def cached_corpus_embeddings(
+    model_key: str, corpus: dict[str, dict[str, str]], max_seq_length: int | None, dimension: int
+) -> CorpusEmbeddings | None:
+    """The cached embeddings of ``corpus`` by the model ``model_key`` (truncated at
+    ``max_seq_length``, ``dimension`` wide), or None when the cache has none: the lookup half of
+    :func:`corpus_embeddings`, which needs no model (``synthq search`` uses it before deciding
+    whether to load one). A file of the wrong shape cannot be this corpus and is removed."""
+    path = embeddings_path(model_key, corpus, max_seq_length)
+    if not path.is_file():
+        return None
+    cached = np.load(path, mmap_mode="r")
+    if cached.shape == (len(corpus), dimension):
+        return CorpusEmbeddings(sorted(corpus), cached, True, path, 0.0)
+    path.unlink()
+    return None
+
+
 def corpus_embeddings(
     model, model_key: str, corpus: dict[str, dict[str, str]], batch_size: int
 ) -> CorpusEmbeddings:
@@ -136,14 +162,12 @@ def corpus_embeddings(
     """
     if not corpus:
         raise DataError("the corpus is empty: nothing to encode")
+    max_seq_length = getattr(model, "max_seq_length", None)
+    cached = cached_corpus_embeddings(model_key, corpus, max_seq_length, embedding_dimension(model))
+    if cached is not None:
+        return cached
     doc_ids = sorted(corpus)
-    key = cache_key(model_key, corpus, getattr(model, "max_seq_length", None))
-    path = cache_dir("embeddings") / f"{key}.npy"
-    if path.is_file():
-        cached = np.load(path, mmap_mode="r")
-        if cached.shape == (len(doc_ids), embedding_dimension(model)):
-            return CorpusEmbeddings(doc_ids, cached, True, path, 0.0)
-        path.unlink()  # a file of the wrong shape cannot be this corpus: encode again
+    path = embeddings_path(model_key, corpus, max_seq_length)
     started = time.perf_counter()
     tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npy")
     shape = (len(doc_ids), embedding_dimension(model))

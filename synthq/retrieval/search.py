@@ -6,19 +6,20 @@ is visited in chunks and a running top-k is merged per chunk, so memory stays bo
 ``queries × chunk_size`` scores whatever the corpus size (the corpus itself may be a
 memory-mapped cache file). ``ignore_identical_ids`` drops a document whose id equals the query's
 id, as BEIR does for ArguAna and Quora, where queries are themselves corpus documents.
+On the CPU the products and the top-k run in numpy (no torch import, which ``synthq search``
+cannot afford at start-up); on an accelerator in torch.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 Run = dict[str, dict[str, float]]
 
 
 def _to_run(
-    scores: torch.Tensor,
-    indices: torch.Tensor,
+    scores: np.ndarray,
+    indices: np.ndarray,
     query_ids: list[str],
     doc_ids: list[str],
     top_k: int,
@@ -80,19 +81,47 @@ def exact_search(
     if use_faiss:
         return faiss_search(query_embeddings, doc_embeddings, query_ids, doc_ids, top_k, ignore_identical_ids)
     k = min(top_k + int(ignore_identical_ids), len(doc_ids))
-    queries = torch.as_tensor(np.asarray(query_embeddings, dtype=np.float32), device=device)
-    best_scores = torch.full((len(query_ids), k), float("-inf"), device=device)
-    best_indices = torch.zeros((len(query_ids), k), dtype=torch.long, device=device)
+    queries = np.asarray(query_embeddings, dtype=np.float32)
+    best_scores = np.zeros((len(query_ids), 0), dtype=np.float32)
+    best_indices = np.zeros((len(query_ids), 0), dtype=np.int64)
+    chunk_top_k = _numpy_top_k if device == "cpu" else _torch_top_k(queries, device)
     for start in range(0, len(doc_ids), chunk_size):
-        # A copy: memory-mapped cache files are read-only and torch wants writable memory.
-        block = torch.from_numpy(np.array(doc_embeddings[start : start + chunk_size], dtype=np.float32))
-        scores = queries @ block.to(device).T
-        chunk_scores, chunk_indices = scores.topk(min(k, block.shape[0]), dim=1)
-        merged_scores = torch.cat([best_scores, chunk_scores], dim=1)
-        merged_indices = torch.cat([best_indices, chunk_indices + start], dim=1)
-        best_scores, order = merged_scores.topk(k, dim=1)
-        best_indices = merged_indices.gather(1, order)
-    return _to_run(best_scores.cpu(), best_indices.cpu(), query_ids, doc_ids, top_k, ignore_identical_ids)
+        block = np.asarray(doc_embeddings[start : start + chunk_size], dtype=np.float32)
+        chunk_scores, chunk_indices = chunk_top_k(queries, block, min(k, block.shape[0]))
+        best_scores, best_indices = _numpy_top_k_of(
+            np.concatenate([best_scores, chunk_scores], axis=1),
+            np.concatenate([best_indices, chunk_indices + start], axis=1),
+            k,
+        )
+    return _to_run(best_scores, best_indices, query_ids, doc_ids, top_k, ignore_identical_ids)
+
+
+def _numpy_top_k_of(scores: np.ndarray, indices: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best (score, index) pairs of every row, best first."""
+    if scores.shape[1] > k:
+        keep = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        scores, indices = np.take_along_axis(scores, keep, 1), np.take_along_axis(indices, keep, 1)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    return np.take_along_axis(scores, order, 1), np.take_along_axis(indices, order, 1)
+
+
+def _numpy_top_k(queries: np.ndarray, block: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    scores = queries @ block.T
+    return _numpy_top_k_of(scores, np.broadcast_to(np.arange(block.shape[0]), scores.shape), k)
+
+
+def _torch_top_k(queries: np.ndarray, device: str):
+    """Scoring on an accelerator: the matrix product and the chunk's top-k run on ``device``,
+    only the ``k`` best of each chunk come back."""
+    import torch
+
+    on_device = torch.as_tensor(queries, device=device)
+
+    def top_k(_queries, block, k):
+        scores, indices = (on_device @ torch.from_numpy(block).to(device).T).topk(k, dim=1)
+        return scores.cpu().numpy(), indices.cpu().numpy()
+
+    return top_k
 
 
 def faiss_search(
@@ -114,6 +143,4 @@ def faiss_search(
         index.add(np.ascontiguousarray(doc_embeddings[start : start + chunk_size], dtype=np.float32))
     k = min(top_k + int(ignore_identical_ids), len(doc_ids))
     scores, indices = index.search(np.ascontiguousarray(query_embeddings, dtype=np.float32), k)
-    return _to_run(
-        torch.from_numpy(scores), torch.from_numpy(indices), query_ids, doc_ids, top_k, ignore_identical_ids
-    )
+    return _to_run(scores, indices, query_ids, doc_ids, top_k, ignore_identical_ids)

@@ -4,33 +4,73 @@ Not a stage that writes an artifact: it loads a ``train-retriever`` artifact (or
 encoder), embeds the corpus through the same on-disk cache as ``eval``
 (:func:`synthq.retrieval.cache.corpus_embeddings`, same cache key, so a corpus ``eval`` encoded
 is not encoded again), embeds the queries and prints the ``top_k`` documents by cosine score.
+
+From the second search on, nothing imports torch: the corpus embeddings come from the cache and
+the queries are encoded by the model's ONNX bundle (:mod:`synthq.models.onnx_encoder`), which
+the first search on the CPU writes and checks against the model. Corpus embeddings are always
+computed by the model itself, so ``eval`` and ``search`` share one cache whoever filled it.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from synthq.artifacts import data_input_record, is_artifact, open_artifact
+from synthq.console import info
 from synthq.data.beir_io import read_corpus
 from synthq.errors import DataError
-from synthq.models.resolve import resolve_device
-from synthq.retrieval.cache import search_corpus, weights_key
+from synthq.models import onnx_encoder
+from synthq.paths import cache_dir
+from synthq.retrieval.cache import cached_corpus_embeddings, search_corpus, weights_key
 
 QUERY_BATCH = 64
 
 
-def _model(spec: str, device: str):
-    """(a SentenceTransformer, the cache key ``eval`` uses for it)."""
-    from sentence_transformers import SentenceTransformer
-
-    from synthq.models.encoder import load_encoder
+def _model_key(spec: str) -> str:
+    """The cache identity of the model ``spec`` names (as ``eval`` keys it), found without
+    loading the model."""
     from synthq.models.resolve import resolve_model
 
     if is_artifact(spec):
-        artifact = open_artifact(spec, stage="train-retriever")
-        return SentenceTransformer(str(artifact.path), device=device), weights_key(artifact.manifest)
-    record = data_input_record(resolve_model(spec), name=spec)
-    return load_encoder(spec, device=device), f"encoder:{record['sha256']}"
+        return weights_key(open_artifact(spec, stage="train-retriever").manifest)
+    return f"encoder:{data_input_record(resolve_model(spec), name=spec)['sha256']}"
+
+
+def _load_model(spec: str, device: str):
+    """The model ``spec`` names, as a ``SentenceTransformer`` on ``device``."""
+    from sentence_transformers import SentenceTransformer
+
+    from synthq.models.encoder import load_encoder
+
+    if is_artifact(spec):
+        return SentenceTransformer(str(open_artifact(spec, stage="train-retriever").path), device=device)
+    return load_encoder(spec, device=device)
+
+
+def bundle_directory(model_key: str) -> Path:
+    """Where the ONNX bundle of the model ``model_key`` lives in the cache."""
+    return cache_dir("onnx") / hashlib.sha256(model_key.encode()).hexdigest()[:32]
+
+
+def _search_without_torch(
+    model_key: str, documents, queries: dict[str, str], top_k: int
+) -> dict[str, dict[str, float]] | None:
+    """The run from the model's ONNX bundle and the cached corpus embeddings, or None when
+    either is missing (then the model itself is loaded)."""
+    from synthq.retrieval.search import exact_search
+
+    bundle = onnx_encoder.load_bundle(bundle_directory(model_key))
+    if bundle is None:
+        return None
+    embedded = cached_corpus_embeddings(
+        model_key, documents, bundle.max_seq_length, bundle.get_embedding_dimension()
+    )
+    if embedded is None:
+        return None
+    query_ids = list(queries)
+    vectors = bundle.encode([queries[q] for q in query_ids], batch_size=QUERY_BATCH)
+    return exact_search(vectors, embedded.embeddings, query_ids, embedded.doc_ids, top_k)
 
 
 def search(
@@ -44,12 +84,14 @@ def search(
         corpus: a BEIR directory or source name (``embedded``, ``beir:NAME``, ...).
         queries: query texts.
         top_k: documents returned per query.
-        device: ``auto``, ``cpu``, ``cuda``, ...
+        device: ``auto``, ``cpu``, ``cuda``, ...: where the model runs when it is loaded (a
+            search the ONNX bundle answers runs on the CPU whatever ``auto`` would pick).
 
     Returns:
         per query, a list of ``{"doc_id", "score", "title", "text"}``.
     """
     from synthq.data.sources import dataset_parts, resolve_dataset
+    from synthq.models.resolve import resolve_device
 
     if not queries or not all(q.strip() for q in queries):
         raise DataError("give a non-empty query")
@@ -58,16 +100,34 @@ def search(
         names = ", ".join(name for name, _ in parts[:5])
         raise DataError(f"{corpus} holds several corpora ({names}, ...); search one of their directories")
     documents = read_corpus(Path(parts[0][1]) / "corpus.jsonl")
-    device = resolve_device(device)
-    model, key = _model(retriever, device)
-    query_ids = [str(i) for i in range(len(queries))]
-    run = search_corpus(
-        model, key, documents, dict(zip(query_ids, queries, strict=True)), top_k, QUERY_BATCH, device
-    )
+    key = _model_key(retriever)
+    by_id = {str(i): text for i, text in enumerate(queries)}
+    run = _search_without_torch(key, documents, by_id, top_k) if device in ("auto", "cpu") else None
+    if run is None:
+        device = resolve_device(device)
+        model = _load_model(retriever, device)
+        run = search_corpus(model, key, documents, by_id, top_k, QUERY_BATCH, device)
+        _write_bundle_for_next_time(model, key, device, queries)
     return [
         [
             {"doc_id": doc_id, "score": score, **{k: documents[doc_id].get(k, "") for k in ("title", "text")}}
             for doc_id, score in sorted(run[qid].items(), key=lambda item: -item[1])
         ]
-        for qid in query_ids
+        for qid in by_id
     ]
+
+
+def _write_bundle_for_next_time(model, model_key: str, device: str, queries: list[str]) -> None:
+    """Export the model's ONNX bundle once (on the CPU, where the export runs), so the next
+    search starts without torch; a model the export cannot reproduce is remembered and not
+    tried again."""
+    directory = bundle_directory(model_key)
+    if (
+        device != "cpu"
+        or onnx_encoder.was_refused(directory)
+        or onnx_encoder.load_bundle(directory) is not None
+    ):
+        return
+    info("writing this model's ONNX query encoder, once, so later searches start without torch")
+    if onnx_encoder.export_bundle(model, directory, extra_probes=queries) is None:
+        info("the ONNX export did not reproduce this model: later searches load it with torch")

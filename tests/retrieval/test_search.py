@@ -72,3 +72,14 @@ def test_top_k_larger_than_corpus_and_bad_shapes(data):
         exact_search(queries, docs[:, :8], query_ids, doc_ids, 10)
     with pytest.raises(ValueError, match="differ in length"):
         exact_search(queries, docs, query_ids[:3], doc_ids, 10)
+
+
+def test_accelerator_path_matches_the_cpu_path(data):
+    """The torch branch (used on GPUs) picks the same top-k per chunk as the numpy branch."""
+    from synthq.retrieval.search import _numpy_top_k, _torch_top_k
+
+    queries, docs, _, _ = data
+    numpy_scores, numpy_indices = _numpy_top_k(queries, docs, 7)
+    torch_scores, torch_indices = _torch_top_k(queries, "cpu")(queries, docs, 7)
+    assert np.array_equal(numpy_indices, torch_indices)
+    assert np.allclose(numpy_scores, torch_scores, atol=1e-6)
