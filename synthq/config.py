@@ -377,6 +377,11 @@ class EvalConfig(StageConfig):
         "(every seed of it); retrievers it did not score are kept. On a private dev split the "
         "choice is a release: unaccounted (ε = ∞) unless --select-epsilon.",
     )
+    select_data: bool = Field(
+        False,
+        description="With --select-on: the synthetic set is tuned too (its filter, queries per "
+        "document): one choice per generator and encoder among all its sets, not one per set.",
+    )
     select_epsilon: float | None = Field(
         None,
         gt=0,
@@ -384,6 +389,19 @@ class EvalConfig(StageConfig):
         "split over the methods that have more than one configuration) on the dev queries.",
     )
     device: Device = "auto"
+
+    @model_validator(mode="after")
+    def _selection_needs_a_dev_evaluation(self) -> EvalConfig:
+        for name in ("select_data", "select_epsilon"):
+            if (
+                name in self.model_fields_set
+                and getattr(self, name) not in (None, False)
+                and not self.select_on
+            ):
+                raise ValueError(
+                    f"--{name.replace('_', '-')} needs --select-on (a dev evaluation to choose on)"
+                )
+        return self
 
 
 class ReportConfig(StageConfig):

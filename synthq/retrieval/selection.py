@@ -58,7 +58,11 @@ def selection_utility(candidate: Candidate) -> float:
 
 
 def select_best(
-    rows: list[dict], metric: str = "ndcg@10", total_epsilon: float | None = None, rng=None
+    rows: list[dict],
+    metric: str = "ndcg@10",
+    total_epsilon: float | None = None,
+    rng=None,
+    across_data: bool = False,
 ) -> dict[str, Choice]:
     """Per method and ε, the configuration with the highest ``metric`` averaged over its seeds
     (rows at different ε are different methods: each privacy level gets its own best).
@@ -67,6 +71,11 @@ def select_best(
         rows: ``results.json`` rows of a dev evaluation (one dataset); only trained retrievers
             (``kind == "retriever"``) are candidates. Ties go to the configuration listed first.
         metric: the selection score.
+        total_epsilon: choose by report-noisy-max spending this ε (:func:`_noisy_choices`).
+        across_data: the synthetic set is a tuned setting too: rows are grouped by their
+            ``family`` (the method without queries per document and filters), so one
+            configuration is chosen per generator and encoder among all its sets, and the set
+            (the row's own method label) is shown as the setting ``synthetic set``.
 
     Returns: ``"<method label>, ε = <ε>"`` -> :class:`Choice`.
     """
@@ -78,7 +87,10 @@ def select_best(
         if row.get("kind") != "retriever":
             continue
         variant = row.get("variant") or row["model_id"]
-        method = f"{row['method']}, ε = {format_epsilon(float(row.get('model_epsilon', row['epsilon'])))}"
+        label = row.get("family") or row["method"] if across_data else row["method"]
+        if across_data:
+            variant = f"{row['method']}|{variant}"
+        method = f"{label}, ε = {format_epsilon(float(row.get('model_epsilon', row['epsilon'])))}"
         by_method.setdefault(method, {}).setdefault(variant, []).append(row)
     choices = {}
     for method, variants in by_method.items():
@@ -87,7 +99,8 @@ def select_best(
                 variant,
                 members,
                 sum(r["metrics"][metric] for r in members) / len(members),
-                members[0].get("settings") or {},
+                ({"synthetic set": members[0]["method"]} if across_data else {})
+                | (members[0].get("settings") or {}),
             )
             for variant, members in variants.items()
         ]

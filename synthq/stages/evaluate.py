@@ -118,6 +118,7 @@ class DenseModel:
     settings: dict | None = None  # the training options (tables show the swept ones)
     variant: str | None = None  # training config without seed and output: one system over seeds
     replicate: str | None = None  # the synthetic set (generator draw) it was trained on
+    family: str | None = None  # the method without the synthetic set's details (--select-data)
 
 
 def _synthetic_origin(synthetic_path: str) -> tuple[str | None, int, list[str]]:
@@ -146,10 +147,14 @@ def _synthetic_origin(synthetic_path: str) -> tuple[str | None, int, list[str]]:
     return Path(str(generator["model"])).name + per_user, per_document, filters
 
 
-def describe_method(artifact: Artifact) -> str:
+def describe_method(artifact: Artifact, family: bool = False) -> str:
     """A method label for tables and plots: synthetic (generator, queries per document when
-    more than one) / original / direct DP (mode), then the encoder. Rows with the same label
-    form one line in the privacy-utility plot and one group in dev selection."""
+    more than one, filters) / original / direct DP (mode), then the encoder. Rows with the same
+    label form one line in the privacy-utility plot and one group in dev selection.
+
+    ``family=True`` leaves out what tells one synthetic set of a generator from another (queries
+    per document, filters, held-out documents): the label under which ``eval --select-data``
+    chooses among those sets."""
     config = artifact.config
     encoder = Path(str(config.get("encoder", "?"))).name
     if config.get("dp"):
@@ -159,9 +164,9 @@ def describe_method(artifact: Artifact) -> str:
     if (Path(data) / "manifest.json").is_file():
         generator, generated, filters = _synthetic_origin(data)
         per_document = min(generated, config.get("queries_per_document") or math.inf)
-        detail = ", ".join(
-            x for x in (generator, f"{per_document} queries/doc" if per_document > 1 else None, *filters) if x
-        )
+        per_document_text = f"{per_document} queries/doc" if per_document > 1 else None
+        details = (generator,) if family else (generator, per_document_text, *filters)
+        detail = ", ".join(x for x in details if x)
         return f"synthetic ({detail}), {encoder}" if detail else f"synthetic, {encoder}"
     return f"original (non-private), {encoder}"
 
@@ -235,6 +240,7 @@ def _dense_models(config: EvalConfig, retrievers: list[Artifact], untrained: dic
         DenseModel(
             label=r.path.name,
             method=describe_method(r),
+            family=describe_method(r, family=True),
             kind="retriever",
             key=weights_key(r.manifest),
             identity=f"artifact:{r.manifest_hash}",
@@ -392,7 +398,9 @@ class Selection:
     private: bool
 
 
-def _select(retrievers: list[Artifact], dev: Artifact, select_epsilon: float | None) -> Selection:
+def _select(
+    retrievers: list[Artifact], dev: Artifact, select_epsilon: float | None, across_data: bool = False
+) -> Selection:
     """The retrievers :func:`select_best` picks on the dev evaluation ``dev`` (every seed of
     each method's best configuration); retrievers the dev evaluation did not score are kept.
     On a dev evaluation that read private queries, ``select_epsilon`` makes the choice
@@ -400,7 +408,7 @@ def _select(retrievers: list[Artifact], dev: Artifact, select_epsilon: float | N
     rows = json.loads((dev.path / RESULTS_FILE).read_text(encoding="utf-8"))
     private = dev.manifest.get("own_release") is not None
     noisy = select_epsilon is not None and private
-    choices = select_best(rows, total_epsilon=select_epsilon if noisy else None)
+    choices = select_best(rows, total_epsilon=select_epsilon if noisy else None, across_data=across_data)
     on_dev = {r["model_id"] for r in rows}
     chosen = set().union(*(c.model_ids for c in choices.values())) if choices else set()
     kept = [
@@ -432,7 +440,8 @@ def run(config: EvalConfig) -> Artifact:
     retrievers = [open_artifact(path, stage="train-retriever") for path in config.retrievers]
     selection = None
     if config.select_on is not None:
-        selection = _select(retrievers, open_artifact(config.select_on, stage="eval"), config.select_epsilon)
+        dev = open_artifact(config.select_on, stage="eval")
+        selection = _select(retrievers, dev, config.select_epsilon, across_data=config.select_data)
         retrievers = selection.retrievers
     roots = {spec: resolve_dataset(spec) for spec in dict.fromkeys(config.datasets)}
     names = [source_name(spec) for spec in roots]
@@ -557,6 +566,7 @@ def run(config: EvalConfig) -> Artifact:
                         settings=model_spec.settings,
                         variant=model_spec.variant,
                         replicate=model_spec.replicate,
+                        family=model_spec.family,
                     )
                 parts = part_metrics[label]
                 means = {part: query_means(table) for part, table in parts.items()}

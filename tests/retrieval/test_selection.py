@@ -94,3 +94,38 @@ def test_eval_select_on_keeps_the_chosen_retrievers(tmp_path, tiny_encoder_dir, 
     assert names == ["ret-lr-high", "ret-untuned"]  # ret-untuned was not on dev: kept
     text = (test.path / "results.md").read_text()
     assert "## Hyper-parameters chosen on dev" in text and "**lr=0.01**" in text
+
+
+def test_select_data_chooses_among_the_synthetic_sets_of_one_generator():
+    """With ``across_data`` the set (filter, queries per document) is a tuned setting: one choice
+    per generator and encoder (the row's ``family``), the set shown as a setting."""
+
+    def synthetic(model, method, family, lr, seed, score):
+        return _row(model, method, lr, seed, score) | {"family": family}
+
+    g, h = "synthetic (g), e", "synthetic (h), e"
+    rows = [
+        synthetic("x3-lr1", "synthetic (g, 3 queries/doc), e", g, 1e-3, 0, 0.50),
+        synthetic("x3-lr3", "synthetic (g, 3 queries/doc), e", g, 3e-3, 0, 0.60),
+        synthetic("cons-lr1-s0", "synthetic (g, consistency-filtered), e", g, 1e-3, 0, 0.70),
+        synthetic("cons-lr1-s1", "synthetic (g, consistency-filtered), e", g, 1e-3, 1, 0.60),
+        synthetic("h-lr1", "synthetic (h), e", h, 1e-3, 0, 0.30),
+        _row("dp-lr1", "direct DP", 1e-3, 0, 0.20),  # no family: its own method, as before
+    ]
+    per_set = select_best(rows)
+    assert (
+        len(per_set) == 4 and per_set["synthetic (g, 3 queries/doc), e, ε = 8.00"].best.settings["lr"] == 3e-3
+    )
+    choices = select_best(rows, across_data=True)
+    assert set(choices) == {f"{g}, ε = 8.00", f"{h}, ε = 8.00", "direct DP, ε = 8.00"}
+    best = choices[f"{g}, ε = 8.00"]
+    assert best.model_ids == {"artifact:cons-lr1-s0", "artifact:cons-lr1-s1"}  # mean 0.65 > 0.60
+    assert best.best.settings["synthetic set"] == "synthetic (g, consistency-filtered), e"
+    assert varying_settings(best) == ["lr", "synthetic set"] and len(best.candidates) == 3
+    assert "synthetic set=synthetic (g, consistency-filtered), e" in selection_markdown(choices)
+
+
+def test_select_data_and_select_epsilon_need_select_on():
+    for extra in ({"select_data": True}, {"select_epsilon": 1.0}):
+        with pytest.raises(ValueError, match="needs --select-on"):
+            EvalConfig(out="x", retrievers=["r"], **extra)

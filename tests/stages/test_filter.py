@@ -121,6 +121,51 @@ def test_held_out_documents_give_a_dev_split_to_select_on_for_free(tmp_path, syn
     assert len(rows) == 1 and "∞" not in (chosen.path / "results.md").read_text()
 
 
+def test_select_data_chooses_the_filter_on_synthetic_dev_for_free(tmp_path, synthetic, tiny_encoder_dir):
+    """Two sets of one generator (unfiltered, likelihood-filtered), each with the same public
+    hold-out documents: ``--select-data`` picks one retriever among both sets and learning rates
+    on the held-out synthetic queries, spending nothing."""
+    sets = {
+        "none": synthetic.path,
+        "likelihood": filter_stage.run(
+            FilterConfig(synthetic=synthetic.path, out=tmp_path / "l", method="likelihood", keep=2)
+        ).path,
+    }
+    held = {
+        name: filter_stage.run(
+            FilterConfig(synthetic=path, out=tmp_path / f"h-{name}", method="none", holdout_documents=3)
+        )
+        for name, path in sets.items()
+    }
+    assert set(_pairs(held["none"], "dev").values()) >= set(_pairs(held["likelihood"], "dev").values())
+    retrievers = [
+        train_retriever.run(
+            retriever_config(tmp_path / f"r-{name}-{lr}", artifact.path, tiny_encoder_dir, lr=lr)
+        )
+        for name, artifact in held.items()
+        for lr in (1e-4, 1e-3)
+    ]
+    paths = [str(r.path) for r in retrievers]
+    on_dev = evaluate.run(
+        EvalConfig(
+            out=tmp_path / "dev", retrievers=paths, datasets=[str(held["none"].path)], split="dev", bm25=False
+        )
+    )
+    chosen = evaluate.run(
+        EvalConfig(
+            out=tmp_path / "test", retrievers=paths, datasets=[str(held["none"].path)], split="dev",
+            bm25=False, select_on=str(on_dev.path), select_data=True,
+        )
+    )  # fmt: skip
+    dev_rows = json.loads((on_dev.path / "results.json").read_text())
+    best = max(dev_rows, key=lambda r: r["metrics"]["ndcg@10"])
+    rows = json.loads((chosen.path / "results.json").read_text())
+    assert [r["model_id"] for r in rows] == [best["model_id"]]  # one row for the generator, the dev-best
+    assert len({r["family"] for r in dev_rows}) == 1 and len({r["method"] for r in dev_rows}) == 2
+    assert chosen.privacy.epsilon == pytest.approx(synthetic.privacy.epsilon)
+    assert "synthetic set=" in (chosen.path / "results.md").read_text()
+
+
 def test_a_filter_on_a_rewritten_generator_is_refused(tmp_path, tiny_beir, tiny_causal_dir):
     generator = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", epsilon="inf", max_steps=1)
     synthetic = generate.run(
