@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from synthq import __version__, distributed
-from synthq.errors import ArtifactError
+from synthq.errors import ArtifactError, DataError
 from synthq.keys import check_seal, key_id, private_data_digest, seal
 from synthq.privacy import Guarantee, check_recorded_epsilon, compose_releases
 from synthq.registry import STAGES as STAGE_REGISTRY
@@ -222,6 +222,13 @@ def _read_manifest(path: Path) -> dict:
         return json.loads(manifest_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ArtifactError(f"{manifest_path}: corrupt manifest ({error})") from error
+
+
+def public_file_record(path: Path, name: str) -> dict:
+    """Lineage entry for a public file a stage reads (a corpus, a document list)."""
+    if not Path(path).is_file():
+        raise DataError("no such file", Path(path))
+    return {"path": str(path), "kind": "data", "name": name, "sha256": file_digest(Path(path))}
 
 
 def open_artifact(

@@ -338,6 +338,15 @@ def filter_command(options: StageOptions):
     return filter_stage.run(options.config())
 
 
+@stage_command(app, "evolve", report=_generate_result)
+def evolve_command(options: StageOptions):
+    """Private Evolution: a public model writes queries, the private pairs vote with DP noise
+    (no fine-tuning)."""
+    from synthq.stages import evolve
+
+    return evolve.run(options.config())
+
+
 @stage_command(app, "train-retriever", report=_train_retriever_result)
 def train_retriever_command(options: StageOptions):
     """Train a dual encoder with in-batch softmax (non-private, or --dp baselines)."""

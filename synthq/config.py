@@ -243,6 +243,54 @@ class GenerateConfig(StageConfig):
         return value
 
 
+class EvolveConfig(StageConfig):
+    """``synthq evolve``: DP synthetic queries by Private Evolution (a public model, no training)."""
+
+    data: str = Field(
+        description="Private pairs that vote: a BEIR directory or source name (embedded, msmarco, beir:NAME)."
+    )
+    split: str = Field("train", description="qrels split whose (query, document) pairs vote.")
+    corpus: str = Field(
+        "embedded", description="Public documents: a BEIR directory or source name (embedded, beir:NAME)."
+    )
+    model: str = Field(
+        "smollm2-135m",
+        description="Public generator that writes and varies queries: alias, local directory or hub id "
+        "(assumed public; a synthq artifact brings its own guarantee).",
+    )
+    embedder: str = Field(
+        "minilm-l6", description="Public sentence encoder of the votes' nearest-neighbour search."
+    )
+    epsilon: Epsilon = Field(8.0, description="Target ε over all iterations.")
+    delta: float | None = Field(None, gt=0, lt=1, description="δ; default 1/(2n).")
+    accountant: Accountant = Field("prv", description="Privacy accountant: prv (exact here) or rdp.")
+    iterations: int = Field(2, ge=1, description="Vote-and-vary rounds T (each one Gaussian mechanism).")
+    population: int = Field(
+        3, ge=2, description="Candidate queries per document in every round (the winner and its variations)."
+    )
+    queries_per_document: int = Field(1, ge=1, description="Queries kept per document after the last vote.")
+    top_p: Probability = Field(0.9, description="Nucleus sampling mass of the public model, in (0, 1].")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (> 0).")
+    max_new_tokens: int = Field(20, ge=1, description="Longest query, in tokens.")
+    max_source_length: int = Field(96, ge=1, description="Document tokens in a prompt.")
+    generation_batch_size: int = Field(96, ge=1, description="Prompts per generation batch.")
+    encode_batch_size: int = Field(64, ge=1, description="Texts per embedding batch.")
+    privacy_unit: PrivacyUnitName = "query"
+    max_queries_per_user: MaxQueriesPerUser = DEFAULT_MAX_QUERIES_PER_USER
+    generation_seed: Seed = 0
+    seed: SecretSeed = None
+    device: Device = "auto"
+
+    @model_validator(mode="after")
+    def _keep_at_most_the_population(self) -> EvolveConfig:
+        if self.queries_per_document > self.population:
+            raise ValueError(
+                f"--queries-per-document {self.queries_per_document} is more than the --population "
+                f"{self.population} each document has"
+            )
+        return self
+
+
 class SimilarityConfig(StageConfig):
     """``synthq similarity``: BLEU, MAUVE and friends between synthetic and original queries."""
 

@@ -360,14 +360,17 @@ PRV_EPSILON_LIMIT = 200.0
 
 
 def _epsilon(noise_multiplier: float, delta: float, sample_rate: float, steps: int, accountant: str) -> float:
+    import numpy as np
     from opacus.accountants import create_accountant
 
     acc = create_accountant(mechanism=accountant)
     acc.history = [(noise_multiplier, sample_rate, steps)]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
         # Opacus warns when the best RDP order is at the edge of its grid: the ε is then a valid but
         # looser bound. It happens for the extreme σ the calibration probes on every DP run, never
         # for the σ a run ends with at a sensible target, so it would only be noise in every log.
+        # PRV at sampling rate 1 (Private Evolution's votes) takes log(1 - q) = -inf on the way
+        # to the plain Gaussian mechanism: numpy's warning about it is noise too.
         warnings.filterwarnings("ignore", message="Optimal order is the")
         epsilon = float(acc.get_epsilon(delta=delta))
     # A conversion that lands below 0 (huge σ, large δ) still proves (0, δ)-DP: ε is never negative.

@@ -31,6 +31,7 @@ STAGES: dict[str, StageEntry] = {
     "finetune-lm": StageEntry("synthq.stages.finetune_lm", "FinetuneConfig"),
     "generate": StageEntry("synthq.stages.generate", "GenerateConfig"),
     "filter": StageEntry("synthq.stages.filter", "FilterConfig"),
+    "evolve": StageEntry("synthq.stages.evolve", "EvolveConfig"),
     "similarity": StageEntry("synthq.stages.similarity", "SimilarityConfig"),
     "train-retriever": StageEntry("synthq.stages.train_retriever", "TrainRetrieverConfig"),
     "eval": StageEntry("synthq.stages.evaluate", "EvalConfig"),
@@ -40,7 +41,7 @@ STAGES: dict[str, StageEntry] = {
 
 
 # Stages whose artifact is a synthetic set (BEIR layout), which every reader of synthetic data takes.
-SYNTHETIC_STAGES = ("generate", "filter")
+SYNTHETIC_STAGES = ("generate", "evolve", "filter")
 
 
 def stage_entry(name: str) -> StageEntry:

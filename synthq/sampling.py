@@ -22,13 +22,13 @@ Speed (see ``benchmarks/generate_throughput.py``):
 from __future__ import annotations
 
 import hashlib
-import string
 import weakref
 from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from synthq.data.synthetic import is_degenerate
 from synthq.models.generator import QueryGenerator
 
 NUCLEUS_CANDIDATES = 256
@@ -133,14 +133,6 @@ class Request:
     attempt: int = 0
 
 
-def is_degenerate(query: str, document: str) -> bool:
-    """Empty, punctuation only, or a copy of (a long stretch of) the prompt document."""
-    stripped = query.strip()
-    if not stripped or all(ch in string.punctuation + string.whitespace for ch in stripped):
-        return True
-    return len(stripped) > 40 and stripped.lower() in document.lower()
-
-
 def sample_queries(
     generator: QueryGenerator,
     requests: list[Request],
@@ -218,6 +210,33 @@ def shared_prompt_state(generator: QueryGenerator, documents: list[str], batch) 
     ).past_key_values
     cache.batch_select_indices(expand)
     return {"past_key_values": cache}
+
+
+def sample_with_retries(
+    generator: QueryGenerator,
+    requests: list[Request],
+    seed: int,
+    top_p: float,
+    temperature: float,
+    max_new_tokens: int,
+    max_resample: int,
+) -> dict[tuple[str, int], dict]:
+    """One query per request, ``(doc_id, index) -> {"query", "attempts"}``; degenerate ones
+    (:func:`synthq.data.synthetic.is_degenerate`) are sampled again up to ``max_resample`` times,
+    each attempt from a stream of its own."""
+    current, results = list(requests), {}
+    for attempt in range(max_resample + 1):
+        texts = sample_queries(generator, current, seed, top_p, temperature, max_new_tokens)
+        retry = []
+        for request, text in zip(current, texts, strict=True):
+            if is_degenerate(text, request.document) and attempt < max_resample:
+                retry.append(Request(request.doc_id, request.document, request.index, attempt + 1))
+            else:
+                results[(request.doc_id, request.index)] = {"query": text, "attempts": attempt + 1}
+        if not retry:
+            break
+        current = retry
+    return results
 
 
 def length_sorted_batches(

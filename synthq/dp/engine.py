@@ -94,7 +94,12 @@ def register_mechanism(name: str):
 
 # Modules whose mechanisms register themselves when imported (loaded on first lookup, as
 # plugins: the engine depends on none of them).
-MECHANISM_MODULES = ("synthq.dp.lm", "synthq.dp.contrastive", "synthq.dp.contrastive_logit")
+MECHANISM_MODULES = (
+    "synthq.dp.lm",
+    "synthq.dp.contrastive",
+    "synthq.dp.contrastive_logit",
+    "synthq.dp.evolution",
+)
 
 
 def mechanism_class(name: str) -> type[Mechanism]:

@@ -117,7 +117,7 @@ class QueryGenerator:
             return SEQ2SEQ_PREFIX + document
         return self.template.format(document=document)
 
-    def _truncated_documents(self, documents: list[str]) -> list[str]:
+    def truncated_documents(self, documents: list[str]) -> list[str]:
         """Truncate documents (not the template around them) to ``max_source_length`` tokens."""
         encoded = self.tokenizer(
             documents, add_special_tokens=False, truncation=True, max_length=self.max_source_length
@@ -131,7 +131,7 @@ class QueryGenerator:
         return [ids[: max_target_length - 1] + [eos] for ids in encoded]
 
     def _prompt_ids(self, documents: list[str]) -> list[list[int]]:
-        sources = [self.source_text(d) for d in self._truncated_documents(documents)]
+        sources = [self.source_text(d) for d in self.truncated_documents(documents)]
         if self.kind == "seq2seq":
             ids = self.tokenizer(sources, add_special_tokens=True)["input_ids"]
             eos = self.tokenizer.eos_token_id

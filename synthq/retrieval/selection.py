@@ -155,8 +155,10 @@ def selection_guarantee(choices: dict[str, Choice], total_epsilon: float):
 
 
 def varying_settings(choice: Choice) -> list[str]:
-    """The settings that differ between a method's candidates (the swept ones)."""
-    keys = sorted({k for c in choice.candidates for k in c.settings})
+    """The settings that differ between a method's candidates (the swept ones; run flags, seeds
+    and the data path, :data:`NOT_SETTINGS`, are not settings: ``--select-data`` shows the set
+    as ``synthetic set``)."""
+    keys = sorted({k for c in choice.candidates for k in c.settings if k not in NOT_SETTINGS})
     return [k for k in keys if len({repr(c.settings.get(k)) for c in choice.candidates}) > 1]
 
 

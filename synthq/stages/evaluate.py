@@ -139,6 +139,11 @@ def _synthetic_origin(synthetic_path: str) -> tuple[str | None, int, list[str]]:
         recipe = recipe["of"]
     if recipe is None:
         return None, 1, filters
+    if "evolve" in recipe:  # Private Evolution: a public model, its queries chosen by noisy votes
+        own = recipe["evolve"]
+        per_document = int(min(int(own.get("queries_per_document") or 1), kept_per_document))
+        per_user = ", per user" if own.get("privacy_unit") == "user" else ""
+        return f"PE {Path(str(own.get('model'))).name}{per_user}", per_document, filters
     per_document = int(min(int(recipe["generate"].get("num_queries") or 1), kept_per_document))
     generator = recipe["generator"]
     if not generator or "model" not in generator:
@@ -171,7 +176,7 @@ def describe_method(artifact: Artifact, family: bool = False) -> str:
     return f"original (non-private), {encoder}"
 
 
-_RUN_FLAGS = {"out", "force", "resume", "device", "generation_batch_size", "batch_size"}
+_RUN_FLAGS = {"out", "force", "resume", "device", "generation_batch_size", "batch_size", "encode_batch_size"}
 
 
 def synthetic_recipe(path: str) -> dict | None:
@@ -184,6 +189,8 @@ def synthetic_recipe(path: str) -> dict | None:
         if artifact.stage == "filter":
             own = {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"synthetic"}}
             return {"filter": own, "of": synthetic_recipe(artifact.config["synthetic"])}
+        if artifact.stage == "evolve":
+            return {"evolve": {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS}}
         if artifact.stage == "generate":
             return {
                 "generate": {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"generator"}},

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import time
 from collections import ChainMap
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from synthq import distributed
@@ -35,19 +34,20 @@ from synthq.artifacts import (
     config_fingerprint,
     create_artifact,
     existing_result,
-    file_digest,
     find_up_to_date,
     open_artifact,
+    public_file_record,
 )
 from synthq.config import GenerateConfig
 from synthq.console import info, progress, warn
-from synthq.data.beir_io import read_corpus, read_qrels, read_queries, write_beir_dir
+from synthq.data.beir_io import read_corpus, read_qrels, read_queries
 from synthq.data.pairs import document_text
 from synthq.data.sources import resolve_source
+from synthq.data.synthetic import write_synthetic
 from synthq.data.tables import Corpus
 from synthq.errors import ArtifactError, DataError, SynthqError
 from synthq.models.generator import QueryGenerator
-from synthq.sampling import Request, is_degenerate, length_sorted_batches, sample_queries
+from synthq.sampling import Request, length_sorted_batches, sample_with_retries
 
 STAGE = "generate"
 # Documents whose texts (and prompt lengths, for length-sorted batches) are held at once.
@@ -80,13 +80,6 @@ def document_list_assumption(record: dict) -> str:
         f"the document list {record['path']} (sha256 {record['sha256'][:12]}) is public: it was not "
         "chosen by looking at the private queries"
     )
-
-
-def public_file_record(path: Path, name: str) -> dict:
-    """Lineage entry for a public file a stage reads (a corpus, a document list)."""
-    if not Path(path).is_file():
-        raise DataError("no such file", Path(path))
-    return {"path": str(path), "kind": "data", "name": name, "sha256": file_digest(Path(path))}
 
 
 def read_document_list(path: Path) -> list[str]:
@@ -156,31 +149,20 @@ def _generate_for(
                 if (doc_id, k) not in done
             ]
             for batch in length_sorted_batches(pending, generator, config.generation_batch_size):
-                for (doc_id, index), result in _sample_batch(generator, batch, config).items():
+                for (doc_id, index), result in sample_with_retries(
+                    generator,
+                    batch,
+                    config.seed,
+                    config.top_p,
+                    config.temperature,
+                    config.max_new_tokens,
+                    config.max_resample,
+                ).items():
                     done[(doc_id, index)] = result
                     log.write(json.dumps({"doc_id": doc_id, "index": index, **result}) + "\n")
                 log.flush()
                 bar.advance(task, len(batch))
     return done
-
-
-def _sample_batch(generator: QueryGenerator, batch: list[Request], config: GenerateConfig) -> dict:
-    """One query per request of the batch; degenerate ones are resampled up to ``max_resample``
-    times (a new attempt draws from a new stream)."""
-    current, results = list(batch), {}
-    for attempt in range(config.max_resample + 1):
-        texts = sample_queries(generator, current, config.seed, config.top_p, config.temperature,
-                               config.max_new_tokens)  # fmt: skip
-        retry = []
-        for request, text in zip(current, texts, strict=True):
-            if is_degenerate(text, request.document) and attempt < config.max_resample:
-                retry.append(Request(request.doc_id, request.document, request.index, attempt + 1))
-            else:
-                results[(request.doc_id, request.index)] = {"query": text, "attempts": attempt + 1}
-        if not retry:
-            break
-        current = retry
-    return results
 
 
 def resume_key(config: GenerateConfig, inputs: list[dict]) -> str:
@@ -221,50 +203,6 @@ def _read_log(path: Path) -> dict:
                 row = json.loads(line)
                 done[(row["doc_id"], row["index"])] = {"query": row["query"], "attempts": row["attempts"]}
     return done
-
-
-class _Documents(Mapping):
-    """The documents ``ids`` of a corpus, read on demand (what ``write_corpus`` streams out)."""
-
-    def __init__(self, corpus: Mapping[str, dict], ids: list[str]):
-        self.corpus, self.ids = corpus, ids
-
-    def __getitem__(self, doc_id: str) -> dict:
-        return self.corpus[doc_id]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.ids)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-def write_synthetic(directory: Path, corpus: Mapping[str, dict], done: dict) -> dict:
-    """The BEIR payload plus generation statistics; degenerate final outputs are dropped.
-
-    ``corpus`` may be the memory-mapped source corpus: the kept documents are streamed from it
-    into the artifact's ``corpus.jsonl``."""
-    queries, qrels, kept_docs, degenerate, resampled = {}, {}, {}, 0, 0
-    for (doc_id, index), result in sorted(done.items()):
-        resampled += result["attempts"] > 1
-        if is_degenerate(result["query"], document_text(corpus[doc_id])):
-            degenerate += 1
-            continue
-        query_id = f"syn-{doc_id}-{index}"
-        queries[query_id] = result["query"]
-        qrels[query_id] = {doc_id: 1}
-        kept_docs[doc_id] = None
-    if not queries:
-        raise SynthqError("every generated query was degenerate; is the generator trained?")
-    write_beir_dir(directory, _Documents(corpus, list(kept_docs)), queries, {"train": qrels})
-    lengths = [len(q.split()) for q in queries.values()]
-    return {
-        "documents": len(kept_docs),
-        "queries": len(queries),
-        "resampled": resampled,
-        "dropped_degenerate": degenerate,
-        "mean_query_words": sum(lengths) / len(lengths),
-    }
 
 
 def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:

@@ -1,0 +1,304 @@
+"""``synthq evolve``: DP synthetic queries by Private Evolution — a public model writes, the
+private pairs only vote.
+
+The other generator family beside ``finetune-lm`` + ``generate``: no gradient ever touches the
+model, so any public model that can be prompted works, and the cost is generation alone
+(Lin et al., ICLR 2024; Aug-PE, Xie et al., ICML 2024; here conditioned on documents):
+
+1. **Random API.** For every public document, ``--population`` queries written by the public
+   model (``--model``) from a prompt that asks for a search query the document answers.
+2. **Vote** (the only step that reads private data, :mod:`synthq.dp.evolution`): every private
+   (document, query) pair finds its nearest synthetic pair in the joint embedding
+   ``[e(d); e(q)] / √2`` of a public encoder (``--embedder``); each privacy unit's votes are
+   scaled to L2 norm 1 and ``N(0, σ²)`` is added to every count.
+3. **Select and vary.** Per document, the candidate with the most noisy votes survives and the
+   public model writes ``population − 1`` variations of it ("another search query for this
+   document"), which compete in the next vote. After ``--iterations`` votes, each document keeps
+   its ``--queries-per-document`` best candidates.
+
+Privacy: ``T`` Gaussian mechanisms of sensitivity 1 without subsampling; σ is calibrated for
+the target ε by the engine's accountant (:class:`synthq.dp.engine.PrivacyPlan` with ``q = 1``
+and ``T`` steps; the guarantee also records μ = √T/σ of Gaussian DP). Everything else is
+post-processing of the noisy counts and public inputs. Which documents get queries is public
+(every document of ``--corpus``). The artifact holds synthetic queries only; the un-noised vote
+counts are in ``diagnostics/`` (ε = ∞, never exported). Sampling of the public model is seeded
+by ``--generation-seed`` (public: it only replays what a public model writes); the noise comes
+from the secret randomness.
+
+The artifact is a synthetic set in the same BEIR layout as ``generate``'s, so ``filter``,
+``train-retriever``, ``eval``, ``similarity`` and the ledger take it unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from synthq import distributed
+from synthq.artifacts import Artifact, create_artifact, existing_result, open_artifact, public_file_record
+from synthq.config import EvolveConfig
+from synthq.console import info, progress, warn
+from synthq.data.beir_io import read_corpus
+from synthq.data.pairs import document_text, training_pairs
+from synthq.data.sources import load_source, resolve_source
+from synthq.data.synthetic import write_synthetic
+from synthq.dp.engine import (
+    PrivacyPlan,
+    SecretRandomness,
+    describe_units,
+    public_count_assumption,
+    unit_details,
+    unit_diagnostics,
+)
+from synthq.dp.evolution import (
+    NearestNeighbourVotes,
+    joint_vectors,
+    nearest_synthetic,
+    noisy_histogram,
+    vote_histogram,
+)
+from synthq.errors import SynthqError
+from synthq.ledger import data_input, model_input
+from synthq.models.generator import QueryGenerator
+from synthq.privacy import Guarantee
+from synthq.retrieval.cache import encode_texts
+from synthq.sampling import Request, length_sorted_batches, sample_with_retries
+from synthq.units import training_units
+
+STAGE = "evolve"
+MAX_RESAMPLE = 3
+RANDOM_INSTRUCTION = "Write a short web search query that this document answers.\n\nDocument: {document}"
+VARIATION_INSTRUCTION = (
+    "Document: {document}\n\nSearch query: {query}\n\n"
+    "Write another short web search query for this document, worded differently."
+)
+
+
+class Prompter:
+    """The public model's two prompts: a new query for a document (random API) and another query
+    like a given one (variation API). Chat models get the instruction as a user turn of their
+    chat template; other causal models a plain ``Search query:`` completion; seq2seq models
+    their ``generate_query:`` input (the variation appends the query to vary)."""
+
+    def __init__(self, generator: QueryGenerator, max_source_length: int):
+        self.generator = generator
+        self.max_source_length = max_source_length
+        self.chat = generator.kind == "causal" and bool(getattr(generator.tokenizer, "chat_template", None))
+        # Prompts are complete strings: a generator that formats nothing and truncates nothing.
+        self.prompting = QueryGenerator(
+            generator.model, generator.tokenizer, 1_000_000, template="{document}"
+        )
+
+    def _render(self, instruction: str, plain: str) -> str:
+        if self.chat:
+            messages = [{"role": "user", "content": instruction}]
+            return self.generator.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        if self.generator.kind == "seq2seq":
+            return plain
+        return plain + "\nSearch query:"
+
+    def random(self, document: str) -> str:
+        return self._render(RANDOM_INSTRUCTION.format(document=document), f"Document: {document}")
+
+    def variation(self, document: str, query: str) -> str:
+        if self.generator.kind == "seq2seq":
+            return f"{document} query: {query}"
+        plain = f"Document: {document}\nSearch query: {query}\nAnother search query for this document:"
+        return self._render(VARIATION_INSTRUCTION.format(document=document, query=query), plain)
+
+    def generate(self, prompts: dict[tuple[str, int], str], config: EvolveConfig, description: str) -> dict:
+        """``(doc_id, index) -> query`` for every prompt, in batches of similar length."""
+        requests = [Request(doc_id, prompt, index) for (doc_id, index), prompt in prompts.items()]
+        written = {}
+        with progress() as bar:
+            task = bar.add_task(description, total=len(requests))
+            for batch in length_sorted_batches(requests, self.prompting, config.generation_batch_size):
+                results = sample_with_retries(
+                    self.prompting, batch, config.generation_seed, config.top_p, config.temperature,
+                    config.max_new_tokens, MAX_RESAMPLE,
+                )  # fmt: skip
+                written.update({key: result["query"] for key, result in results.items()})
+                bar.advance(task, len(batch))
+        return written
+
+
+def _plan(config: EvolveConfig, num_units: int, unit: str) -> PrivacyPlan | None:
+    if not math.isfinite(config.epsilon):
+        return None
+    plan = PrivacyPlan.create(
+        num_units=num_units, expected_batch_size=num_units, steps=config.iterations, epsilon=config.epsilon,
+        delta=config.delta, accountant=config.accountant, mechanism=NearestNeighbourVotes(), unit=unit,
+    )  # fmt: skip
+    if plan.fallback_reason:
+        warn(f"accountant: {plan.fallback_reason}; using RDP")
+    return plan
+
+
+def _own_guarantee(config: EvolveConfig, plan: PrivacyPlan | None, units, randomness) -> Guarantee:
+    """What the votes release about the private pairs."""
+    if plan is None:
+        return Guarantee.non_private(
+            "Private Evolution's votes counted without noise (ε = ∞)", unit=units.kind
+        )
+    details = {
+        **unit_details(units),
+        "iterations": config.iterations,
+        "population_per_document": config.population,
+        "sensitivity_rule": NearestNeighbourVotes.sensitivity_rule,
+        "gaussian_dp_mu": math.sqrt(config.iterations) / plan.noise_multiplier,
+        "embedder": config.embedder,
+    }
+    assumptions = [randomness.assumption(), public_count_assumption(units)]
+    return plan.guarantee(mechanism="private-evolution", details=details, assumptions=assumptions)
+
+
+def run(config: EvolveConfig) -> Artifact:
+    if distributed.setup(config.device).world_size > 1:
+        raise SynthqError("synthq evolve runs in one process; start it without torchrun")
+    start = model_input(config.model, stage="finetune-lm")
+    embedder_input = model_input(config.embedder, stage="train-retriever")
+    data = data_input(config.data)
+    root = resolve_source(config.corpus)
+    inputs = [data.record, start.record, {**embedder_input.record, "role": "embedder"}]
+    inputs.append(public_file_record(root / "corpus.jsonl", config.corpus))
+    if (done := existing_result(STAGE, config, inputs)) is not None:
+        return done
+    from synthq.models.encoder import load_encoder
+
+    device = distributed.device_for(config.device)
+    pairs = training_pairs(load_source(str(data.root), splits=[config.split]), config.split)
+    randomness = SecretRandomness(config.seed)
+    units = training_units(pairs, data.root, config.privacy_unit, config.max_queries_per_user, randomness)
+    plan = _plan(config, len(units), units.kind)
+    corpus = read_corpus(root / "corpus.jsonl")
+    doc_ids = sorted(corpus)
+    generator = QueryGenerator.load(start.path, device=device, max_source_length=config.max_source_length)
+    generator.model.eval()
+    embedder = load_encoder(str(embedder_input.path), device=device)
+    prompter = Prompter(generator, config.max_source_length)
+    info(
+        f"evolving queries for {len(doc_ids)} public documents with {config.model} "
+        f"({config.population} per document, {config.iterations} votes of {describe_units(units)}"
+        + (
+            f", σ = {plan.noise_multiplier:.3f}, target ε = {config.epsilon:g} ({plan.accountant}))"
+            if plan
+            else ", ε = ∞)"
+        )
+    )
+    with create_artifact(config.out, STAGE, config, inputs) as writer:
+        started = time.perf_counter()
+        seconds = {"generate": 0.0, "embed": 0.0, "vote": 0.0}
+
+        def timed(kind: str, function, *args):
+            began = time.perf_counter()
+            value = function(*args)
+            seconds[kind] += time.perf_counter() - began
+            return value
+
+        texts = [document_text(corpus[d]) for d in doc_ids]
+        truncated = dict(zip(doc_ids, generator.truncated_documents(texts), strict=True))
+        private_vectors = timed("embed", _private_joint_vectors, embedder, pairs, config.encode_batch_size)
+        encoded = timed(
+            "embed", encode_texts, embedder, texts, config.encode_batch_size, "encoding documents"
+        )
+        document_vectors = dict(zip(doc_ids, encoded, strict=True))
+        population = timed(
+            "generate",
+            prompter.generate,
+            {(d, k): prompter.random(truncated[d]) for d in doc_ids for k in range(config.population)},
+            config,
+            "writing queries",
+        )
+        rounds, raw_counts, next_index = [], [], config.population
+        for iteration in range(1, config.iterations + 1):
+            keys = sorted(population)
+            query_vectors = timed(
+                "embed", encode_texts, embedder, [population[k] for k in keys], config.encode_batch_size,
+                "encoding synthetic queries",
+            )  # fmt: skip
+            synthetic = joint_vectors(np.stack([document_vectors[d] for d, _ in keys]), query_vectors)
+            nearest = timed("vote", nearest_synthetic, private_vectors, synthetic)
+            counts = vote_histogram(nearest, units, len(keys))
+            noisy = noisy_histogram(counts, plan.noise_std, randomness.noise) if plan else counts
+            raw_counts.append(counts.tolist())
+            ranked = _ranked_per_document(keys, noisy)
+            rounds.append(
+                {"round": iteration, "noisy_votes_of_winners": float(sum(r[0][1] for r in ranked.values()))}
+            )
+            info(
+                f"vote {iteration}/{config.iterations}: "
+                + (f"ε so far {plan.epsilon_after(iteration):.2f}" if plan else "ε = ∞")
+            )
+            if iteration == config.iterations:
+                final = {
+                    key: population[key]
+                    for per_doc in ranked.values()
+                    for key, _ in per_doc[: config.queries_per_document]
+                }
+                break
+            prompts, survivors = {}, {}
+            for doc_id, per_doc in ranked.items():
+                winner = per_doc[0][0]
+                survivors[winner] = population[winner]
+                for offset in range(config.population - 1):
+                    prompts[(doc_id, next_index + offset)] = prompter.variation(
+                        truncated[doc_id], population[winner]
+                    )
+            next_index += config.population - 1
+            varied = timed(
+                "generate", prompter.generate, prompts, config, f"varying queries (round {iteration})"
+            )
+            population = {**survivors, **varied}
+        statistics = write_synthetic(
+            writer.dir, corpus, {key: {"query": text, "attempts": 1} for key, text in final.items()}
+        )
+        writer.metrics.update(
+            {**statistics, "iterations": config.iterations, "population": config.population, "rounds": rounds}
+        )
+        writer.timings.update(
+            {f"{kind}_seconds": round(value, 3) for kind, value in seconds.items()}
+            | {"total_seconds": round(time.perf_counter() - started, 3)}
+        )
+        start.carry_into(writer)
+        embedder_input.carry_into(writer)
+        if data.artifact is not None:  # votes of a synthetic set: it is itself a release of D
+            writer.inherit(data.artifact)
+        writer.release(_own_guarantee(config, plan, units, randomness), data.record, units.keys, units.kind)
+        writer.diagnostics.update(
+            {"vote_counts_per_round": raw_counts, **unit_diagnostics(units, len(pairs))}
+        )
+    return open_artifact(config.out, STAGE)
+
+
+def _private_joint_vectors(embedder, pairs, batch_size: int) -> np.ndarray:
+    """``[e(d); e(q)] / √2`` of every private pair (each distinct document encoded once)."""
+    documents = {}
+    for pair in pairs:
+        documents.setdefault(pair.doc_id, pair.document)
+    ids = list(documents)
+    encoded = dict(
+        zip(
+            ids,
+            encode_texts(embedder, [documents[d] for d in ids], batch_size, "encoding private documents"),
+            strict=True,
+        )
+    )
+    queries = encode_texts(embedder, [pair.query for pair in pairs], batch_size, "encoding private queries")
+    return joint_vectors(np.stack([encoded[pair.doc_id] for pair in pairs]), queries)
+
+
+def _ranked_per_document(
+    keys: list[tuple[str, int]], noisy: np.ndarray
+) -> dict[str, list[tuple[tuple[str, int], float]]]:
+    """Per document, its candidates best first by noisy votes (ties to the lower index)."""
+    ranked: dict[str, list] = {}
+    for key, votes in zip(keys, noisy.tolist(), strict=True):
+        ranked.setdefault(key[0], []).append((key, votes))
+    return {
+        doc_id: sorted(entries, key=lambda entry: (-entry[1], entry[0][1]))
+        for doc_id, entries in ranked.items()
+    }
