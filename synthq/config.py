@@ -253,6 +253,14 @@ class EvolveConfig(StageConfig):
     corpus: str = Field(
         "embedded", description="Public documents: a BEIR directory or source name (embedded, beir:NAME)."
     )
+    documents: Path | None = Field(
+        None, description="A public list of document ids (one per line) to write queries for; default: all."
+    )
+    judged_split: str | None = Field(
+        None,
+        description="Write queries only for the documents judged in this qrels split of --corpus, "
+        "recorded as the assumption that this set is public (as generate --split).",
+    )
     model: str = Field(
         "smollm2-135m",
         description="Public generator that writes and varies queries: alias, local directory or hub id "

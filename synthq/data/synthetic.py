@@ -1,4 +1,5 @@
-"""Synthetic sets on disk: the BEIR payload that ``generate`` and ``evolve`` write.
+"""Synthetic sets on disk: which public documents get queries, and the BEIR payload that
+``generate`` and ``evolve`` write.
 
 A synthetic set is a BEIR directory: ``corpus.jsonl`` (the public documents that received a
 query), ``queries.jsonl`` (ids ``syn-<docid>-<k>``) and ``qrels/train.tsv``; empty,
@@ -11,9 +12,59 @@ import string
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from synthq.data.beir_io import write_beir_dir
+from synthq.data.beir_io import read_corpus, read_qrels, write_beir_dir
 from synthq.data.pairs import document_text
-from synthq.errors import SynthqError
+from synthq.data.tables import Corpus
+from synthq.errors import DataError, SynthqError
+
+
+def judged_set_assumption(split: str) -> str:
+    return (
+        f"the set of documents judged in split {split!r} is public (documents were selected by it; "
+        "its queries were never read)"
+    )
+
+
+def document_list_assumption(record: dict) -> str:
+    return (
+        f"the document list {record['path']} (sha256 {record['sha256'][:12]}) is public: it was not "
+        "chosen by looking at the private queries"
+    )
+
+
+def read_document_list(path: Path) -> list[str]:
+    """Document ids, one per line (blank lines and ``#`` comments ignored)."""
+    if not Path(path).is_file():
+        raise DataError("no such document list", Path(path))
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def public_documents(root: Path, documents: Path | None, split: str | None) -> tuple[Corpus, list[str]]:
+    """The public documents that get synthetic queries: the whole corpus at ``root``, a public id
+    list (``documents``), or (under :func:`judged_set_assumption`) a split's judged documents.
+    Only ``corpus.jsonl`` and, with ``split``, the qrels file are read, never ``queries.jsonl``.
+    Returns the memory-mapped corpus and the ids."""
+    corpus = read_corpus(root / "corpus.jsonl")
+    if documents is not None and split is not None:
+        raise SynthqError("give either --documents or --split, not both")
+    if documents is not None:
+        ids = read_document_list(documents)
+        unknown = [d for d in ids if d not in corpus]
+        if unknown:
+            raise DataError(f"document id {unknown[0]!r} is not in the corpus", documents)
+        return corpus, ids
+    if split is None:
+        return corpus, sorted(corpus)
+    qrels_path = root / "qrels" / f"{split}.tsv"
+    if not qrels_path.is_file():
+        raise DataError(f"no qrels for split {split!r}", qrels_path)
+    qrels = read_qrels(qrels_path)
+    ids = sorted({d for docs in qrels.values() for d, rel in docs.items() if rel > 0})
+    missing = [d for d in ids if d not in corpus]
+    if missing:
+        raise DataError(f"split {split!r} names unknown document id {missing[0]!r}", qrels_path)
+    return corpus, ids
 
 
 def is_degenerate(query: str, document: str) -> bool:

@@ -20,10 +20,11 @@ Privacy: ``T`` Gaussian mechanisms of sensitivity 1 without subsampling; σ is c
 the target ε by the engine's accountant (:class:`synthq.dp.engine.PrivacyPlan` with ``q = 1``
 and ``T`` steps; the guarantee also records μ = √T/σ of Gaussian DP). Everything else is
 post-processing of the noisy counts and public inputs. Which documents get queries is public
-(every document of ``--corpus``). The artifact holds synthetic queries only; the un-noised vote
-counts are in ``diagnostics/`` (ε = ∞, never exported). Sampling of the public model is seeded
-by ``--generation-seed`` (public: it only replays what a public model writes); the noise comes
-from the secret randomness.
+(every document of ``--corpus``, a public ``--documents`` list, or, under a recorded
+assumption, the documents judged in ``--judged-split``). The artifact holds synthetic queries
+only; the un-noised vote counts are in ``diagnostics/`` (ε = ∞, never exported). Sampling of
+the public model is seeded by ``--generation-seed`` (public: it only replays what a public model
+writes); the noise comes from the secret randomness.
 
 The artifact is a synthetic set in the same BEIR layout as ``generate``'s, so ``filter``,
 ``train-retriever``, ``eval``, ``similarity`` and the ledger take it unchanged.
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -40,10 +42,14 @@ from synthq import distributed
 from synthq.artifacts import Artifact, create_artifact, existing_result, open_artifact, public_file_record
 from synthq.config import EvolveConfig
 from synthq.console import info, progress, warn
-from synthq.data.beir_io import read_corpus
 from synthq.data.pairs import document_text, training_pairs
 from synthq.data.sources import load_source, resolve_source
-from synthq.data.synthetic import write_synthetic
+from synthq.data.synthetic import (
+    document_list_assumption,
+    judged_set_assumption,
+    public_documents,
+    write_synthetic,
+)
 from synthq.dp.engine import (
     PrivacyPlan,
     SecretRandomness,
@@ -165,6 +171,11 @@ def run(config: EvolveConfig) -> Artifact:
     root = resolve_source(config.corpus)
     inputs = [data.record, start.record, {**embedder_input.record, "role": "embedder"}]
     inputs.append(public_file_record(root / "corpus.jsonl", config.corpus))
+    if config.judged_split is not None:
+        qrels = root / "qrels" / f"{config.judged_split}.tsv"
+        inputs.append(public_file_record(qrels, f"qrels {config.judged_split}"))
+    if config.documents is not None:
+        inputs.append(public_file_record(Path(config.documents), "document list"))
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
     from synthq.models.encoder import load_encoder
@@ -174,8 +185,7 @@ def run(config: EvolveConfig) -> Artifact:
     randomness = SecretRandomness(config.seed)
     units = training_units(pairs, data.root, config.privacy_unit, config.max_queries_per_user, randomness)
     plan = _plan(config, len(units), units.kind)
-    corpus = read_corpus(root / "corpus.jsonl")
-    doc_ids = sorted(corpus)
+    corpus, doc_ids = public_documents(root, config.documents, config.judged_split)
     generator = QueryGenerator.load(start.path, device=device, max_source_length=config.max_source_length)
     generator.model.eval()
     embedder = load_encoder(str(embedder_input.path), device=device)
@@ -268,6 +278,10 @@ def run(config: EvolveConfig) -> Artifact:
         if data.artifact is not None:  # votes of a synthetic set: it is itself a release of D
             writer.inherit(data.artifact)
         writer.release(_own_guarantee(config, plan, units, randomness), data.record, units.keys, units.kind)
+        if config.judged_split is not None:
+            writer.assume(judged_set_assumption(config.judged_split))
+        if config.documents is not None:
+            writer.assume(document_list_assumption(inputs[-1]))
         writer.diagnostics.update(
             {"vote_counts_per_round": raw_counts, **unit_diagnostics(units, len(pairs))}
         )

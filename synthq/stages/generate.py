@@ -43,7 +43,12 @@ from synthq.console import info, progress, warn
 from synthq.data.beir_io import read_corpus, read_qrels, read_queries
 from synthq.data.pairs import document_text
 from synthq.data.sources import resolve_source
-from synthq.data.synthetic import write_synthetic
+from synthq.data.synthetic import (
+    document_list_assumption,
+    judged_set_assumption,
+    public_documents,
+    write_synthetic,
+)
 from synthq.data.tables import Corpus
 from synthq.errors import ArtifactError, DataError, SynthqError
 from synthq.models.generator import QueryGenerator
@@ -68,54 +73,11 @@ def parse_shard(shard: str | None) -> tuple[int, int]:
     return index, count
 
 
-def judged_set_assumption(split: str) -> str:
-    return (
-        f"the set of documents judged in split {split!r} is public (documents were selected by it; "
-        "its queries were never read)"
-    )
-
-
-def document_list_assumption(record: dict) -> str:
-    return (
-        f"the document list {record['path']} (sha256 {record['sha256'][:12]}) is public: it was not "
-        "chosen by looking at the private queries"
-    )
-
-
-def read_document_list(path: Path) -> list[str]:
-    """Document ids, one per line (blank lines and ``#`` comments ignored)."""
-    if not Path(path).is_file():
-        raise DataError("no such document list", Path(path))
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-
-
 def select_documents(config: GenerateConfig, root: Path) -> tuple[Corpus, list[str]]:
-    """The public documents to generate for: the whole corpus, a public id list, or (under a
-    recorded assumption) a split's judged documents, after ``--limit`` and ``--shard``.
-
-    Returns the memory-mapped corpus and the selected ids; texts are read chunk by chunk while
-    generating (:func:`_generate_for`), never all at once. Only ``corpus.jsonl`` and, with
-    ``--split``, the qrels file are read, never ``queries.jsonl``."""
-    corpus = read_corpus(root / "corpus.jsonl")
-    if config.documents is not None and config.split is not None:
-        raise SynthqError("give either --documents or --split, not both")
-    if config.documents is not None:
-        ids = read_document_list(config.documents)
-        unknown = [d for d in ids if d not in corpus]
-        if unknown:
-            raise DataError(f"document id {unknown[0]!r} is not in the corpus", config.documents)
-    elif config.split is None:
-        ids = sorted(corpus)
-    else:
-        qrels_path = root / "qrels" / f"{config.split}.tsv"
-        if not qrels_path.is_file():
-            raise DataError(f"no qrels for split {config.split!r}", qrels_path)
-        qrels = read_qrels(qrels_path)
-        ids = sorted({d for docs in qrels.values() for d, rel in docs.items() if rel > 0})
-        missing = [d for d in ids if d not in corpus]
-        if missing:
-            raise DataError(f"split {config.split!r} names unknown document id {missing[0]!r}", qrels_path)
+    """The public documents to generate for (:func:`synthq.data.synthetic.public_documents`),
+    after ``--limit`` and ``--shard``. Returns the memory-mapped corpus and the selected ids;
+    texts are read chunk by chunk while generating (:func:`_generate_for`), never all at once."""
+    corpus, ids = public_documents(root, config.documents, config.split)
     if config.limit is not None:
         ids = ids[: config.limit]
     index, count = parse_shard(config.shard)

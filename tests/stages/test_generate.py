@@ -15,6 +15,7 @@ import shutil
 import pytest
 import torch
 
+from synthq import sampling
 from synthq.artifacts import create_artifact, open_artifact, partial_dir
 from synthq.config import GenerateConfig
 from synthq.errors import ArtifactError, DataError, SynthqError
@@ -237,7 +238,7 @@ def test_documents_stream_in_chunks_with_the_same_queries(tmp_path, causal_gener
 def test_resume_skips_finished_documents(tmp_path, causal_generator, tiny_beir, monkeypatch):
     reference = make(tmp_path, causal_generator, tiny_beir, "reference", batch_size=2)
     calls = {"n": 0}
-    original = generate.sample_queries
+    original = sampling.sample_queries
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
@@ -245,7 +246,7 @@ def test_resume_skips_finished_documents(tmp_path, causal_generator, tiny_beir, 
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(generate, "sample_queries", flaky)
+    monkeypatch.setattr(sampling, "sample_queries", flaky)
     config = GenerateConfig(
         generator=causal_generator.path, corpus=str(tiny_beir), out=tmp_path / "r", batch_size=2
     )
@@ -262,7 +263,7 @@ def test_resume_skips_finished_documents(tmp_path, causal_generator, tiny_beir, 
 
 
 def test_degenerate_queries_are_resampled_and_counted(tmp_path, causal_generator, tiny_beir, monkeypatch):
-    original = generate.sample_queries
+    original = sampling.sample_queries
 
     def punctuation_first(generator, requests, *args, **kwargs):
         texts = original(generator, requests, *args, **kwargs)
@@ -271,7 +272,7 @@ def test_degenerate_queries_are_resampled_and_counted(tmp_path, causal_generator
             for r, t in zip(requests, texts, strict=True)
         ]
 
-    monkeypatch.setattr(generate, "sample_queries", punctuation_first)
+    monkeypatch.setattr(sampling, "sample_queries", punctuation_first)
     fixed = make(tmp_path, causal_generator, tiny_beir, "fixed", max_resample=3)
     assert fixed.metrics["resampled"] == 3 and fixed.metrics["dropped_degenerate"] == 0
     assert "?!" not in read(fixed)
