@@ -315,10 +315,13 @@ def test_cli_prints_metrics_with_epsilon(tmp_path, retriever, tiny_beir):
     assert bad.exit_code != 0 and "--top-k" in str(bad.exception)
 
 
-def test_trec_run_files_give_ir_measures_the_same_numbers(tmp_path, retriever, tiny_beir, tiny_encoder_dir):
-    """Every row's ranked list is written as a TREC run file that an IR tool reads back with the
-    numbers synthq printed."""
+def test_trec_run_files_give_ir_measures_and_ranx_the_same_numbers(
+    tmp_path, retriever, tiny_beir, tiny_encoder_dir
+):
+    """Every row's ranked list is written as a TREC run file that IR tools (ir_measures, ranx)
+    read back with the numbers synthq printed."""
     import ir_measures
+    import ranx
     from ir_measures import R, nDCG
 
     from synthq.retrieval.trec import run_tag
@@ -345,6 +348,14 @@ def test_trec_run_files_give_ir_measures_the_same_numbers(tmp_path, retriever, t
         )
         assert scores[nDCG @ 10] == pytest.approx(row["metrics"]["ndcg@10"], abs=1e-6)
         assert scores[R @ 10] == pytest.approx(row["metrics"]["recall@10"], abs=1e-6)
+        by_ranx = ranx.evaluate(
+            ranx.Qrels.from_dict(qrels),
+            ranx.Run.from_file(str(path), kind="trec"),
+            ["ndcg@10", "recall@10"],
+            make_comparable=True,  # queries without a judged document are not scored, as in synthq
+        )
+        assert by_ranx["ndcg@10"] == pytest.approx(row["metrics"]["ndcg@10"], abs=1e-6)
+        assert by_ranx["recall@10"] == pytest.approx(row["metrics"]["recall@10"], abs=1e-6)
     # The run files are payload: listed (and verified) like every other file.
     assert any(name.startswith("runs/") for name in artifact.manifest["files"])
 
