@@ -123,6 +123,13 @@ MaxQueriesPerUser = Annotated[
     ),
 ]
 Probability = Annotated[float, Field(gt=0, le=1)]
+PublicCorpus = Annotated[
+    str, Field(description="Public documents: a BEIR directory or source name (embedded, beir:NAME).")
+]
+DocumentList = Annotated[
+    Path | None,
+    Field(description="A public list of document ids (one per line) to write queries for; default: all."),
+]
 
 
 def refuse_limit_with_dp(limit: int | None, private: bool) -> None:
@@ -205,12 +212,8 @@ class GenerateConfig(StageConfig):
     """``synthq generate``: nucleus-sample synthetic queries for public documents."""
 
     generator: Path = Field(description="A finetune-lm artifact.")
-    corpus: str = Field(
-        "embedded", description="Public documents: a BEIR directory or source name (embedded, beir:NAME)."
-    )
-    documents: Path | None = Field(
-        None, description="A public list of document ids (one per line) to generate for; default: all."
-    )
+    corpus: PublicCorpus = "embedded"
+    documents: DocumentList = None
     split: str | None = Field(
         None,
         description="Generate only for the documents judged in this qrels split. Which documents a "
@@ -250,12 +253,8 @@ class EvolveConfig(StageConfig):
         description="Private pairs that vote: a BEIR directory or source name (embedded, msmarco, beir:NAME)."
     )
     split: str = Field("train", description="qrels split whose (query, document) pairs vote.")
-    corpus: str = Field(
-        "embedded", description="Public documents: a BEIR directory or source name (embedded, beir:NAME)."
-    )
-    documents: Path | None = Field(
-        None, description="A public list of document ids (one per line) to write queries for; default: all."
-    )
+    corpus: PublicCorpus = "embedded"
+    documents: DocumentList = None
     judged_split: str | None = Field(
         None,
         description="Write queries only for the documents judged in this qrels split of --corpus, "
