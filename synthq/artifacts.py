@@ -114,6 +114,30 @@ def config_to_dict(config: Any) -> dict:
     return json_safe(json.loads(json.dumps(dict(config), default=_json_default)))
 
 
+def check_resumable(path: Path, state: dict, config: Any, inputs: list[dict]) -> None:
+    """Refuse to resume from the private checkpoint ``state`` (its ``config`` and ``inputs`` as
+    JSON) when it was written with other settings or on inputs whose content has changed since:
+    the accounting of the work already done was for the data it read."""
+    saved_inputs = {
+        (r.get("role") or r.get("kind"), r["path"]): r["sha256"]
+        for r in json.loads(state.get("inputs", "[]"))
+    }
+    for record in inputs:
+        if saved_inputs.get((record.get("role") or record.get("kind"), record["path"])) != record["sha256"]:
+            raise ArtifactError(
+                f"{path}: cannot resume, the input {record['path']} changed since the interrupted run "
+                "read it; drop --resume to start over on the new data"
+            )
+    saved, now = json.loads(state["config"]), config_to_dict(config)
+    volatile = {"out", "force", "resume", "device"}
+    changed = sorted(k for k in set(saved) | set(now) if k not in volatile and saved.get(k) != now.get(k))
+    if changed:
+        raise ArtifactError(
+            f"{path}: cannot resume, the interrupted run used other settings ({', '.join(changed)}); "
+            "rerun with those settings, or drop --resume to start over"
+        )
+
+
 def config_fingerprint(config: Any, inputs: list[dict]) -> str:
     """What decides whether an existing artifact is up to date: the config (minus volatile keys)
     and the manifest hashes of the inputs."""

@@ -284,6 +284,7 @@ class EvolveConfig(StageConfig):
     encode_batch_size: int = Field(64, ge=1, description="Texts per embedding batch.")
     privacy_unit: PrivacyUnitName = "query"
     max_queries_per_user: MaxQueriesPerUser = DEFAULT_MAX_QUERIES_PER_USER
+    resume: Resume = False
     generation_seed: Seed = 0
     seed: SecretSeed = None
     device: Device = "auto"

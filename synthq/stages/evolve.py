@@ -32,14 +32,24 @@ The artifact is a synthetic set in the same BEIR layout as ``generate``'s, so ``
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 from synthq import distributed
-from synthq.artifacts import Artifact, create_artifact, existing_result, open_artifact, public_file_record
+from synthq.artifacts import (
+    Artifact,
+    check_resumable,
+    config_to_dict,
+    create_artifact,
+    existing_result,
+    open_artifact,
+    public_file_record,
+)
 from synthq.config import EvolveConfig
 from synthq.console import info, progress, warn
 from synthq.data.pairs import document_text, training_pairs
@@ -74,6 +84,7 @@ from synthq.sampling import Request, length_sorted_batches, sample_with_retries
 from synthq.units import training_units
 
 STAGE = "evolve"
+CHECKPOINT = "state.pt"
 MAX_RESAMPLE = 3
 RANDOM_INSTRUCTION = "Write a short web search query that this document answers.\n\nDocument: {document}"
 VARIATION_INSTRUCTION = (
@@ -199,7 +210,9 @@ def run(config: EvolveConfig) -> Artifact:
             else ", ε = ∞)"
         )
     )
-    with create_artifact(config.out, STAGE, config, inputs) as writer:
+    with create_artifact(
+        config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
+    ) as writer:
         started = time.perf_counter()
         seconds = {"generate": 0.0, "embed": 0.0, "vote": 0.0}
 
@@ -209,6 +222,15 @@ def run(config: EvolveConfig) -> Artifact:
             seconds[kind] += time.perf_counter() - began
             return value
 
+        checkpoint = writer.checkpoint_dir / CHECKPOINT
+        state = _load_checkpoint(checkpoint, config, inputs) if config.resume else None
+        if state is not None:
+            randomness.load_state_dict(state["randomness"])
+            if units.kind == "user":  # which queries a user keeps follows the restored secret key
+                units = training_units(
+                    pairs, data.root, config.privacy_unit, config.max_queries_per_user, randomness
+                )
+            info(f"resuming after vote {state['votes_done']} of {config.iterations}")
         texts = [document_text(corpus[d]) for d in doc_ids]
         truncated = dict(zip(doc_ids, generator.truncated_documents(texts), strict=True))
         private_vectors = timed("embed", _private_joint_vectors, embedder, pairs, config.encode_batch_size)
@@ -216,15 +238,27 @@ def run(config: EvolveConfig) -> Artifact:
             "embed", encode_texts, embedder, texts, config.encode_batch_size, "encoding documents"
         )
         document_vectors = dict(zip(doc_ids, encoded, strict=True))
-        population = timed(
-            "generate",
-            prompter.generate,
-            {(d, k): prompter.random(truncated[d]) for d in doc_ids for k in range(config.population)},
-            config,
-            "writing queries",
-        )
-        rounds, raw_counts, next_index = [], [], config.population
-        for iteration in range(1, config.iterations + 1):
+        if state is None:
+            population = timed(
+                "generate",
+                prompter.generate,
+                {(d, k): prompter.random(truncated[d]) for d in doc_ids for k in range(config.population)},
+                config,
+                "writing queries",
+            )
+            progress_state = {
+                "votes_done": 0,
+                "next_index": config.population,
+                "rounds": [],
+                "raw_counts": [],
+            }
+            _save_checkpoint(checkpoint, config, inputs, population, progress_state, randomness)
+        else:
+            population = {(d, int(k)): text for d, k, text in state["population"]}
+            progress_state = {key: state[key] for key in ("votes_done", "next_index", "rounds", "raw_counts")}
+        rounds, raw_counts = progress_state["rounds"], progress_state["raw_counts"]
+        next_index = progress_state["next_index"]
+        for iteration in range(progress_state["votes_done"] + 1, config.iterations + 1):
             keys = sorted(population)
             query_vectors = timed(
                 "embed", encode_texts, embedder, [population[k] for k in keys], config.encode_batch_size,
@@ -263,6 +297,13 @@ def run(config: EvolveConfig) -> Artifact:
                 "generate", prompter.generate, prompts, config, f"varying queries (round {iteration})"
             )
             population = {**survivors, **varied}
+            progress_state = {
+                "votes_done": iteration,
+                "next_index": next_index,
+                "rounds": rounds,
+                "raw_counts": raw_counts,
+            }
+            _save_checkpoint(checkpoint, config, inputs, population, progress_state, randomness)
         statistics = write_synthetic(
             writer.dir, corpus, {key: {"query": text, "attempts": 1} for key, text in final.items()}
         )
@@ -286,6 +327,38 @@ def run(config: EvolveConfig) -> Artifact:
             {"vote_counts_per_round": raw_counts, **unit_diagnostics(units, len(pairs))}
         )
     return open_artifact(config.out, STAGE)
+
+
+def _save_checkpoint(
+    path: Path, config: EvolveConfig, inputs: list[dict], population: dict, progress_state: dict, randomness
+) -> None:
+    """A private, resumable checkpoint after the population for the next vote is written: the
+    population, the rounds so far, the secret randomness (the noise of later votes continues its
+    stream; a vote interrupted before the next checkpoint is redone with the same noise on the
+    same population, so nothing new is released), the config and the inputs' identifiers."""
+    import torch
+
+    state = {
+        **progress_state,
+        "population": [[doc_id, index, text] for (doc_id, index), text in sorted(population.items())],
+        "randomness": randomness.state_dict(),
+        "config": json.dumps(config_to_dict(config), sort_keys=True),
+        "inputs": json.dumps(inputs, sort_keys=True),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path: Path, config: EvolveConfig, inputs: list[dict]) -> dict | None:
+    """The checkpoint at ``path``, refused if written with other settings or inputs."""
+    import torch
+
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    check_resumable(path, state, config, inputs)
+    return state
 
 
 def _private_joint_vectors(embedder, pairs, batch_size: int) -> np.ndarray:

@@ -29,7 +29,14 @@ from pathlib import Path
 import torch
 
 from synthq import distributed
-from synthq.artifacts import Artifact, artifact_on_main, config_to_dict, existing_result, open_artifact
+from synthq.artifacts import (
+    Artifact,
+    artifact_on_main,
+    check_resumable,
+    config_to_dict,
+    existing_result,
+    open_artifact,
+)
 from synthq.config import FinetuneConfig
 from synthq.console import info, progress, warn
 from synthq.data.pairs import training_pairs
@@ -45,7 +52,6 @@ from synthq.dp.engine import (
     unit_diagnostics,
 )
 from synthq.dp.lm import GeneratorTraining, PerQueryClipping, make_optimizer
-from synthq.errors import ArtifactError
 from synthq.ledger import data_input, model_input
 from synthq.models.generator import QueryGenerator, apply_lora
 from synthq.privacy import Guarantee
@@ -83,24 +89,7 @@ def load_checkpoint(path: Path, config: FinetuneConfig, inputs: list[dict]) -> d
     if not path.is_file():
         return None
     state = torch.load(path, map_location="cpu", weights_only=True)
-    saved = {
-        (r.get("role") or r.get("kind"), r["path"]): r["sha256"]
-        for r in json.loads(state.get("inputs", "[]"))
-    }
-    for record in inputs:
-        if saved.get((record.get("role") or record.get("kind"), record["path"])) != record["sha256"]:
-            raise ArtifactError(
-                f"{path}: cannot resume, the input {record['path']} changed since the interrupted run "
-                "read it; drop --resume to start over on the new data"
-            )
-    saved, now = json.loads(state["config"]), config_to_dict(config)
-    volatile = {"out", "force", "resume", "device"}
-    changed = sorted(k for k in set(saved) | set(now) if k not in volatile and saved.get(k) != now.get(k))
-    if changed:
-        raise ArtifactError(
-            f"{path}: cannot resume, the interrupted run used other settings ({', '.join(changed)}); "
-            "rerun with those settings, or drop --resume to start over"
-        )
+    check_resumable(path, state, config, inputs)
     return state
 
 

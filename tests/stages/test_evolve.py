@@ -143,3 +143,43 @@ def test_a_seeded_run_is_reproducible(evolved, tmp_path, tiny_beir, tiny_causal_
 def test_keeping_more_than_the_population_is_refused(tmp_path, tiny_beir):
     with pytest.raises(ValueError, match="more than the --population"):
         EvolveConfig(out=tmp_path / "x", data=str(tiny_beir), population=2, queries_per_document=3)
+
+
+def test_an_interrupted_run_resumes_to_the_same_queries(
+    evolved, tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir, monkeypatch
+):
+    """Killed while writing the variations after the first vote, a rerun with --resume continues
+    from the checkpoint (the written population and the secret randomness after that vote) and
+    ends with the queries of an uninterrupted run; other settings are refused."""
+    from synthq.errors import ArtifactError
+
+    calls, original = [], evolve.Prompter.generate
+
+    def dies_on_the_variations(self, prompts, config, description):
+        calls.append(description)
+        if description.startswith("varying"):
+            raise RuntimeError("killed")
+        return original(self, prompts, config, description)
+
+    monkeypatch.setattr(evolve.Prompter, "generate", dies_on_the_variations)
+    with pytest.raises(RuntimeError, match="killed"):
+        evolve.run(_config(tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir, "cut"))
+    monkeypatch.setattr(evolve.Prompter, "generate", original)
+    assert (tmp_path / ".cut.partial" / "checkpoints" / evolve.CHECKPOINT).is_file() and not (
+        tmp_path / "cut"
+    ).exists()
+    with pytest.raises(ArtifactError, match="other settings"):
+        evolve.run(
+            _config(tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir, "cut", resume=True, top_p=0.5)
+        )
+    resumed_calls = []
+
+    def recorded(self, prompts, config, description):
+        resumed_calls.append(description)
+        return original(self, prompts, config, description)
+
+    monkeypatch.setattr(evolve.Prompter, "generate", recorded)
+    resumed = evolve.run(_config(tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir, "cut", resume=True))
+    assert resumed_calls == ["varying queries (round 1)"]  # the first population came from the checkpoint
+    assert (resumed.path / "queries.jsonl").read_bytes() == (evolved.path / "queries.jsonl").read_bytes()
+    assert resumed.privacy.epsilon == evolved.privacy.epsilon
