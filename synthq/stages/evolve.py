@@ -86,46 +86,60 @@ from synthq.units import training_units
 STAGE = "evolve"
 CHECKPOINT = "state.pt"
 MAX_RESAMPLE = 3
-RANDOM_INSTRUCTION = "Write a short web search query that this document answers.\n\nDocument: {document}"
-VARIATION_INSTRUCTION = (
-    "Document: {document}\n\nSearch query: {query}\n\n"
-    "Write another short web search query for this document, worded differently."
+# Few-shot prompts on two public, hand-written examples (no private query is ever in a prompt).
+# Measured on the demo's documents with SmolLM2-135M-Instruct: plain completion after these
+# examples writes query-like text ("how do you sleep better"); the same request as a chat turn
+# made it write prose about the document.
+EXAMPLES = (
+    (
+        "The Eiffel Tower is a wrought-iron lattice tower in Paris, 330 metres tall, completed in 1889.",
+        "how tall is the eiffel tower",
+        "eiffel tower height in metres",
+    ),
+    (
+        "Preheat the oven to 180 C. Cream the butter and sugar, add eggs one at a time, fold in the "
+        "flour and bake for 25 minutes.",
+        "simple sponge cake recipe",
+        "how long to bake a sponge cake",
+    ),
+)
+RANDOM_PROMPT = (
+    "Write the search query a person would type to find each document.\n\n"
+    + "".join(f"Document: {document}\nQuery: {query}\n\n" for document, query, _ in EXAMPLES)
+    + "Document: {document}\nQuery:"
+)
+VARIATION_PROMPT = (
+    "Write two different search queries a person would type to find each document.\n\n"
+    + "".join(
+        f"Document: {document}\nQuery: {query}\nAnother query: {other}\n\n"
+        for document, query, other in EXAMPLES
+    )
+    + "Document: {document}\nQuery: {query}\nAnother query:"
 )
 
 
 class Prompter:
     """The public model's two prompts: a new query for a document (random API) and another query
-    like a given one (variation API). Chat models get the instruction as a user turn of their
-    chat template; other causal models a plain ``Search query:`` completion; seq2seq models
-    their ``generate_query:`` input (the variation appends the query to vary)."""
+    like a given one (variation API). Causal models (base or instruct) complete a few-shot prompt
+    (:data:`RANDOM_PROMPT`, :data:`VARIATION_PROMPT`); seq2seq models get their
+    ``generate_query:`` input (the variation appends the query to vary)."""
 
-    def __init__(self, generator: QueryGenerator, max_source_length: int):
+    def __init__(self, generator: QueryGenerator):
         self.generator = generator
-        self.max_source_length = max_source_length
-        self.chat = generator.kind == "causal" and bool(getattr(generator.tokenizer, "chat_template", None))
         # Prompts are complete strings: a generator that formats nothing and truncates nothing.
         self.prompting = QueryGenerator(
             generator.model, generator.tokenizer, 1_000_000, template="{document}"
         )
 
-    def _render(self, instruction: str, plain: str) -> str:
-        if self.chat:
-            messages = [{"role": "user", "content": instruction}]
-            return self.generator.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-        if self.generator.kind == "seq2seq":
-            return plain
-        return plain + "\nSearch query:"
-
     def random(self, document: str) -> str:
-        return self._render(RANDOM_INSTRUCTION.format(document=document), f"Document: {document}")
+        if self.generator.kind == "seq2seq":
+            return document
+        return RANDOM_PROMPT.replace("{document}", document)
 
     def variation(self, document: str, query: str) -> str:
         if self.generator.kind == "seq2seq":
             return f"{document} query: {query}"
-        plain = f"Document: {document}\nSearch query: {query}\nAnother search query for this document:"
-        return self._render(VARIATION_INSTRUCTION.format(document=document, query=query), plain)
+        return VARIATION_PROMPT.replace("{document}", document).replace("{query}", query)
 
     def generate(self, prompts: dict[tuple[str, int], str], config: EvolveConfig, description: str) -> dict:
         """``(doc_id, index) -> query`` for every prompt, in batches of similar length."""
@@ -200,7 +214,7 @@ def run(config: EvolveConfig) -> Artifact:
     generator = QueryGenerator.load(start.path, device=device, max_source_length=config.max_source_length)
     generator.model.eval()
     embedder = load_encoder(str(embedder_input.path), device=device)
-    prompter = Prompter(generator, config.max_source_length)
+    prompter = Prompter(generator)
     info(
         f"evolving queries for {len(doc_ids)} public documents with {config.model} "
         f"({config.population} per document, {config.iterations} votes of {describe_units(units)}"
