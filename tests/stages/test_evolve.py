@@ -132,6 +132,7 @@ def test_no_private_query_text_is_released(evolved, tiny_beir):
         assert text not in released and query_id not in released
     votes = json.loads((evolved.path / "diagnostics" / "metrics.json").read_text())
     assert len(votes["vote_counts_per_round"]) == 2  # un-noised counts: private diagnostics only
+    assert "generate_seconds" in votes["timings"] and not evolved.timings  # they depend on private lengths
 
 
 def test_a_seeded_run_is_reproducible(evolved, tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir):
