@@ -116,6 +116,28 @@ def data_input(spec: str, private: bool = True) -> DataInput:
     return DataInput(spec, root, data_input_record(root, name=spec, private=private))
 
 
+def public_documents_input(
+    root: Path, corpus: str, documents: Path | None, split: str | None
+) -> tuple[list[dict], list[str]]:
+    """What a stage that writes queries for public documents (generate, evolve) records: the
+    lineage of the public files it reads to choose them (the corpus, a ``--documents`` list, a
+    split's qrels; never the directory, which may hold private queries) and the assumptions the
+    choice rests on (the list, or the split's judged-document set, is public)."""
+    from synthq.artifacts import public_file_record
+    from synthq.data.synthetic import document_list_assumption, judged_set_assumption
+
+    records, assumptions = [public_file_record(root / "corpus.jsonl", corpus)], []
+    qrels = root / "qrels" / f"{split}.tsv"
+    if split is not None and qrels.is_file():  # a missing one is reported when documents are chosen
+        records.append(public_file_record(qrels, f"qrels {split}"))
+    if split is not None:
+        assumptions.append(judged_set_assumption(split))
+    if documents is not None:
+        records.append(public_file_record(Path(documents), "document list"))
+        assumptions.append(document_list_assumption(records[-1]))
+    return records, assumptions
+
+
 @dataclass
 class DatasetCost:
     """What the releases in a ledger cost one private dataset."""

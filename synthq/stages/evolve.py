@@ -48,15 +48,12 @@ from synthq.artifacts import (
     create_artifact,
     existing_result,
     open_artifact,
-    public_file_record,
 )
 from synthq.config import EvolveConfig
 from synthq.console import info, progress, warn
 from synthq.data.pairs import document_text, training_pairs
 from synthq.data.sources import load_source, resolve_source
 from synthq.data.synthetic import (
-    document_list_assumption,
-    judged_set_assumption,
     public_documents,
     write_synthetic,
 )
@@ -76,7 +73,7 @@ from synthq.dp.evolution import (
     vote_histogram,
 )
 from synthq.errors import SynthqError
-from synthq.ledger import data_input, model_input
+from synthq.ledger import data_input, model_input, public_documents_input
 from synthq.models.generator import QueryGenerator
 from synthq.privacy import Guarantee
 from synthq.retrieval.cache import encode_texts
@@ -194,13 +191,10 @@ def run(config: EvolveConfig) -> Artifact:
     embedder_input = model_input(config.embedder, stage="train-retriever")
     data = data_input(config.data)
     root = resolve_source(config.corpus)
-    inputs = [data.record, start.record, {**embedder_input.record, "role": "embedder"}]
-    inputs.append(public_file_record(root / "corpus.jsonl", config.corpus))
-    if config.judged_split is not None:
-        qrels = root / "qrels" / f"{config.judged_split}.tsv"
-        inputs.append(public_file_record(qrels, f"qrels {config.judged_split}"))
-    if config.documents is not None:
-        inputs.append(public_file_record(Path(config.documents), "document list"))
+    documents, assumptions = public_documents_input(
+        root, config.corpus, config.documents, config.judged_split
+    )
+    inputs = [data.record, start.record, {**embedder_input.record, "role": "embedder"}, *documents]
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
     from synthq.models.encoder import load_encoder
@@ -333,10 +327,8 @@ def run(config: EvolveConfig) -> Artifact:
         if data.artifact is not None:  # votes of a synthetic set: it is itself a release of D
             writer.inherit(data.artifact)
         writer.release(_own_guarantee(config, plan, units, randomness), data.record, units.keys, units.kind)
-        if config.judged_split is not None:
-            writer.assume(judged_set_assumption(config.judged_split))
-        if config.documents is not None:
-            writer.assume(document_list_assumption(inputs[-1]))
+        if assumptions:
+            writer.assume(*assumptions)
         writer.diagnostics.update(
             {"vote_counts_per_round": raw_counts, **unit_diagnostics(units, len(pairs))}
         )

@@ -36,7 +36,6 @@ from synthq.artifacts import (
     existing_result,
     find_up_to_date,
     open_artifact,
-    public_file_record,
 )
 from synthq.config import GenerateConfig
 from synthq.console import info, progress, warn
@@ -44,13 +43,12 @@ from synthq.data.beir_io import read_corpus, read_qrels, read_queries
 from synthq.data.pairs import document_text
 from synthq.data.sources import resolve_source
 from synthq.data.synthetic import (
-    document_list_assumption,
-    judged_set_assumption,
     public_documents,
     write_synthetic,
 )
 from synthq.data.tables import Corpus
 from synthq.errors import ArtifactError, DataError, SynthqError
+from synthq.ledger import public_documents_input
 from synthq.models.generator import QueryGenerator
 from synthq.sampling import Request, length_sorted_batches, sample_with_retries
 
@@ -240,13 +238,8 @@ def run(config: GenerateConfig) -> Artifact:
         return run_over_ranks(config)
     generator_artifact = open_artifact(config.generator, stage="finetune-lm")
     root = resolve_source(config.corpus)
-    # Only the public documents are read (and, with --split, that split's qrels): the record
-    # hashes those files, never the directory, which may hold private queries.
-    inputs = [generator_artifact.input_record(), public_file_record(root / "corpus.jsonl", config.corpus)]
-    if config.split is not None and (root / "qrels" / f"{config.split}.tsv").is_file():
-        inputs.append(public_file_record(root / "qrels" / f"{config.split}.tsv", f"qrels {config.split}"))
-    if config.documents is not None:
-        inputs.append(public_file_record(Path(config.documents), "document list"))
+    documents, assumptions = public_documents_input(root, config.corpus, config.documents, config.split)
+    inputs = [generator_artifact.input_record(), *documents]
     if (done_artifact := existing_result(STAGE, config, inputs)) is not None:
         return done_artifact
     corpus, doc_ids = select_documents(config, root)
@@ -279,9 +272,8 @@ def run(config: GenerateConfig) -> Artifact:
             }
         )
         writer.inherit(generator_artifact)
+        if assumptions:
+            writer.assume(*assumptions)
         if config.split is not None:
-            writer.assume(judged_set_assumption(config.split))
             warn(f"documents chosen by the judged set of split {config.split!r}: assumed public")
-        if config.documents is not None:
-            writer.assume(document_list_assumption(inputs[-1]))
     return open_artifact(config.out, STAGE)
