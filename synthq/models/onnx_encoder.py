@@ -94,18 +94,18 @@ class OnnxEncoder:
         return np.concatenate(rows)
 
 
+def has_bundle(directory: Path) -> bool:
+    """Whether ``directory`` holds a bundle of this format version (without loading it)."""
+    try:
+        return json.loads((directory / BUNDLE_FILE).read_text()).get("format") == BUNDLE_FORMAT
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
 def load_bundle(directory: Path) -> OnnxEncoder | None:
     """The bundle in ``directory``, or None when there is none (or it was refused, or written by
     another format version)."""
-    meta = directory / BUNDLE_FILE
-    if not meta.is_file():
-        return None
-    try:
-        if json.loads(meta.read_text()).get("format") != BUNDLE_FORMAT:
-            return None
-    except (OSError, json.JSONDecodeError):
-        return None
-    return OnnxEncoder(directory)
+    return OnnxEncoder(directory) if has_bundle(directory) else None
 
 
 def was_refused(directory: Path) -> bool:

@@ -14,6 +14,7 @@ computed by the model itself, so ``eval`` and ``search`` share one cache whoever
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 from synthq.artifacts import data_input_record, is_artifact, open_artifact
@@ -27,25 +28,28 @@ from synthq.retrieval.cache import cached_corpus_embeddings, search_corpus, weig
 QUERY_BATCH = 64
 
 
-def _model_key(spec: str) -> str:
-    """The cache identity of the model ``spec`` names (as ``eval`` keys it), found without
-    loading the model."""
+def _model(spec: str) -> tuple[str, Callable]:
+    """The cache identity of the model ``spec`` names (as ``eval`` keys it), found without loading
+    the model, and a function that loads it as a ``SentenceTransformer`` on a device. An artifact
+    is opened (and verified) once for both."""
     from synthq.models.resolve import resolve_model
 
     if is_artifact(spec):
-        return weights_key(open_artifact(spec, stage="train-retriever").manifest)
-    return f"encoder:{data_input_record(resolve_model(spec), name=spec)['sha256']}"
+        artifact = open_artifact(spec, stage="train-retriever")
 
+        def load_artifact(device: str):
+            from sentence_transformers import SentenceTransformer
 
-def _load_model(spec: str, device: str):
-    """The model ``spec`` names, as a ``SentenceTransformer`` on ``device``."""
-    from sentence_transformers import SentenceTransformer
+            return SentenceTransformer(str(artifact.path), device=device)
 
-    from synthq.models.encoder import load_encoder
+        return weights_key(artifact.manifest), load_artifact
 
-    if is_artifact(spec):
-        return SentenceTransformer(str(open_artifact(spec, stage="train-retriever").path), device=device)
-    return load_encoder(spec, device=device)
+    def load_encoder_spec(device: str):
+        from synthq.models.encoder import load_encoder
+
+        return load_encoder(spec, device=device)
+
+    return f"encoder:{data_input_record(resolve_model(spec), name=spec)['sha256']}", load_encoder_spec
 
 
 def bundle_directory(model_key: str) -> Path:
@@ -100,12 +104,12 @@ def search(
         names = ", ".join(name for name, _ in parts[:5])
         raise DataError(f"{corpus} holds several corpora ({names}, ...); search one of their directories")
     documents = read_corpus(Path(parts[0][1]) / "corpus.jsonl")
-    key = _model_key(retriever)
+    key, load = _model(retriever)
     by_id = {str(i): text for i, text in enumerate(queries)}
     run = _search_without_torch(key, documents, by_id, top_k) if device in ("auto", "cpu") else None
     if run is None:
         device = resolve_device(device)
-        model = _load_model(retriever, device)
+        model = load(device)
         run = search_corpus(model, key, documents, by_id, top_k, QUERY_BATCH, device)
         _write_bundle_for_next_time(model, key, device, queries)
     return [
@@ -122,11 +126,7 @@ def _write_bundle_for_next_time(model, model_key: str, device: str, queries: lis
     search starts without torch; a model the export cannot reproduce is remembered and not
     tried again."""
     directory = bundle_directory(model_key)
-    if (
-        device != "cpu"
-        or onnx_encoder.was_refused(directory)
-        or onnx_encoder.load_bundle(directory) is not None
-    ):
+    if device != "cpu" or onnx_encoder.was_refused(directory) or onnx_encoder.has_bundle(directory):
         return
     info("writing this model's ONNX query encoder, once, so later searches start without torch")
     if onnx_encoder.export_bundle(model, directory, extra_probes=queries) is None:

@@ -91,7 +91,7 @@ def test_a_refused_model_is_searched_with_torch_and_not_exported_again(
     monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(onnx_encoder, "TOLERANCE", -1.0)
     first = search.search(str(tiny_encoder_dir), str(tiny_beir), ["boil an egg"], top_k=3, device="cpu")
-    directory = search.bundle_directory(search._model_key(str(tiny_encoder_dir)))
+    directory = search.bundle_directory(search._model(str(tiny_encoder_dir))[0])
     assert onnx_encoder.was_refused(directory)
     monkeypatch.setattr(onnx_encoder, "export_bundle", lambda *a, **k: pytest.fail("exported again"))
     assert (
