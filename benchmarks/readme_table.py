@@ -24,7 +24,7 @@ ANCHORS = {
 }
 
 
-def _load(payload: dict | None) -> str:
+def conditions(payload: dict | None, latest: str | None = None) -> str:
     """The run's conditions: 1-minute load average at its end, timed steps, threads of its rows."""
     if not payload:
         return ""
@@ -39,7 +39,7 @@ def _load(payload: dict | None) -> str:
     if threads:
         parts.append(f"{'/'.join(map(str, sorted(threads)))} thread(s)")
     measured = payload.get("measured") or {}
-    if measured.get("at") and measured.get("at") != payload.get("_collected"):
+    if measured.get("at") and measured.get("at") != latest:
         parts.append(f"measured {measured['at'][:10]} on {measured.get('cpu') or '?'}")
     return ", ".join(parts)
 
@@ -58,8 +58,13 @@ def _ratio(results: dict, row: str, memory: bool = True) -> str | None:
 
 
 def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
-    """``(work, measured, anchor, aim, conditions)`` for every benchmark present."""
+    """``(work, measured, anchor, aim, conditions)`` for every benchmark present; a row measured
+    in an earlier run than the latest says when and on which CPU."""
     benchmarks = results.get("benchmarks", {})
+
+    def _load(payload: dict | None) -> str:
+        return conditions(payload, results.get("collected"))
+
     out = []
     for finetune in [v for k, v in benchmarks.items() if k.startswith("finetune_step[smollm2-135m")]:
         shape = f"batch {finetune['batch']} × {finetune['tokens']} tokens"
@@ -128,8 +133,6 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
 def table(results: dict) -> str:
     """The README's table; a row measured in an earlier run than the latest says when and on
     which CPU (re-running one script refreshes its rows only, and VMs change CPUs)."""
-    for payload in results.get("benchmarks", {}).values():
-        payload["_collected"] = results.get("collected")
     machine = results.get("machine", {})
     lines = [
         f"Last measured {results.get('collected', '?')} on {machine.get('cpu', '?')}, "

@@ -87,7 +87,7 @@ def select_best(
         if row.get("kind") != "retriever":
             continue
         variant = row.get("variant") or row["model_id"]
-        label = row.get("family") or row["method"] if across_data else row["method"]
+        label = (row.get("family") or row["method"]) if across_data else row["method"]
         if across_data:
             variant = f"{row['method']}|{variant}"
         method = f"{label}, ε = {format_epsilon(float(row.get('model_epsilon', row['epsilon'])))}"

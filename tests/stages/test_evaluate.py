@@ -90,15 +90,24 @@ def test_cache_hit_then_invalidated_by_corpus_change(tmp_path, retriever, tiny_b
     assert (third.timings["cache_hits"], third.timings["cache_misses"]) == (0, 1)
 
 
-def test_outputs_show_epsilon_and_public_reference_rows(tmp_path, retriever, tiny_beir, tiny_encoder_dir):
-    artifact = evaluate.run(
+@pytest.fixture(scope="module")
+def with_references(tmp_path_factory, retriever, tiny_beir, tiny_encoder_dir):
+    """One evaluation of the retriever beside its references (BM25, its untrained encoder), which
+    several tests read."""
+    return evaluate.run(
         EvalConfig(
             retrievers=[str(retriever.path)],
             untrained=[str(tiny_encoder_dir)],
             datasets=[str(tiny_beir)],
-            out=tmp_path / "e",
+            out=tmp_path_factory.mktemp("with-references") / "e",
         )
     )
+
+
+def test_outputs_show_epsilon_and_public_reference_rows(
+    with_references, retriever, tiny_beir, tiny_encoder_dir
+):
+    artifact = with_references
     rows = {r["retriever"]: r for r in _rows(artifact)}
     assert set(rows) == {"BM25", "ret-dp", f"untrained {tiny_encoder_dir.name}"}
     assert rows["ret-dp"]["epsilon"] == 4.0 and rows["ret-dp"]["privacy"]["mechanism"] == "dp-group"
@@ -315,9 +324,7 @@ def test_cli_prints_metrics_with_epsilon(tmp_path, retriever, tiny_beir):
     assert bad.exit_code != 0 and "--top-k" in str(bad.exception)
 
 
-def test_trec_run_files_give_ir_measures_and_ranx_the_same_numbers(
-    tmp_path, retriever, tiny_beir, tiny_encoder_dir
-):
+def test_trec_run_files_give_ir_measures_and_ranx_the_same_numbers(with_references, tiny_beir):
     """Every row's ranked list is written as a TREC run file that IR tools (ir_measures, ranx)
     read back with the numbers synthq printed."""
     import ir_measures
@@ -326,14 +333,7 @@ def test_trec_run_files_give_ir_measures_and_ranx_the_same_numbers(
 
     from synthq.retrieval.trec import run_tag
 
-    artifact = evaluate.run(
-        EvalConfig(
-            retrievers=[str(retriever.path)],
-            untrained=[str(tiny_encoder_dir)],
-            datasets=[str(tiny_beir)],
-            out=tmp_path / "e",
-        )
-    )
+    artifact = with_references
     qrels = {q: dict(docs) for q, docs in load_beir_dir(tiny_beir).qrels["test"].items()}
     rows = _rows(artifact)
     assert {r["retriever"] for r in rows} >= {"BM25", "ret-dp"} and len(rows) == 3
