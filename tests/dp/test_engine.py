@@ -73,6 +73,44 @@ def test_noise_is_added_in_place_and_repeats_with_the_generator():
     assert stats.kstest(values.numpy() / 0.5, "norm").pvalue > 1e-3
 
 
+def test_noise_streams_cover_every_coordinate_once():
+    from synthq.dp.engine import _noise_spans
+
+    sizes = [5, 0, 17, 1, 40]
+    for streams in (1, 3, 8):
+        seen = [[0] * size for size in sizes]
+        for pieces in _noise_spans(sizes, streams):
+            for index, start, stop in pieces:
+                for i in range(start, stop):
+                    seen[index][i] += 1
+        assert all(count == 1 for row in seen for count in row)
+
+
+def test_noise_does_not_depend_on_the_thread_count_and_reaches_strided_tensors(monkeypatch):
+    from synthq.dp import engine
+
+    monkeypatch.setattr(engine, "NOISE_CHUNK", 1000)  # several chunks per stream and per tensor
+    threads = torch.get_num_threads()
+
+    def noisy(num_threads):
+        torch.set_num_threads(num_threads)
+        try:
+            strided = torch.zeros(300, 40).T  # not contiguous: its noise must still land in place
+            tensors = engine.add_noise([torch.zeros(7_001), strided], 1.0, torch.Generator().manual_seed(3))
+        finally:
+            torch.set_num_threads(threads)
+        assert tensors[1] is strided and not strided.is_contiguous()
+        return torch.cat([t.flatten() for t in tensors])
+
+    one, two = noisy(1), noisy(2)
+    assert torch.equal(one, two)
+    assert (one != 0).all()
+    assert stats.kstest(one.numpy(), "norm").pvalue > 1e-3
+    streams = engine.NOISE_STREAMS  # each stream its own seed: no span starts as another does
+    starts = {tuple(one[one.numel() * s // streams :][:8].tolist()) for s in range(streams)}
+    assert len(starts) == engine.NOISE_STREAMS
+
+
 @pytest.mark.parametrize("accountant", ["rdp", "prv"])
 def test_plan_calibrates_sigma_and_the_guarantee_is_what_opacus_computes(accountant):
     plan = PrivacyPlan.create(
