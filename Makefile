@@ -39,8 +39,10 @@ bench: $(STAMP)
 	rm -f benchmarks/results.jsonl benchmarks/results.json
 	export SYNTHQ_BENCH_JSON=benchmarks/results.jsonl && \
 	$(PY) benchmarks/finetune_step.py --models smollm2-135m --modes ghost --steps 5 && \
+	$(PY) benchmarks/finetune_step.py --models smollm2-135m --noise --steps 3 && \
 	$(PY) benchmarks/retriever_step.py --batch 16 --steps 2 --modes $(RETRIEVER_MODES) --logit-batch 0 && \
 	$(PY) benchmarks/generate_throughput.py --prompts 8 --batch 8 && \
 	$(PY) benchmarks/canary_scoring.py && \
-	$(PY) benchmarks/cli_startup.py
+	$(PY) benchmarks/cli_startup.py && \
+	$(PY) benchmarks/data_scale.py --passages 1000000 --repeats 3 > /dev/null
 	$(PY) benchmarks/collect.py benchmarks/results.jsonl benchmarks/results.json --readme README.md

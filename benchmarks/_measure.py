@@ -12,15 +12,19 @@ import time
 from unittest.mock import patch
 
 
-def _threads() -> None:
-    """synthq's thread rule, as a stage would apply it (:mod:`synthq.threads`)."""
+def as_a_stage() -> int:
+    """synthq's thread rule and heap setting, as a stage applies them (:func:`synthq.distributed.setup`);
+    returns torch's thread count."""
+    from synthq.malloc import keep_freed_memory
     from synthq.threads import configure_threads
 
-    configure_threads()
+    threads = configure_threads()
+    keep_freed_memory()
+    return threads
 
 
 def _child(function, args, steps, warmup, queue):
-    _threads()
+    as_a_stage()
     setup = function(*args)
     times = []
     for index in range(warmup + steps):
@@ -60,7 +64,7 @@ def measure(function, *args, steps: int = 3, warmup: int = 1, env: dict | None =
 def _interleaved_child(function, configurations, steps, warmup, queue):
     import torch
 
-    _threads()
+    as_a_stage()
     built = {name: function(*args) for name, args in configurations.items()}
     times = {name: [] for name in built}
     for index in range(warmup + steps):
@@ -115,15 +119,17 @@ def add_ratios(results: dict, baselines: dict[str, str]) -> None:
             value["live_memory_ratio"] = round(value["peak_live_gb"] / base["peak_live_gb"], 3)
 
 
-def emit(payload: dict) -> None:
-    """Print a benchmark's JSON; with ``SYNTHQ_BENCH_JSON`` set (``make bench``) also append it to
-    that file, one JSON document per line, for :mod:`benchmarks.collect`. The load average at the
-    end of the run is recorded: above the core count, other work shared the CPU."""
+def emit(payload: dict, show: bool = True) -> None:
+    """Print a benchmark's JSON (unless ``show`` is false); with ``SYNTHQ_BENCH_JSON`` set
+    (``make bench``) also append it to that file, one JSON document per line, for
+    :mod:`benchmarks.collect`. The load average at the end of the run is recorded: above the core
+    count, other work shared the CPU."""
     import torch
 
     threads = payload.pop("threads", torch.get_num_threads())
     payload = {**payload, "torch_threads": threads, "load_average": os.getloadavg()}
-    print(json.dumps(payload, indent=2, ensure_ascii=False))
+    if show:
+        print(json.dumps(payload, indent=2, ensure_ascii=False))
     path = os.environ.get("SYNTHQ_BENCH_JSON")
     if path:
         with open(path, "a", encoding="utf-8") as handle:

@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks._measure import emit  # noqa: E402
 
 PRELUDE = """
 import json, random, sys, time
@@ -276,6 +278,15 @@ def main() -> None:
     if args.out:
         args.out.write_text(text + "\n")
     print(text)
+    if os.environ.get("SYNTHQ_BENCH_JSON"):  # make bench: what each size adds, for the table
+        emit(
+            {
+                "benchmark": "data_scale",
+                "repeats": args.repeats,
+                "results": {str(n): entry["adds"] for n, entry in report["sizes"].items()},
+            },
+            show=False,
+        )
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@ T5-small-shaped model. The full (and the LoRA) configurations are timed in one p
 
     python benchmarks/finetune_step.py [--batch 8] [--tokens 128] [--steps 3] [--modes ghost,hooks,vmap]
     python benchmarks/finetune_step.py --profile [--lora 0] [--modes ghost]
+    python benchmarks/finetune_step.py --noise [--models smollm2-135m] [--steps 3]
 
 ``--profile`` runs one step of each side under torch's profiler (after two untimed steps) and
 prints, per operator, the self CPU time of the non-private and the DP step and the difference:
-where the DP step's extra time goes.
+where the DP step's extra time goes. ``--noise`` times the step's Gaussian noise alone on the
+model's trainable parameters: the engine's parallel streams (:func:`synthq.dp.engine.add_noise`)
+against one generator drawing a fresh tensor per parameter (the engine before).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._measure import add_ratios, emit, measure_interleaved  # noqa: E402
+from benchmarks._measure import add_ratios, as_a_stage, emit, measure_interleaved  # noqa: E402
 
 
 def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: int):
@@ -66,9 +69,7 @@ def profile_overhead(model: str, mode: str, lora: int, batch: int, tokens: int, 
     """Self CPU seconds per operator of one non-private and one DP step, largest differences first."""
     from torch.profiler import ProfilerActivity, profile
 
-    from synthq.threads import configure_threads
-
-    configure_threads()
+    as_a_stage()
     sides = {
         "non_private": make_step(model, None, lora, batch, tokens),
         "dp": make_step(model, mode, lora, batch, tokens),
@@ -95,6 +96,45 @@ def profile_overhead(model: str, mode: str, lora: int, batch: int, tokens: int, 
     }
 
 
+def noise_seconds(model_spec: str, steps: int) -> dict:
+    """Median seconds of one step's noise on the model's trainable parameters, each way."""
+    import statistics
+    import time
+
+    import torch
+
+    from synthq.dp.engine import add_noise
+    from synthq.models.generator import QueryGenerator
+
+    as_a_stage()
+    shapes = [p.shape for p in QueryGenerator.load(model_spec).model.parameters() if p.requires_grad]
+    tensors = [torch.zeros(shape) for shape in shapes]
+    generator = torch.Generator().manual_seed(0)
+
+    def one_generator():
+        for tensor in tensors:
+            tensor.add_(torch.normal(0.0, 1.0, size=tensor.shape, generator=generator))
+
+    ways = {
+        "one_generator_fresh_tensors": one_generator,
+        "engine_streams": lambda: add_noise(tensors, 1.0, generator),
+    }
+    times = {name: [] for name in ways}
+    for index in range(steps + 1):
+        for name, way in ways.items():
+            started = time.perf_counter()
+            way()
+            if index:  # the first round warms the allocator
+                times[name].append(time.perf_counter() - started)
+    medians = {name: round(statistics.median(values), 3) for name, values in times.items()}
+    return {
+        "coordinates": sum(t.numel() for t in tensors),
+        "threads": torch.get_num_threads(),
+        "seconds": medians,
+        "speedup": round(medians["one_generator_fresh_tensors"] / medians["engine_streams"], 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=8)
@@ -106,7 +146,12 @@ def main() -> None:
     parser.add_argument("--no-full", action="store_true", help="LoRA rows only")
     parser.add_argument("--no-memory", action="store_true", help="times only (no peak-RSS processes)")
     parser.add_argument("--profile", action="store_true", help="where the DP step's extra time goes")
+    parser.add_argument("--noise", action="store_true", help="the step's Gaussian noise alone")
     args = parser.parse_args()
+    if args.noise:
+        for model in args.models.split(","):
+            emit({"benchmark": "dp_noise", "model": model, "results": noise_seconds(model, args.steps)})
+        return
     modes = [m for m in args.modes.split(",") if m]
     if args.profile:
         for model in args.models.split(","):

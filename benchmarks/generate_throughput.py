@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._measure import emit  # noqa: E402
+from benchmarks._measure import as_a_stage, emit  # noqa: E402
 
 
 def main() -> None:
@@ -43,9 +43,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--top-p", type=float, default=0.8)
     args = parser.parse_args()
-    from synthq.threads import configure_threads
-
-    threads = configure_threads()  # the rule `synthq generate` applies
+    threads = as_a_stage()  # the threads and heap setting `synthq generate` applies
     generator = QueryGenerator.load("smollm2-135m")
     generator.model.eval()
     tokenizer = generator.tokenizer

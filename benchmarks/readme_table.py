@@ -81,6 +81,14 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
                 (f"finetune-lm DP step (ghost) vs non-private, LoRA r = {rank} all-linear, {shape}",
                  _ratio(finetune["results"], lora), ANCHORS["lora"], "≤ 1.05×", _load(finetune))
             )  # fmt: skip
+    for noise in [v for k, v in benchmarks.items() if k.startswith("dp_noise[")]:
+        found = noise["results"]
+        out.append(
+            (f"DP noise of one step, {found['coordinates'] / 1e6:.0f} M coordinates ({noise['model']}): "
+             "parallel seeded streams vs one generator, a fresh tensor per parameter",
+             f"{found['speedup']:.2f}× faster ({found['seconds']['one_generator_fresh_tensors']:.2f} → "
+             f"{found['seconds']['engine_streams']:.2f} s)", "—", "—", _load(noise))
+        )  # fmt: skip
     for retriever in [v for k, v in benchmarks.items() if k.startswith("retriever_step[")]:
         found = retriever["results"]
         batch = retriever["batch"]
@@ -119,6 +127,19 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
                 (f"command-line start: `{label}` (fresh process, caches warm)",
                  f"{values['median_seconds']:.2f} s", "gh, ruff, uv: instant",
                  f"< {values['aim_seconds']:g} s", _load(startup))
+            )  # fmt: skip
+    scale = benchmarks.get("data_scale")
+    for passages, adds in (scale or {}).get("results", {}).items():
+        warm_ops = ("open_lookup", "pairs", "length_sorted", "data_info")
+        warm = {op: adds[op]["wall_seconds"] for op in warm_ops if op in adds}
+        if warm:
+            slowest = max(warm, key=warm.get)
+            rehash = adds.get("open_rehash", {}).get("wall_seconds")
+            out.append(
+                (f"stage start with a {int(passages):,}-passage corpus: what it adds to a fresh process",
+                 f"+{warm[slowest]:.2f} s warm (`{slowest}`, the slowest of {len(warm)})"
+                 + (f", +{rehash:.2f} s re-hashing" if rehash is not None else ""),
+                 "—", "< 2 s", _load(scale))
             )  # fmt: skip
     evaluation = benchmarks.get("eval_throughput")
     if evaluation and "generated_search_only" in evaluation:

@@ -92,14 +92,17 @@ def setup(device: str = "auto", threads: int | None = None) -> Topology:
     ``device`` picks the backend: NCCL when the stage runs on CUDA, gloo on CPU (``--device cpu``
     under torchrun gives CPU ranks, which is how the tests run two ranks on one machine).
     It also sets torch's CPU thread count: the node's cores shared by its ranks, unless
-    ``threads`` / ``SYNTHQ_THREADS`` / ``OMP_NUM_THREADS`` say otherwise (:mod:`synthq.threads`).
+    ``threads`` / ``SYNTHQ_THREADS`` / ``OMP_NUM_THREADS`` say otherwise (:mod:`synthq.threads`),
+    and makes the C heap keep freed memory for the next step (:mod:`synthq.malloc`).
     """
     import torch
     import torch.distributed as dist
 
+    from synthq.malloc import keep_freed_memory
     from synthq.threads import configure_threads
 
     configure_threads(threads)
+    keep_freed_memory()
     world_size = _env_int("WORLD_SIZE", 1)
     if world_size > 1 and dist.is_available() and not dist.is_initialized():
         use_cuda = torch.cuda.is_available() and device in ("auto", "cuda") or device.startswith("cuda:")
