@@ -10,7 +10,9 @@ exactly. This costs what one ordinary backward pass costs (the weight-gradient p
 same flops, split by group) and keeps ``K`` gradient copies, one per group.
 
 Supported layers (a small registry, as in Opacus' ``register_grad_sampler``): ``nn.Linear``,
-``nn.Embedding`` and ``nn.LayerNorm`` — every trainable layer of BERT/MiniLM-style encoders. A
+``nn.Embedding`` and ``nn.LayerNorm`` — every trainable layer of BERT/MiniLM-style encoders — and
+RMS norms that compute exactly ``F.rms_norm`` (Llama's, checked numerically once per type, as
+:mod:`synthq.dp.lm_grad_samplers` does for Opacus): the encoders cut from SmolLM2. A
 layer whose output does not carry the examples on dimension 0 (e.g. T5's relative attention bias)
 raises :class:`UnsupportedLayer`; callers then fall back to one backward pass per group.
 """
@@ -23,6 +25,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from synthq.dp.lm_grad_samplers import is_plain_rms_norm
 
 
 class UnsupportedLayer(RuntimeError):
@@ -91,6 +95,23 @@ def _layer_norm(
     return out
 
 
+def _rms_norm(
+    module: nn.Module, x: torch.Tensor, delta: torch.Tensor, rows: list[torch.Tensor]
+) -> list[dict]:
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+    product = F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(delta.dtype) * delta
+    return [{"weight": product[index].reshape(-1, product.shape[-1]).sum(0)} for index in rows]
+
+
+def rule_for(module: nn.Module) -> GroupGradient | None:
+    """The module's per-group gradient rule; an RMS norm type is registered when its first module
+    passes the numerical check."""
+    rule = REGISTRY.get(type(module))
+    if rule is None and type(module).__name__.lower().endswith("rmsnorm") and is_plain_rms_norm(module):
+        rule = REGISTRY[type(module)] = _rms_norm
+    return rule
+
+
 class PerGroupGradients:
     """Hooks a model so that one backward pass yields every group's parameter gradient.
 
@@ -119,7 +140,7 @@ class PerGroupGradients:
             own = [p for p in module.parameters(recurse=False) if p.requires_grad]
             if not own:
                 continue
-            if type(module) not in REGISTRY:
+            if rule_for(module) is None:
                 self.close()
                 raise UnsupportedLayer(f"no per-group gradient rule for {type(module).__name__}")
             covered.update(id(p) for p in own)
@@ -166,18 +187,38 @@ class PerGroupGradients:
     def discard(self) -> None:
         self._calls = []
 
-    def gradients(self, loss: torch.Tensor, num_groups: int) -> list[list[torch.Tensor]]:
-        calls, self._calls = self._calls, []
-        per_group = [[torch.zeros_like(p) for p in self.parameters] for _ in range(num_groups)]
+    def gradients(
+        self,
+        loss: torch.Tensor,
+        num_groups: int,
+        groups: torch.Tensor | None = None,
+        into: list[list[torch.Tensor]] | None = None,
+        keep: bool = False,
+    ) -> list[list[torch.Tensor]]:
+        """Every group's gradient of ``loss``: ``[num_groups][len(parameters)]``.
+
+        ``groups`` replaces the group ids recorded with every forward pass (rows whose id is
+        outside ``range(num_groups)`` belong to no group); ``into`` receives the gradients in
+        place (one list of tensors per group) instead of new zero tensors; ``keep`` keeps the
+        records and the graph for another call (other losses or groups on the same forward)."""
+        calls = self._calls
+        if not keep:
+            self._calls = []
+        if into is None:
+            into = [[torch.zeros_like(p) for p in self.parameters] for _ in range(num_groups)]
+        per_group = into
         if not calls:
             return per_group
-        deltas = torch.autograd.grad(loss, [output for _, _, output, _ in calls], allow_unused=True)
+        deltas = torch.autograd.grad(
+            loss, [output for _, _, output, _ in calls], allow_unused=True, retain_graph=keep
+        )
         names = {}
         with torch.no_grad():  # the recorded activations still carry the forward graph
-            for (module, x, _, groups), delta in zip(calls, deltas, strict=True):
+            for (module, x, _, recorded), delta in zip(calls, deltas, strict=True):
                 if delta is None:  # an output that does not reach the loss (BERT's unused pooler)
                     continue
-                rows = [torch.nonzero(groups == g).flatten() for g in range(num_groups)]
+                owner = recorded if groups is None else groups
+                rows = [torch.nonzero(owner == g).flatten() for g in range(num_groups)]
                 if module not in names:
                     names[module] = dict(module.named_parameters(recurse=False))
                 for group, grads in enumerate(REGISTRY[type(module)](module, x.detach(), delta, rows)):

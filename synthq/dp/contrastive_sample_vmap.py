@@ -9,9 +9,17 @@ draw (one forward pass), but pulls the ``B`` cotangents back through it together
 
 1. embed the queries and documents once (with gradients); ``L = in_batch_softmax_loss(...)``;
 2. ``V_i = ∂L_i/∂(Q, D)`` for every query ``i`` — cheap, the loss is a ``B × B`` matrix away;
-3. for a chunk of queries, ``autograd.grad((Q, D), θ, grad_outputs=V_chunk, is_grads_batched=True)``
-   (``vmap`` over the cotangents of the retained graph) gives ``∇θ L_i`` for every ``i`` in the
-   chunk at once; each is clipped to ``C`` and added to the sum.
+3. for a chunk of queries, ``autograd.grad(D, θ, grad_outputs=V_chunk^D, is_grads_batched=True)``
+   (``vmap`` over the cotangents of the retained graph) gives every chunk query's gradient
+   through the documents at once;
+4. the query side: ``L_i`` reads only query ``i``'s own embedding (``∂L_i/∂q_j = 0`` for
+   ``j ≠ i``), so ``J_{q_i}ᵀ a_i`` for every query of the chunk comes out of ONE backward pass
+   of ``Σ_i a_i · q_i`` through the query graph, read off the layers with a group per query
+   (:class:`~synthq.dp.contrastive_per_group.PerGroupGradients`). Vmapping the query side with
+   the documents sent each query's cotangent through the whole query batch, ``B − 1`` rows of
+   zeros included. An encoder with a layer that engine does not know (T5's relative attention
+   bias) keeps that path;
+5. each query's two sides are added, clipped to ``C`` and summed.
 
 Why the documents are not held fixed: with ``∂L_i/∂D`` dropped (document embeddings computed once
 without gradient, only the query side differentiated) each term is a function of query ``i``'s
@@ -21,12 +29,12 @@ clipped term (≤ 2C each): ``(2B − 1)C`` either way — but the gradient woul
 (the encoder would never learn from the document side, which every other mode trains), so it
 would not be the paper's baseline any more. The exact per-query gradient needs ``∇θ`` of every
 document's embedding against ``B`` different cotangents: ``B`` backward passes through the
-document encoder is the inherent price, and what this module saves is their sequential
-overhead, not their flops. Measured (``make bench``: ``benchmarks/retriever_step.py``,
-MiniLM-L6, B = 16, 2 idle cores): the loop 11.8× and 12.1×, this 12.2× and 11.9× of a
-non-private step in two runs — on a flops-bound CPU the saved overhead is nothing (an earlier
-1.82× vs 5.26× at B = 8 was taken on a CPU shared at load 16, where the loop's many small
-kernels suffered most).
+document encoder is the inherent price. With one forward pass ``F = F_q + F_d`` and a backward
+pass about ``2F``, a step costs about ``F + 2B·F_d + 2·(chunks)·F_q`` against the non-private
+``3F``; at B = 16 with 32-token queries and 128-token documents (``F_d ≈ 0.8F``) that is about
+``9×``, the floor of this exact gradient. What vmapping saves over the loop is sequential
+overhead, not flops (on 2 idle cores the loop and the vmapped passes measured the same, 11.8–12.2×
+of a non-private step, before the query side took one pass).
 Memory grows with ``chunk ×`` the trainable parameters plus the batched backward's activations.
 
 Privacy unit, sensitivity and requirements: those of ``SampleClipping`` (one query; ``(2B − 1)C``),
@@ -39,6 +47,7 @@ import math
 
 import torch
 
+from synthq.dp.contrastive_per_group import PerGroupGradients, UnsupportedLayer
 from synthq.models.encoder import embed, in_batch_softmax_loss
 
 
@@ -80,36 +89,59 @@ def per_query_clipped_sum(
     total = [torch.zeros_like(p) for p in parameters]
     if not queries:
         return total, math.nan
-    query_embeddings = embed(encoder, queries, max_query_length)
-    doc_embeddings = embed(encoder, documents, max_doc_length)
-    losses = in_batch_softmax_loss(query_embeddings, doc_embeddings, temperature, doc_ids, "none")
-    rows = list(range(len(queries))) if rows is None else list(rows)
-    if not rows:
+    try:
+        query_side = PerGroupGradients(encoder, parameters)
+    except UnsupportedLayer:  # a layer the one-pass engine does not know: both sides vmapped
+        query_side = None
+    try:
+        if query_side is None:
+            query_embeddings = embed(encoder, queries, max_query_length)
+        else:
+            with query_side.record(torch.arange(len(queries))):
+                query_embeddings = embed(encoder, queries, max_query_length)
+        doc_embeddings = embed(encoder, documents, max_doc_length)
+        losses = in_batch_softmax_loss(query_embeddings, doc_embeddings, temperature, doc_ids, "none")
+        rows = list(range(len(queries))) if rows is None else list(rows)
+        if not rows:
+            return total, losses.mean().item()
+        basis = torch.eye(len(queries), dtype=losses.dtype, device=losses.device)[rows]
+        # V_i = ∂L_i/∂(Q, D) for each query i in rows: [rows, B, dim] on each side
+        query_cotangents, doc_cotangents = torch.autograd.grad(
+            losses, [query_embeddings, doc_embeddings], grad_outputs=basis, is_grads_batched=True,
+            retain_graph=True,
+        )  # fmt: skip
+        for start in range(0, len(rows), chunk):
+            stop = min(start + chunk, len(rows))
+            if query_side is None:
+                outputs = [query_embeddings, doc_embeddings]
+                cotangents = [query_cotangents[start:stop], doc_cotangents[start:stop]]
+            else:
+                outputs, cotangents = [doc_embeddings], [doc_cotangents[start:stop]]
+            grads = torch.autograd.grad(
+                outputs, parameters, grad_outputs=cotangents, is_grads_batched=True, retain_graph=True,
+                allow_unused=True,
+            )  # fmt: skip
+            grads = [
+                torch.zeros(stop - start, *p.shape, dtype=p.dtype, device=p.device) if g is None else g
+                for g, p in zip(grads, parameters, strict=True)
+            ]
+            if query_side is not None:
+                # query i's own side, J_{q_i}ᵀ a_i: each row of the chunk is its own group of one
+                # backward pass through the query graph (a_i is row i of its cotangent)
+                groups = torch.full((len(queries),), -1, dtype=torch.long)
+                groups[rows[start:stop]] = torch.arange(stop - start)
+                own = query_cotangents[start:stop].sum(0)  # [B, dim]: a_i in row i, 0 elsewhere
+                query_side.gradients(
+                    (query_embeddings * own).sum(), stop - start, groups=groups,
+                    into=[[g[k] for g in grads] for k in range(stop - start)], keep=True,
+                )  # fmt: skip
+            norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads))
+            factors = (clip_norm / (norms + 1e-12)).clamp(max=1.0)  # the factor of clipping.clip
+            if weights is not None:
+                factors = factors * torch.tensor([weights[i] for i in rows[start:stop]], dtype=factors.dtype)
+            for t, g in zip(total, grads, strict=True):
+                t.add_(torch.tensordot(factors.to(g.dtype), g, dims=1))
         return total, losses.mean().item()
-    basis = torch.eye(len(queries), dtype=losses.dtype, device=losses.device)[rows]
-    # V_i = ∂L_i/∂(Q, D) for each query i in rows: [rows, B, dim] on each side
-    query_cotangents, doc_cotangents = torch.autograd.grad(
-        losses, [query_embeddings, doc_embeddings], grad_outputs=basis, is_grads_batched=True,
-        retain_graph=True,
-    )  # fmt: skip
-    for start in range(0, len(rows), chunk):
-        stop = min(start + chunk, len(rows))
-        grads = torch.autograd.grad(
-            [query_embeddings, doc_embeddings],
-            parameters,
-            grad_outputs=[query_cotangents[start:stop], doc_cotangents[start:stop]],
-            is_grads_batched=True,
-            retain_graph=stop < len(rows),
-            allow_unused=True,
-        )
-        grads = [
-            torch.zeros(stop - start, *p.shape, dtype=p.dtype, device=p.device) if g is None else g
-            for g, p in zip(grads, parameters, strict=True)
-        ]
-        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads))
-        factors = (clip_norm / (norms + 1e-12)).clamp(max=1.0)  # the factor of clipping.clip
-        if weights is not None:
-            factors = factors * torch.tensor([weights[i] for i in rows[start:stop]], dtype=factors.dtype)
-        for t, g in zip(total, grads, strict=True):
-            t.add_(torch.tensordot(factors.to(g.dtype), g, dims=1))
-    return total, losses.mean().item()
+    finally:
+        if query_side is not None:
+            query_side.close()

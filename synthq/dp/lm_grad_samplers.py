@@ -45,7 +45,7 @@ def rms_norm_grad_sample(
     return {layer.weight: per_token.reshape(per_token.shape[0], -1, per_token.shape[-1]).sum(1)}
 
 
-def _is_plain_rms_norm(module: nn.Module) -> bool:
+def is_plain_rms_norm(module: nn.Module) -> bool:
     """True if the module computes exactly ``F.rms_norm(x, weight, eps)`` (checked on random data)."""
     weight = getattr(module, "weight", None)
     own = list(module.parameters(recurse=False))
@@ -75,7 +75,7 @@ def register_rms_norm_grad_samplers(model: nn.Module) -> list[str]:
         if cls in seen or not cls.__name__.lower().endswith(("rmsnorm", "layernorm")):
             continue
         seen.add(cls)
-        if cls not in GradSampleModule.GRAD_SAMPLERS and _is_plain_rms_norm(module):
+        if cls not in GradSampleModule.GRAD_SAMPLERS and is_plain_rms_norm(module):
             register_grad_sampler(cls)(rms_norm_grad_sample)
         if GradSampleModule.GRAD_SAMPLERS.get(cls) is rms_norm_grad_sample:
             registered.append(cls.__name__)

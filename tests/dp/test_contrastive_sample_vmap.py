@@ -64,3 +64,40 @@ def test_a_share_of_the_queries_and_an_empty_batch(encoder):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
     empty, loss = per_query_clipped_sum(encoder, [], [], [], 0.05, 1.0, parameters)
     assert math.isnan(loss) and all(float(t.abs().sum()) == 0 for t in empty)
+
+
+@pytest.fixture(scope="module")
+def llama_encoder(tiny_causal_dir, tmp_path_factory):
+    from synthq.models.encoder import load_encoder
+    from synthq.models.lm_encoder import build_lm_encoder
+
+    torch.manual_seed(0)
+    model = load_encoder(
+        build_lm_encoder(tiny_causal_dir, tmp_path_factory.mktemp("llama") / "enc", layers=1)
+    )
+    return model.eval()
+
+
+@pytest.mark.parametrize("which", ["bert", "llama"])
+def test_the_query_side_takes_one_pass_per_chunk_with_the_same_sum(
+    which, encoder, llama_encoder, monkeypatch
+):
+    """Query i's own side (``J_{q_i}ᵀ a_i``) is read off one backward pass through the query graph per
+    chunk, where every query's cotangent used to go through the whole query batch; the sum is the
+    loop's, for BERT's layers and a SmolLM2-style encoder's (Linear without bias, RMS norms)."""
+    from synthq.dp import contrastive_per_group
+
+    model = encoder if which == "bert" else llama_encoder
+    calls = []
+    original = contrastive_per_group.PerGroupGradients.gradients
+    monkeypatch.setattr(
+        contrastive_per_group.PerGroupGradients, "gradients",
+        lambda self, *a, **k: calls.append(a[1]) or original(self, *a, **k),
+    )  # fmt: skip
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    batch = EXAMPLES[:7]
+    expected, _ = _reference(model, batch, 1e-3, parameters)
+    got, _ = _vmapped(model, batch, 1e-3, parameters, chunk=3)
+    assert calls == [3, 3, 1]  # one query-side pass per chunk, a group per query of the chunk
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
