@@ -33,7 +33,7 @@ lint: $(STAMP)
 # benchmarks/results.json (machine described) from this run alone and regenerates the README's
 # performance table. The arguments are the table's rows at sizes that keep the whole run near
 # 15 minutes on 2 cores; run a script by hand for other sizes. Nothing else should use the CPU.
-RETRIEVER_MODES := non_private,group,group_loop,sample,sample_loop
+RETRIEVER_MODES := non_private,group,group_loop,sample,sample_vmap
 
 bench: $(STAMP)
 	rm -f benchmarks/results.jsonl benchmarks/results.json

@@ -299,6 +299,13 @@ class GroupClipping(Mechanism):
         return per_group, losses
 
 
+# The vmapped per-query passes vs one backward pass per query, on CPU (make bench, 2026-11-25,
+# MiniLM-L6, B = 16, 2 idle cores, one run): the loop 9.71 s and 2.01x the non-private step's
+# memory, the vmapped passes 10.54 s and 3.85x (they hold a chunk of per-query gradients on
+# each side), so CPU runs the loop and accelerators take the vmapped passes.
+SAMPLE_VMAP_ON_CPU = False
+
+
 @register_mechanism("sample")
 class SampleClipping(Mechanism):
     """Per-query DP-SGD through in-batch negatives (the paper's baseline, section 5.3.2).
@@ -337,9 +344,10 @@ class SampleClipping(Mechanism):
     Recommendations:
         The noise grows linearly with the batch, which is why direct DP retrieval training works
         badly. The cost is one backward pass per query through the batch graph; given the encoder
-        (``model``) they are batched over chunks of queries
-        (:func:`synthq.dp.contrastive_sample_vmap.per_query_clipped_sum`: one forward pass, the
-        per-query cotangents pulled back together), measured 2.9× faster than the loop at B = 8.
+        (``model``) on an accelerator (or on CPU with :data:`SAMPLE_VMAP_ON_CPU`) they are batched
+        over chunks of queries (:func:`synthq.dp.contrastive_sample_vmap.per_query_clipped_sum`:
+        one forward pass, the documents' per-query cotangents pulled back together, the query
+        side one pass per chunk).
 
     References:
         Carranza et al., section 5.3.2; Wang et al., DP-GCL, section 2.3.1; Abadi et al., DP-SGD.
@@ -358,7 +366,8 @@ class SampleClipping(Mechanism):
     ):
         self.clip_norm = clip_norm
         self.temperature = temperature
-        self.model = model
+        on_cpu = model is not None and next(model.parameters()).device.type == "cpu"
+        self.model = model if model is not None and (SAMPLE_VMAP_ON_CPU or not on_cpu) else None
         self.lengths = (max_query_length, max_doc_length)
 
     def sensitivity(self, batch_cap: int | None) -> float:

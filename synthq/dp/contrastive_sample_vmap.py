@@ -33,8 +33,10 @@ document encoder is the inherent price. With one forward pass ``F = F_q + F_d`` 
 pass about ``2F``, a step costs about ``F + 2B·F_d + 2·(chunks)·F_q`` against the non-private
 ``3F``; at B = 16 with 32-token queries and 128-token documents (``F_d ≈ 0.8F``) that is about
 ``9×``, the floor of this exact gradient. What vmapping saves over the loop is sequential
-overhead, not flops (on 2 idle cores the loop and the vmapped passes measured the same, 11.8–12.2×
-of a non-private step, before the query side took one pass).
+overhead, not flops, and it holds a chunk of per-query gradients on each side: on 2 idle cores
+(``make bench``, MiniLM-L6, B = 16) the loop took 9.56 s and 1.97× the non-private step's memory,
+this 10.05 s and 3.55×, so CPU runs the loop (:data:`synthq.dp.contrastive.SAMPLE_VMAP_ON_CPU`)
+and accelerators this.
 Memory grows with ``chunk ×`` the trainable parameters plus the batched backward's activations.
 
 Privacy unit, sensitivity and requirements: those of ``SampleClipping`` (one query; ``(2B − 1)C``),
