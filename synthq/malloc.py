@@ -7,9 +7,11 @@ tensors every time (logits and their gradients, an embedding-sized gradient, the
 DP step records), so each step touched fresh pages again: the kernel zeroes every 4 KiB page on
 first touch, inside whatever kernel writes the tensor — which is why element-wise kernels looked
 several times slower in the DP backward than in a non-private one. Measured alone on 2 cores, a
-full SmolLM2-135M step (batch 8 × 128 tokens) in a process of its own: non-private 3.80 → 3.20 s
-(159 k → 4 minor page faults per step), ghost DP 4.77 → 4.44 s (149 k → 3), peak RSS 4.55 →
-4.78 GB for DP (and 4.42 → 4.38 GB non-private).
+full SmolLM2-135M step (batch 8 × 128 tokens) in a process of its own, with these settings given
+through the environment: non-private 3.80 → 3.20 s (159 k → 4 minor page faults per step), ghost
+DP 4.77 → 4.44 s (149 k → 3), peak RSS 4.55 → 4.78 GB for DP (4.42 → 4.38 GB non-private);
+applied at run time by :func:`keep_freed_memory`: non-private 3.59 s (3 faults), ghost DP 4.08 s
+(3 k faults).
 
 :func:`keep_freed_memory` turns both off (``M_MMAP_MAX = 0``: every block comes from the heap;
 ``M_TRIM_THRESHOLD`` = ∞: the heap is never shrunk): freed memory is reused by the next step. The

@@ -1,3 +1,4 @@
+import platform
 import subprocess
 import sys
 
@@ -33,7 +34,7 @@ def probe(mode: str, **environment: str) -> tuple[bool, int]:
 
 
 def test_a_freed_block_is_reused_without_page_faults():
-    if sys.platform != "linux" or __import__("platform").libc_ver()[0] != "glibc":
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
         pytest.skip("glibc only")
     applied, kept_faults = probe("keep")
     assert applied

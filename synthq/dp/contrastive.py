@@ -121,6 +121,10 @@ class BatchClipping(Mechanism):
         return clip(whole, self.clip_norm), loss.item() / len(batch)
 
 
+def _on_cpu(model: torch.nn.Module) -> bool:
+    return next(model.parameters()).device.type == "cpu"
+
+
 def augment(text: str, rng: random.Random, drop: float = 0.2) -> str:
     """A meaning-preserving perturbation: drop ~20% of words and swap one adjacent pair."""
     words = text.split()
@@ -211,8 +215,7 @@ class GroupClipping(Mechanism):
         self.step = 0
         self.model = model
         self._engine: PerGroupGradients | None = None
-        on_cpu = model is not None and next(model.parameters()).device.type == "cpu"
-        self.one_pass = model is not None and (GROUP_ONE_PASS_ON_CPU or not on_cpu)
+        self.one_pass = model is not None and (GROUP_ONE_PASS_ON_CPU or not _on_cpu(model))
 
     def sensitivity(self, batch_cap: int | None) -> float:
         return 2 * self.clip_norm
@@ -366,8 +369,7 @@ class SampleClipping(Mechanism):
     ):
         self.clip_norm = clip_norm
         self.temperature = temperature
-        on_cpu = model is not None and next(model.parameters()).device.type == "cpu"
-        self.model = model if model is not None and (SAMPLE_VMAP_ON_CPU or not on_cpu) else None
+        self.model = model if model is not None and (SAMPLE_VMAP_ON_CPU or not _on_cpu(model)) else None
         self.lengths = (max_query_length, max_doc_length)
 
     def sensitivity(self, batch_cap: int | None) -> float:

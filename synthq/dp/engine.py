@@ -331,9 +331,8 @@ class SecretRandomness:
 # tensors taken in order, flattened), in chunks of NOISE_CHUNK. The streams run on torch's
 # threads at once; since the spans depend only on the tensors' sizes, the noise is the same on
 # any thread count and any rank. Measured alone on 2 cores for SmolLM2-135M's 135 M coordinates
-# (benchmarks/finetune_step.py --noise): 0.33 s on 2 threads, against 0.62 s for one generator
-# (one thread: mt19937 is sequential) and 0.77 s for a fresh ``torch.normal`` tensor per
-# parameter (whose 113 MB embedding-sized buffers also cost page faults on every step).
+# (benchmarks/finetune_step.py --noise, make bench 2026-11-25): 0.26 s, against 0.51 s for one
+# generator (mt19937 is sequential) drawing a fresh ``torch.normal`` tensor per parameter.
 NOISE_STREAMS = 8
 NOISE_CHUNK = 1 << 22
 
@@ -375,7 +374,7 @@ def add_noise(tensors: list[torch.Tensor], std: float, generator: torch.Generato
 
     def draw(stream: int) -> None:
         stream_generator = torch.Generator().manual_seed(seeds[stream])
-        buffer = torch.empty(min(NOISE_CHUNK, max((b - a for _, a, b in spans[stream]), default=0)))
+        buffer = torch.empty(max((b - a for _, a, b in spans[stream]), default=0))  # ≤ NOISE_CHUNK
         for index, start, stop in spans[stream]:
             noise = buffer[: stop - start].normal_(0.0, std, generator=stream_generator)
             flats[index][start:stop].add_(noise.to(flats[index].device, flats[index].dtype))
