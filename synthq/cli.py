@@ -536,6 +536,19 @@ def _fail(message: str, status: int) -> None:
     sys.exit(status)
 
 
+def _run_app():
+    """The app, then the process group left (if a stage joined one) while the interpreter lives."""
+    from synthq import distributed
+
+    try:
+        status = app(standalone_mode=False, prog_name="synthq")
+    except BaseException:
+        distributed.leave(completed=False)
+        raise
+    distributed.leave(completed=True)
+    return status
+
+
 def main() -> None:
     """Console entry point: every failure a user can cause prints one line, no traceback.
 
@@ -546,7 +559,7 @@ def main() -> None:
 
     warnings.showwarning = _one_line_warning
     try:
-        status = app(standalone_mode=False, prog_name="synthq")
+        status = _run_app()
     except Interrupted as error:
         _fail(str(error), 130)
     except (KeyboardInterrupt, typer.Abort):

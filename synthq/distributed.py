@@ -116,6 +116,22 @@ def setup(device: str = "auto", threads: int | None = None) -> Topology:
     return topology()
 
 
+def leave(completed: bool = True) -> None:
+    """Leave the process group, if this process joined one, before the interpreter shuts down.
+
+    A gloo group left to the interpreter's teardown can abort the process (``terminate called
+    without an active exception``: its worker threads still hold work objects when C++ statics are
+    destroyed), turning a finished stage into a SIGABRT. Leaving a gloo group is local, so it is
+    done on every exit; an NCCL group is only left after the work ``completed``, because aborting
+    its communicators while a peer still waits in a collective can hang that peer.
+    """
+    dist = _group()
+    if dist is None:
+        return
+    if completed or str(dist.get_backend()) == "gloo":
+        dist.destroy_process_group()
+
+
 def device_for(choice: str = "auto") -> str:
     """The torch device of this rank: ``auto`` -> ``cuda:LOCAL_RANK`` when GPUs are visible."""
     from synthq.models.resolve import resolve_device
