@@ -127,7 +127,8 @@ def emit(payload: dict, show: bool = True) -> None:
     import torch
 
     threads = payload.pop("threads", torch.get_num_threads())
-    payload = {**payload, "torch_threads": threads, "load_average": os.getloadavg()}
+    load = payload.pop("load_average", os.getloadavg())  # a payload read from an earlier run brings its own
+    payload = {**payload, "torch_threads": threads, "load_average": load}
     if show:
         print(json.dumps(payload, indent=2, ensure_ascii=False))
     path = os.environ.get("SYNTHQ_BENCH_JSON")

@@ -4,7 +4,8 @@ the machine described, then regenerate the README's performance table from it.
     python benchmarks/collect.py benchmarks/results.jsonl benchmarks/results.json [--readme README.md]
 
 Each document is keyed ``name[model, batch B]``; a later run with the same key replaces the
-earlier one, so re-running one script refreshes its rows only.
+earlier one, so re-running one script refreshes its rows only. ``--keep NAMES`` drops the earlier
+rows of every other benchmark (``make bench`` keeps only ``pipeline_wall``'s).
 """
 
 from __future__ import annotations
@@ -56,9 +57,14 @@ def key(payload: dict) -> str:
     return f"{payload['benchmark']}[{', '.join(tags)}]" if tags else payload["benchmark"]
 
 
-def merge(lines_path: Path, results_path: Path) -> dict:
+def merge(lines_path: Path, results_path: Path, keep: tuple[str, ...] | None = None) -> dict:
+    """``results_path`` updated with the documents of ``lines_path``; with ``keep``, only the earlier
+    rows whose benchmark is named in it survive (``make bench`` keeps the long runs that
+    ``make bench-pipelines`` measured, and drops the rest of any earlier run)."""
     results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else {}
     benchmarks = results.get("benchmarks", {})
+    if keep is not None:
+        benchmarks = {k: v for k, v in benchmarks.items() if v.get("benchmark") in keep}
     # Rows kept from an earlier run keep the machine and time they were measured on.
     earlier = {"at": results.get("collected"), "cpu": results.get("machine", {}).get("cpu")}
     for payload in benchmarks.values():
@@ -85,8 +91,11 @@ def main() -> None:
     parser.add_argument("lines", type=Path)
     parser.add_argument("results", type=Path)
     parser.add_argument("--readme", type=Path, default=Path("README.md"))
+    parser.add_argument(
+        "--keep", help="comma-separated benchmarks whose earlier rows survive; the others are dropped"
+    )
     args = parser.parse_args()
-    merged = merge(args.lines, args.results)
+    merged = merge(args.lines, args.results, tuple(args.keep.split(",")) if args.keep else None)
     if args.readme.is_file():
         update_readme(merged, args.readme)
     print(f"{len(merged['benchmarks'])} benchmarks -> {args.results}")

@@ -1,14 +1,15 @@
 """train-retriever step time and peak memory on minilm-l6: non-private vs each DP mode.
 
 python benchmarks/retriever_step.py [--batch 32] [--query-tokens 32] [--doc-tokens 128] [--steps 2]
-    [--modes non_private,batch,group,group_loop,sample,sample_vmap] [--logit-batch 8]
+    [--modes non_private,batch,group,group_loop,sample,sample_loop,sample_vmap] [--logit-batch 8]
 
 ``group`` forces the one-pass per-group engine and ``group_loop`` one backward pass per group
 (whatever the CPU default is); ``sample`` is ``--dp sample`` as train-retriever runs it (on CPU
-one backward pass per query through the whole batch: ``SAMPLE_VMAP_ON_CPU``) and ``sample_vmap``
-:func:`synthq.dp.contrastive_sample_vmap.per_query_clipped_sum` (the same clipped sum: one forward
-pass, the documents' per-query passes vmapped, the query side one pass per chunk), what
-accelerators run.
+the query side in one pass per chunk and one backward pass per query through the documents:
+``SAMPLE_VMAP_ON_CPU``), ``sample_vmap``
+:func:`synthq.dp.contrastive_sample_vmap.per_query_clipped_sum` with the documents' per-query
+passes vmapped (what accelerators run), and ``sample_loop`` the same sum without the encoder:
+one backward pass per query through the whole batch graph, queries and documents.
 
 The modes of one batch size are timed in one process, in turn (a shared CPU slows every side of
 a ratio alike); peak RSS comes from a process of its own. Ratios are against the non-private step
@@ -53,8 +54,8 @@ def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int, group_s
     mechanism = None
     if mode != "non_private":
         mechanism = build_mechanism(
-            {"group_loop": "group", "sample_vmap": "sample"}.get(mode, mode), clip_norm=1.0,
-            temperature=temperature, model=encoder,
+            {"group_loop": "group", "sample_vmap": "sample", "sample_loop": "sample"}.get(mode, mode),
+            clip_norm=1.0, temperature=temperature, model=None if mode == "sample_loop" else encoder,
             group_size=group_size, expected_batch_size=batch,
             max_query_length=query_tokens, max_doc_length=doc_tokens, pair_chunk=16,
             randomness=SecretRandomness(seed=0),
@@ -94,7 +95,9 @@ def main() -> None:
     parser.add_argument("--query-tokens", type=int, default=32)
     parser.add_argument("--doc-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--modes", default="non_private,batch,group,group_loop,sample,sample_vmap")
+    parser.add_argument(
+        "--modes", default="non_private,batch,group,group_loop,sample,sample_loop,sample_vmap"
+    )
     parser.add_argument("--logit-batch", type=int, default=8, help="0 skips logit")
     parser.add_argument("--group-size", type=int, default=8, help="S for the group rows")
     parser.add_argument("--no-memory", action="store_true", help="times only (no peak-RSS processes)")

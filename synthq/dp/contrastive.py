@@ -302,10 +302,10 @@ class GroupClipping(Mechanism):
         return per_group, losses
 
 
-# The vmapped per-query passes vs one backward pass per query, on CPU (make bench, 2026-11-25,
-# MiniLM-L6, B = 16, 2 idle cores, one run): the loop 9.71 s and 2.01x the non-private step's
-# memory, the vmapped passes 10.54 s and 3.85x (they hold a chunk of per-query gradients on
-# each side), so CPU runs the loop and accelerators take the vmapped passes.
+# On CPU the documents' per-query passes run one after the other (make bench's retriever rows,
+# 2026-11-25, MiniLM-L6, B = 16, 2 idle cores, one run): with the query side in one pass per
+# chunk, looping the documents took 7.52 s and 2.12x the non-private step's memory, vmapping them
+# 11.01 s and 2.35x, and the plain loop (B passes through the whole batch) 8.62 s and 2.07x.
 SAMPLE_VMAP_ON_CPU = False
 
 
@@ -346,11 +346,12 @@ class SampleClipping(Mechanism):
 
     Recommendations:
         The noise grows linearly with the batch, which is why direct DP retrieval training works
-        badly. The cost is one backward pass per query through the batch graph; given the encoder
-        (``model``) on an accelerator (or on CPU with :data:`SAMPLE_VMAP_ON_CPU`) they are batched
-        over chunks of queries (:func:`synthq.dp.contrastive_sample_vmap.per_query_clipped_sum`:
-        one forward pass, the documents' per-query cotangents pulled back together, the query
-        side one pass per chunk).
+        badly. The cost is one backward pass per query through the documents. Given the encoder
+        (``model``, as train-retriever does), the sum comes from
+        :func:`synthq.dp.contrastive_sample_vmap.per_query_clipped_sum`: one forward pass, every
+        query's own side in one backward pass per chunk of queries, and the documents' per-query
+        passes vmapped on an accelerator, looped on CPU (:data:`SAMPLE_VMAP_ON_CPU`). Without it,
+        each query's loss is back-propagated through the whole batch graph, queries included.
 
     References:
         Carranza et al., section 5.3.2; Wang et al., DP-GCL, section 2.3.1; Abadi et al., DP-SGD.
@@ -369,7 +370,7 @@ class SampleClipping(Mechanism):
     ):
         self.clip_norm = clip_norm
         self.temperature = temperature
-        self.model = model if model is not None and (SAMPLE_VMAP_ON_CPU or not _on_cpu(model)) else None
+        self.model = model
         self.lengths = (max_query_length, max_doc_length)
 
     def sensitivity(self, batch_cap: int | None) -> float:
@@ -397,11 +398,12 @@ class SampleClipping(Mechanism):
         # document) and back-propagates only its share of the queries: the B backward passes,
         # the cost of this mode, are split over the ranks.
         rows = distributed.shard(range(len(batch)))
-        if self.model is not None:  # the same sum, the B backward passes batched (vmap)
+        if self.model is not None:  # the same sum; the query side in one pass per chunk
             total, loss = per_query_clipped_sum(
                 self.model, [e.query for e in batch], [e.document for e in batch], [e.doc_id for e in batch],
                 self.temperature, self.clip_norm, parameters, *self.lengths, rows=list(rows),
                 weights=[e.weight for e in batch],
+                vmap_documents=SAMPLE_VMAP_ON_CPU or not _on_cpu(self.model),
             )  # fmt: skip
             distributed.all_reduce_sum(total)
             return total, loss

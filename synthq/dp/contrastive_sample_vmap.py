@@ -1,17 +1,19 @@
-"""Per-query DP-SGD (``--dp sample``) with the per-query gradients vectorised: one forward pass of
-the batch, then the backward passes of every query's loss batched with ``vmap``.
+"""Per-query DP-SGD (``--dp sample``) from one forward pass of the batch: every query's own side in
+one backward pass per chunk of queries, the documents' per-query passes batched with ``vmap`` (or
+looped, on CPU).
 
 :class:`synthq.dp.contrastive.SampleClipping` differentiates each query's loss ``L_i`` through its
 own embedding *and* every document of the batch (its positive and its negatives), clips it to
-``C`` and sums. It runs ``B`` backward passes one after the other through the batch graph.
-:func:`per_query_clipped_sum` computes the same sum, with the same graph and the same dropout
-draw (one forward pass), but pulls the ``B`` cotangents back through it together:
+``C`` and sums; without its encoder it runs ``B`` backward passes one after the other through the
+whole batch graph. :func:`per_query_clipped_sum` computes the same sum, with the same graph and
+the same dropout draw (one forward pass), and pulls the ``B`` cotangents back with less work:
 
 1. embed the queries and documents once (with gradients); ``L = in_batch_softmax_loss(...)``;
 2. ``V_i = ∂L_i/∂(Q, D)`` for every query ``i`` — cheap, the loss is a ``B × B`` matrix away;
 3. for a chunk of queries, ``autograd.grad(D, θ, grad_outputs=V_chunk^D, is_grads_batched=True)``
    (``vmap`` over the cotangents of the retained graph) gives every chunk query's gradient
-   through the documents at once;
+   through the documents at once (``vmap_documents=False``: one pass per query through the
+   document graph only);
 4. the query side: ``L_i`` reads only query ``i``'s own embedding (``∂L_i/∂q_j = 0`` for
    ``j ≠ i``), so ``J_{q_i}ᵀ a_i`` for every query of the chunk comes out of ONE backward pass
    of ``Σ_i a_i · q_i`` through the query graph, read off the layers with a group per query
@@ -32,12 +34,14 @@ document's embedding against ``B`` different cotangents: ``B`` backward passes t
 document encoder is the inherent price. With one forward pass ``F = F_q + F_d`` and a backward
 pass about ``2F``, a step costs about ``F + 2B·F_d + 2·(chunks)·F_q`` against the non-private
 ``3F``; at B = 16 with 32-token queries and 128-token documents (``F_d ≈ 0.8F``) that is about
-``9×``, the floor of this exact gradient. What vmapping saves over the loop is sequential
-overhead, not flops, and it holds a chunk of per-query gradients on each side: on 2 idle cores
-(``make bench``, MiniLM-L6, B = 16) the loop took 9.56 s and 1.97× the non-private step's memory,
-this 10.05 s and 3.55×, so CPU runs the loop (:data:`synthq.dp.contrastive.SAMPLE_VMAP_ON_CPU`)
-and accelerators this.
-Memory grows with ``chunk ×`` the trainable parameters plus the batched backward's activations.
+``9×``, the floor of this exact gradient. What vmapping the documents' passes saves is sequential
+overhead, not flops, and it holds the batched backward's activations: on 2 idle cores (``make
+bench``, MiniLM-L6, B = 16, 2026-11-25) this function took 7.52 s (7.1× the non-private step,
+2.12× its memory) with the documents' passes looped (``vmap_documents=False``, what CPU runs:
+:data:`synthq.dp.contrastive.SAMPLE_VMAP_ON_CPU`), 11.01 s and 2.35× with them vmapped (what
+accelerators run), and one backward pass per query through the whole batch, queries included,
+8.62 s and 2.07×. Memory grows with ``chunk ×`` the trainable parameters, plus the batched
+backward's activations when the documents are vmapped.
 
 Privacy unit, sensitivity and requirements: those of ``SampleClipping`` (one query; ``(2B − 1)C``),
 which uses this function when it is given the encoder.
@@ -66,6 +70,7 @@ def per_query_clipped_sum(
     chunk: int = 8,
     rows: list[int] | None = None,
     weights: list[float] | None = None,
+    vmap_documents: bool = True,
 ) -> tuple[list[torch.Tensor], float]:
     """``Σ_i clip_C(∇θ L_i)`` over the queries ``rows`` (default: all) and the mean loss of the
     batch: exactly ``SampleClipping.clipped_sum`` on ``embed``-encoded texts.
@@ -82,6 +87,9 @@ def per_query_clipped_sum(
         chunk: queries whose gradients are formed at once (memory ``chunk ×`` the parameters).
         rows: the queries to clip and sum (a torchrun rank's share); the graph is the whole batch.
         weights: each row's weight after clipping (``1/k`` for a query with ``k`` pairs; default 1).
+        vmap_documents: pull the chunk's document cotangents back together (``vmap``); False
+            pulls them back one query after the other through the retained graph (CPU: the
+            same flops without the batched backward's activations).
 
     Returns:
         The clipped sum, one tensor per parameter, and the batch's mean loss (``nan`` if empty).
@@ -119,14 +127,7 @@ def per_query_clipped_sum(
                 cotangents = [query_cotangents[start:stop], doc_cotangents[start:stop]]
             else:
                 outputs, cotangents = [doc_embeddings], [doc_cotangents[start:stop]]
-            grads = torch.autograd.grad(
-                outputs, parameters, grad_outputs=cotangents, is_grads_batched=True, retain_graph=True,
-                allow_unused=True,
-            )  # fmt: skip
-            grads = [
-                torch.zeros(stop - start, *p.shape, dtype=p.dtype, device=p.device) if g is None else g
-                for g, p in zip(grads, parameters, strict=True)
-            ]
+            grads = _pull_back(outputs, cotangents, parameters, stop - start, vmap_documents)
             if query_side is not None:
                 # query i's own side, J_{q_i}ᵀ a_i: each row of the chunk is its own group of one
                 # backward pass through the query graph (a_i is row i of its cotangent)
@@ -147,3 +148,29 @@ def per_query_clipped_sum(
     finally:
         if query_side is not None:
             query_side.close()
+
+
+def _pull_back(
+    outputs: list[torch.Tensor], cotangents: list[torch.Tensor], parameters: list, count: int, batched: bool
+) -> list[torch.Tensor]:
+    """``[count, *p.shape]`` per parameter: row ``k`` is ``Σ_o J_oᵀ cotangents[o][k]`` through the
+    retained graph, vmapped over ``k`` (``batched``) or one backward pass per ``k``."""
+    if batched:
+        grads = torch.autograd.grad(
+            outputs, parameters, grad_outputs=cotangents, is_grads_batched=True, retain_graph=True,
+            allow_unused=True,
+        )  # fmt: skip
+        return [
+            torch.zeros(count, *p.shape, dtype=p.dtype, device=p.device) if g is None else g
+            for g, p in zip(grads, parameters, strict=True)
+        ]
+    stacked = [torch.zeros(count, *p.shape, dtype=p.dtype, device=p.device) for p in parameters]
+    for k in range(count):
+        grads = torch.autograd.grad(
+            outputs, parameters, grad_outputs=[c[k] for c in cotangents], retain_graph=True,
+            allow_unused=True,
+        )  # fmt: skip
+        for into, g in zip(stacked, grads, strict=True):
+            if g is not None:
+                into[k].copy_(g)
+    return stacked

@@ -327,11 +327,56 @@ def describe_plan(plan: Plan) -> list[str]:
     return lines
 
 
+def _code_root() -> Path:
+    import synthq
+
+    return Path(synthq.__file__).parent
+
+
+def code_fingerprint() -> dict[str, tuple[int, int]]:
+    """Every source file of the installed synthq package -> (size, modification time in ns).
+
+    Stages import their modules lazily (``synthq --help`` must not load torch), so a checkout
+    edited or pulled while a long pipeline runs would otherwise mix module versions: the next
+    stage imports new code next to old code already loaded, and fails with an ``ImportError``
+    far from its cause, or worse, runs. Comparing this before each stage turns that into one
+    clear stop (:func:`run_plan`)."""
+    root = _code_root()
+    fingerprint = {}
+    for path in sorted(root.rglob("*.py")):
+        stat = path.stat()
+        fingerprint[str(path.relative_to(root))] = (stat.st_size, stat.st_mtime_ns)
+    return fingerprint
+
+
+def _code_changed(before: dict[str, tuple[int, int]]) -> list[str]:
+    """The synthq source files added, removed or modified since ``before`` was taken."""
+    after = code_fingerprint()
+    return sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+
+
+def _stop_on_changed_code(plan: Plan, before: dict[str, tuple[int, int]], stage: PlannedStage) -> None:
+    changed = _code_changed(before)
+    if changed:
+        shown = ", ".join(f"synthq/{name}" for name in changed[:3]) + (" ..." if len(changed) > 3 else "")
+        raise SynthqError(
+            f"pipeline {plan.name!r} stopped before stage {stage.name!r}: synthq's code changed while "
+            f"it ran ({shown}), and a stage must not mix the old modules already loaded with the new "
+            "ones. Artifacts of earlier stages are intact; rerun the same command to resume."
+        )
+
+
 def run_plan(plan: Plan) -> dict[str, Path]:
-    """Run every stage in order; returns stage name -> artifact path."""
+    """Run every stage in order; returns stage name -> artifact path.
+
+    The modules of every stage kind still to run are imported first, and the package's source
+    files are fingerprinted; before each stage the fingerprint is compared, so a checkout that
+    changes under a running pipeline stops it cleanly (resumable) instead of mixing code."""
     from synthq.registry import stage_entry as entry_for
 
     remaining = [s for s in plan.stages if not s.up_to_date]
+    run_functions = {s.stage: entry_for(s.stage).run_function() for s in remaining}
+    code = code_fingerprint()
     remaining_estimate = sum(_estimate(s) or 0.0 for s in remaining)
     started = time.perf_counter()
     results: dict[str, Path] = {}
@@ -345,12 +390,19 @@ def run_plan(plan: Plan) -> dict[str, Path]:
         elapsed = time.perf_counter() - started
         eta = f", pipeline ≈ {_minutes(remaining_estimate)} left" if remaining_estimate else ""
         console.rule(f"{header} (elapsed {_minutes(elapsed)}{eta})")
+        _stop_on_changed_code(plan, code, stage)
         stage_started = time.perf_counter()
         try:
-            artifact = entry_for(stage.stage).run_function()(stage.config)
+            artifact = run_functions[stage.stage](stage.config)
         except KeyboardInterrupt:
             raise
         except Exception as error:
+            if changed := _code_changed(code):
+                raise SynthqError(
+                    f"pipeline {plan.name!r} stopped at stage {stage.name!r} ({stage.stage}): {error}. "
+                    f"synthq's code changed while it ran ({', '.join(changed[:3])}), which is the likely "
+                    "cause. Artifacts of earlier stages are intact; rerun the same command to resume."
+                ) from error
             raise SynthqError(
                 f"pipeline {plan.name!r} stopped at stage {stage.name!r} ({stage.stage}): {error}. "
                 "Artifacts of earlier stages are intact; rerun the same command to resume."

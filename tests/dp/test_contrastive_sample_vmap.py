@@ -37,16 +37,17 @@ def _vmapped(encoder, batch, clip_norm, parameters, **kwargs):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("vmap_documents", [True, False], ids=["documents-vmapped", "documents-looped"])
 @pytest.mark.parametrize(
     ("clip_norm", "chunk"), [(1e-3, 3), (1e3, 16)], ids=["clipped-uneven-chunks", "unclipped-one-chunk"]
 )
-def test_vmapped_per_query_sum_equals_sample_clipping(encoder, clip_norm, chunk):
+def test_vmapped_per_query_sum_equals_sample_clipping(encoder, clip_norm, chunk, vmap_documents):
     parameters = [p for p in encoder.parameters() if p.requires_grad]
     # a batch with two queries of one document: the duplicate-document mask is exercised too
     batch = EXAMPLES[:7]
     assert len({e.doc_id for e in batch}) < len(batch)
     expected, expected_loss = _reference(encoder, batch, clip_norm, parameters)
-    got, loss = _vmapped(encoder, batch, clip_norm, parameters, chunk=chunk)
+    got, loss = _vmapped(encoder, batch, clip_norm, parameters, chunk=chunk, vmap_documents=vmap_documents)
     assert loss == pytest.approx(expected_loss, rel=1e-6)
     assert float(_norm(expected)) > 0
     if clip_norm < 1:  # every query really is clipped, so the sum's norm is at most B·C
@@ -78,9 +79,10 @@ def llama_encoder(tiny_causal_dir, tmp_path_factory):
     return model.eval()
 
 
+@pytest.mark.parametrize("vmap_documents", [True, False], ids=["documents-vmapped", "documents-looped"])
 @pytest.mark.parametrize("which", ["bert", "llama"])
 def test_the_query_side_takes_one_pass_per_chunk_with_the_same_sum(
-    which, encoder, llama_encoder, monkeypatch
+    which, vmap_documents, encoder, llama_encoder, monkeypatch
 ):
     """Query i's own side (``J_{q_i}ᵀ a_i``) is read off one backward pass through the query graph per
     chunk, where every query's cotangent used to go through the whole query batch; the sum is the
@@ -97,7 +99,31 @@ def test_the_query_side_takes_one_pass_per_chunk_with_the_same_sum(
     parameters = [p for p in model.parameters() if p.requires_grad]
     batch = EXAMPLES[:7]
     expected, _ = _reference(model, batch, 1e-3, parameters)
-    got, _ = _vmapped(model, batch, 1e-3, parameters, chunk=3)
+    got, _ = _vmapped(model, batch, 1e-3, parameters, chunk=3, vmap_documents=vmap_documents)
     assert calls == [3, 3, 1]  # one query-side pass per chunk, a group per query of the chunk
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
+
+
+@pytest.mark.parametrize("vmap_on_cpu", [False, True])
+def test_sample_clipping_given_the_encoder_takes_this_path_and_follows_the_cpu_switch(
+    encoder, vmap_on_cpu, monkeypatch
+):
+    """``--dp sample`` hands its encoder to this function; on CPU the documents' passes are looped
+    unless :data:`SAMPLE_VMAP_ON_CPU` says otherwise, and the sum is the plain loop's."""
+    from synthq.dp import contrastive
+
+    seen = []
+    monkeypatch.setattr(contrastive, "SAMPLE_VMAP_ON_CPU", vmap_on_cpu)
+    monkeypatch.setattr(
+        contrastive, "per_query_clipped_sum",
+        lambda *a, **k: seen.append(k["vmap_documents"]) or per_query_clipped_sum(*a, **k),
+    )  # fmt: skip
+    parameters = [p for p in encoder.parameters() if p.requires_grad]
+    batch = EXAMPLES[:5]
+    mechanism = SampleClipping(1e-3, 0.05, model=encoder, max_query_length=64, max_doc_length=64)
+    got, _ = mechanism.clipped_sum(lambda texts, side: embed(encoder, texts, 64), batch, parameters)
+    expected, _ = _reference(encoder, batch, 1e-3, parameters)
+    assert seen == [vmap_on_cpu]
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)

@@ -22,6 +22,7 @@ class FakeConfig(StageConfig):
     sources: list[str] = []
     value: float = 1.0
     fail: bool = False
+    edit_code: str = ""  # a source file this stage rewrites, as a `git pull` mid-run would
 
 
 def run(config: FakeConfig):
@@ -29,6 +30,8 @@ def run(config: FakeConfig):
     if (done := existing_result("generate", config, inputs)) is not None:
         return done
     CALLS.append(config.out.name)
+    if config.edit_code:
+        Path(config.edit_code).write_text("CHANGED = True  # a longer file than before\n")
     if config.fail:
         raise RuntimeError("synthetic failure")
     with create_artifact(config.out, "generate", config, inputs) as writer:
@@ -127,6 +130,40 @@ def test_failure_names_the_stage_and_keeps_earlier_artifacts(tmp_path):
     CALLS.clear()
     run_plan(plan_pipeline(path))  # resumes: only the failed stage onwards
     assert CALLS == ["second", "third"]
+
+
+@pytest.fixture
+def code_root(tmp_path, monkeypatch):
+    """A stand-in for synthq's source tree, which the fake stage may edit mid-pipeline."""
+    from synthq.stages import pipeline
+
+    root = tmp_path / "code"
+    (root / "dp").mkdir(parents=True)
+    (root / "dp" / "engine.py").write_text("CHANGED = False\n")
+    monkeypatch.setattr(pipeline, "_code_root", lambda: root)
+    return root
+
+
+def test_code_changed_between_stages_stops_the_pipeline_resumably(tmp_path, code_root):
+    path = write(tmp_path)
+    engine = code_root / "dp" / "engine.py"
+    with pytest.raises(SynthqError, match=r"before stage 'first-3'.*code changed.*synthq/dp/engine\.py"):
+        run_plan(plan_pipeline(path, overrides=[f"stages.0.config.edit_code={engine}"]))
+    assert CALLS == ["first-1"]
+    assert open_artifact(tmp_path / "runs" / "first-1").privacy.epsilon == 1  # kept
+    CALLS.clear()
+    run_plan(plan_pipeline(path))  # the rerun resumes with the new code
+    assert CALLS == ["first-1", "first-3", "second", "third"]  # first-1's config changed back
+
+
+def test_a_stage_failing_after_a_code_change_names_the_change(tmp_path, code_root):
+    path = write(tmp_path)
+    engine = code_root / "dp" / "engine.py"
+    overrides = ["stages.1.config.fail=true", f"stages.1.config.edit_code={engine}"]
+    with pytest.raises(
+        SynthqError, match=r"stopped at stage 'second'.*synthetic failure.*dp/engine\.py.*likely"
+    ):
+        run_plan(plan_pipeline(path, overrides=overrides))
 
 
 @pytest.mark.parametrize(
