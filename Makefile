@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/finetune_step.py --models smollm2-135m --modes ghost --steps 5 && \
 	$(PY) benchmarks/finetune_step.py --models smollm2-135m --noise --steps 3 && \
 	$(PY) benchmarks/retriever_step.py --batch 16 --steps 2 --modes $(RETRIEVER_MODES) --logit-batch 0 && \
+	$(PY) benchmarks/group_phases.py > /dev/null && \
 	$(PY) benchmarks/generate_throughput.py --prompts 8 --batch 8 && \
 	$(PY) benchmarks/canary_scoring.py && \
 	$(PY) benchmarks/cli_startup.py && \

@@ -39,7 +39,7 @@ def conditions(payload: dict | None, latest: str | None = None) -> str:
     if threads:
         parts.append(f"{'/'.join(map(str, sorted(threads)))} thread(s)")
     measured = payload.get("measured") or {}
-    if measured.get("at") and measured.get("at") != latest:
+    if measured.get("at") and measured["at"][:10] != (latest or "")[:10]:  # another day's run
         parts.append(f"measured {measured['at'][:10]} on {measured.get('cpu') or '?'}")
     return ", ".join(parts)
 
@@ -177,7 +177,8 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
             if "check" in found:
                 measured += f"; check {found['check']}"
             out.append(
-                (labels[run], measured, "—", f"≤ {found['aim_seconds'] / 60:g} min", _load(wall))
+                (labels[run], measured, "—", f"≤ {found['aim_seconds'] / 60:g} min",
+                 ", ".join(filter(None, [_load(wall), f"timed {found['timed']}"])))
             )  # fmt: skip
     evaluation = benchmarks.get("eval_throughput")
     if evaluation and "generated_search_only" in evaluation:
