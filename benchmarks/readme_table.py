@@ -133,6 +133,16 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
                      f"{batched['speedup']:.2f}× faster ({batched['documents_per_second']:.2f} docs/s)",
                      "—", "—", _load(generate))
                 )  # fmt: skip
+    for evolve in [v for k, v in benchmarks.items() if k.startswith("evolve_prompts[")]:
+        found = evolve["results"]
+        out.append(
+            (f"evolve generation: the few-shot prefix ({found['common_prefix_tokens']} of "
+             f"{found['prompt_tokens']} tokens) prefilled once vs every prompt whole, "
+             f"{evolve['batch']} prompts",
+             f"{found['speedup']:.2f}× faster ({found['seconds']['whole_prompts']:.1f} → "
+             f"{found['seconds']['prefix_once']:.1f} s; same queries: {found['same_queries']})",
+             "—", "—", _load(evolve))
+        )  # fmt: skip
     for canary in [v for k, v in benchmarks.items() if k.startswith("canary_scoring[")]:
         out.append(
             ("canary-audit scoring: shared prefix once vs pair by pair",

@@ -32,6 +32,10 @@ from synthq.data.synthetic import is_degenerate
 from synthq.models.generator import QueryGenerator
 
 NUCLEUS_CANDIDATES = 256
+# A batch's prompts that begin with at least this many identical tokens (Private Evolution's
+# few-shot prompts: 108 / 130 tokens of instructions and examples before the document) prefill
+# that prefix once; below it, a shared prefix saves less than the extra model call costs.
+SHARED_PREFIX_MIN_TOKENS = 16
 
 
 def row_seed(seed: int, doc_id: str, index: int, attempt: int) -> int:
@@ -156,7 +160,9 @@ def sample_queries(
     processors = LogitsProcessorList([PerRowSampler(seeds, top_p, temperature, greedy=greedy)])
     stop = stop_token_ids(generator) if stop_at_newline else generator.tokenizer.eos_token_id
     with torch.inference_mode():
-        shared = shared_prompt_state(generator, documents, batch) if share_prompts else {}
+        shared = {}
+        if share_prompts:
+            batch, shared = shared_prompt_state(generator, documents, batch)
         output = generator.model.generate(
             **batch,
             **shared,
@@ -174,42 +180,81 @@ def sample_queries(
     return generator.decode_new_tokens(output, batch)
 
 
-def shared_prompt_state(generator: QueryGenerator, documents: list[str], batch) -> dict:
-    """``generate`` keyword arguments that run each distinct prompt of a batch through the model
-    once, however many rows sample from it (``--num-queries k`` puts a document's rows side by
-    side); ``{}`` when every prompt is distinct.
+def shared_prompt_state(generator: QueryGenerator, documents: list[str], batch) -> tuple[dict, dict]:
+    """The batch to hand ``generate`` and keyword arguments that run what its prompts share
+    through the model once: ``(batch, {})`` when they share nothing worth it.
 
-    Causal models: the prompts but their last token are prefilled once into a KV cache, whose
-    rows are then repeated for every row of the document; ``generate`` feeds the last token and
-    continues from the cache. Seq2seq models: the encoder runs once per distinct document and its
-    states are repeated. The same logits as encoding every row on its own (a row's numbers never
-    depend on its neighbours), for ``1/k`` of the prompt flops."""
+    Two things are shared. Rows of one document (``--num-queries k`` puts them side by side) run
+    their prompt once and the result is repeated for each row. Causal prompts that begin with the
+    same :data:`SHARED_PREFIX_MIN_TOKENS` or more tokens (Private Evolution's few-shot prompts,
+    two thirds of every prompt) run that prefix once, at batch size one, and every row continues
+    from its KV cache; the batch is then laid out ``[prefix | left padding | rest of the
+    prompt]``, the padding masked and positions counted over unmasked tokens, as ``generate``
+    counts them, so each row sees the positions and attention it would see alone.
+
+    Causal models: everything but each prompt's last token is prefilled into the KV cache;
+    ``generate`` feeds the last token and continues from the cache. Seq2seq models: the encoder
+    runs once per distinct document and its states are repeated. The same logits as encoding
+    every row on its own, up to floating-point rounding (a row's numbers never depend on its
+    neighbours), for a fraction of the prompt flops."""
     first: dict[str, int] = {}
     rows = [first.setdefault(document, i) for i, document in enumerate(documents)]
     distinct = sorted(first.values())
-    if len(distinct) == len(documents):
-        return {}
     position = {row: n for n, row in enumerate(distinct)}
     expand = torch.tensor([position[row] for row in rows], device=batch["input_ids"].device)
-    ids, mask = batch["input_ids"][distinct], batch["attention_mask"][distinct]
     model = generator.model
     if generator.kind == "seq2seq":
+        if len(distinct) == len(documents):
+            return batch, {}
         from transformers.modeling_outputs import BaseModelOutput
 
+        ids, mask = batch["input_ids"][distinct], batch["attention_mask"][distinct]
         states = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-        return {"encoder_outputs": BaseModelOutput(last_hidden_state=states[expand])}
-    if ids.shape[1] < 2:
-        return {}
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # as generate derives them (left padding)
-    cache = model(  # the cache is what is wanted; one position of logits skips the vocabulary projection
-        input_ids=ids[:, :-1],
-        attention_mask=mask[:, :-1],
-        position_ids=positions[:, :-1],
-        use_cache=True,
-        logits_to_keep=1,
-    ).past_key_values
-    cache.batch_select_indices(expand)
-    return {"past_key_values": cache}
+        return batch, {"encoder_outputs": BaseModelOutput(last_hidden_state=states[expand])}
+    batch, prefix = _common_prefix_first(batch)
+    if (len(distinct) == len(documents) and not prefix) or batch["input_ids"].shape[1] < 2:
+        return batch, {}
+    ids, mask = batch["input_ids"][distinct], batch["attention_mask"][distinct]
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # as generate derives them
+    cache = None
+    if prefix:
+        cache = model(
+            input_ids=ids[:1, :prefix], attention_mask=mask[:1, :prefix], position_ids=positions[:1, :prefix],
+            use_cache=True, logits_to_keep=1,
+        ).past_key_values  # fmt: skip
+        cache.batch_repeat_interleave(len(distinct))
+    if ids.shape[1] - 1 > prefix:
+        # the cache is what is wanted; one position of logits skips the vocabulary projection
+        cache = model(
+            input_ids=ids[:, prefix:-1], attention_mask=mask[:, :-1], position_ids=positions[:, prefix:-1],
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        ).past_key_values  # fmt: skip
+    if len(distinct) < len(documents):
+        cache.batch_select_indices(expand)
+    return batch, {"past_key_values": cache}
+
+
+def _common_prefix_first(batch) -> tuple[dict, int]:
+    """A left-padded causal batch re-laid out ``[common prefix | padding | rest]`` when its prompts
+    begin with :data:`SHARED_PREFIX_MIN_TOKENS` or more identical tokens; the prefix's length
+    (0, and the batch unchanged, otherwise). Every row keeps at least its last token after it."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    prompts = [row[keep.bool()] for row, keep in zip(ids, mask, strict=True)]
+    shortest = min(len(p) for p in prompts)
+    stacked = torch.stack([p[: shortest - 1] for p in prompts])
+    differs = (stacked != stacked[:1]).any(0).nonzero()
+    prefix = int(differs[0]) if len(differs) else shortest - 1
+    if prefix < SHARED_PREFIX_MIN_TOKENS:
+        return batch, 0
+    width = ids.shape[1]
+    new_ids, new_mask = ids.clone(), torch.zeros_like(mask)
+    for row, prompt in enumerate(prompts):
+        new_ids[row, :prefix] = prompt[:prefix]
+        new_ids[row, prefix : width - len(prompt) + prefix] = ids[row, 0]  # padding (masked)
+        new_ids[row, width - len(prompt) + prefix :] = prompt[prefix:]
+        new_mask[row, :prefix] = 1
+        new_mask[row, width - len(prompt) + prefix :] = 1
+    return {**batch, "input_ids": new_ids, "attention_mask": new_mask}, prefix
 
 
 def sample_with_retries(

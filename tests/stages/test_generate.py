@@ -147,8 +147,40 @@ def test_rows_of_one_document_share_its_prompt_and_sample_the_same_queries(any_g
     assert shared == alone and len(set(shared)) > 4
     assert [shape[0] for shape in prompt_rows if shape is not None] == [4]  # 4 documents, 12 rows
     batch = generator.generation_batch([r.document for r in requests[:3]])
-    assert shared_prompt_state(generator, [r.document for r in requests[:3]], batch)
-    assert shared_prompt_state(generator, [r.document for r in requests[::3]], batch) == {}
+    assert shared_prompt_state(generator, [r.document for r in requests[:3]], batch)[1]
+    apart = generator.generation_batch([r.document for r in requests[::3]])
+    assert shared_prompt_state(generator, [r.document for r in requests[::3]], apart) == (apart, {})
+
+
+def test_prompts_with_a_long_common_beginning_prefill_it_once_and_sample_the_same_queries(causal_generator):
+    """Private Evolution's few-shot prompts share two thirds of their tokens: that prefix runs
+    once at batch size one, each row's rest after it (laid out prefix | padding | rest), and the
+    queries are those of encoding every row on its own; rows of one prompt still share it too."""
+    from synthq import sampling
+
+    generator = QueryGenerator.load(causal_generator.path)
+    shots = " ".join(f"example{i} words about a topic" for i in range(8))  # > 16 tokens in common
+    bodies = [r.document for r in documents()[:5]]
+    requests = [Request(f"d{i}", f"{shots} {body}", k) for i, body in enumerate(bodies) for k in range(2)]
+    requests.append(Request("short", f"{shots} x", 0))  # a rest of a token or two, the widest padding
+    alone = sample_queries(generator, requests, 3, 0.9, 1.0, 12, share_prompts=False)
+    shapes = []
+    record = lambda _m, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape))  # noqa: E731
+    handle = generator.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        shared = sample_queries(generator, requests, 3, 0.9, 1.0, 12)
+    finally:
+        handle.remove()
+    assert shared == alone and len(set(shared)) > 3
+    batch = generator.generation_batch([r.document for r in requests])
+    _, prefix = sampling._common_prefix_first(batch)
+    assert prefix >= sampling.SHARED_PREFIX_MIN_TOKENS
+    rest = batch["input_ids"].shape[1] - prefix - 1
+    assert shapes[:2] == [(1, prefix), (6, rest)]  # the prefix once; 6 distinct prompts' rests
+    assert all(shape[1] == 1 for shape in shapes[2:])  # then generate's one-token steps
+    # prompts without a long common beginning keep the plain left-padded layout
+    plain = generator.generation_batch(bodies)
+    assert sampling._common_prefix_first(plain) == (plain, 0)
 
 
 def test_nucleus_draw_follows_the_top_p_distribution():
