@@ -29,20 +29,12 @@ def main() -> None:
     as_a_stage()
     import torch
 
+    from benchmarks.retriever_step import training_setup
     from synthq.dp.clipping import add_into, clip, gradient
-    from synthq.dp.contrastive import Example
     from synthq.dp.engine import PrivacyPlan, SecretRandomness, build_mechanism
-    from synthq.models.encoder import embed, features, in_batch_softmax_loss, load_encoder, training_loss
+    from synthq.models.encoder import embed, features, in_batch_softmax_loss, training_loss
 
-    torch.manual_seed(0)
-    encoder = load_encoder("minilm-l6")
-    encoder.train()
-    parameters = [p for p in encoder.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=1e-5)
-    examples = [
-        Example(" ".join([f"query{i}"] * 32), " ".join([f"word{i}"] * 128), f"d{i}", f"q{i}")
-        for i in range(args.batch)
-    ]
+    encoder, parameters, optimizer, examples = training_setup(args.batch, 32, 128)
     loss_function = training_loss(encoder, 0.05)
     mechanism = build_mechanism(
         "group", clip_norm=1.0, temperature=0.05, model=encoder, group_size=args.group_size,

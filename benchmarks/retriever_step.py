@@ -27,24 +27,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._measure import add_ratios, emit, measure_interleaved  # noqa: E402
 
 
-def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int, group_size: int = 8):
+def training_setup(batch: int, query_tokens: int, doc_tokens: int):
+    """MiniLM-L6 in training mode, its trainable parameters, AdamW over them, and ``batch``
+    synthetic pairs long enough to fill the token budgets (the tokenizer truncates them)."""
     import torch
 
     from synthq.dp.contrastive import Example
-    from synthq.dp.contrastive_sample_vmap import per_query_clipped_sum
-    from synthq.dp.engine import PrivacyPlan, SecretRandomness, build_mechanism
-    from synthq.models.encoder import embed, features, load_encoder, training_loss
+    from synthq.models.encoder import load_encoder
 
     torch.manual_seed(0)
     encoder = load_encoder("minilm-l6")
     encoder.train()
     parameters = [p for p in encoder.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=1e-5)
-    # texts long enough to fill the token budgets (the tokenizer truncates them)
     examples = [
         Example(" ".join([f"query{i}"] * query_tokens), " ".join([f"word{i}"] * doc_tokens), f"d{i}", f"q{i}")
         for i in range(batch)
     ]
+    return encoder, parameters, optimizer, examples
+
+
+def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int, group_size: int = 8):
+    from synthq.dp.contrastive_sample_vmap import per_query_clipped_sum
+    from synthq.dp.engine import PrivacyPlan, SecretRandomness, build_mechanism
+    from synthq.models.encoder import embed, features, training_loss
+
+    encoder, parameters, optimizer, examples = training_setup(batch, query_tokens, doc_tokens)
     lengths = {"query": query_tokens, "doc": doc_tokens}
 
     def encode(texts, side):
