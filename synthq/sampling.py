@@ -3,19 +3,20 @@
 Hugging Face ``generate`` draws every row's token from one global random stream, so a
 document's sample changes with its batch neighbours, the batch size and the shard it lands in.
 Here each row owns a ``torch.Generator`` seeded from ``(seed, document id, query index,
-attempt)`` and draws exactly one uniform number per step from it; :class:`PerRowSampler` turns
+attempt)`` and draws exactly one uniform number per step from it; :func:`nucleus_draw` turns
 that number into a token of the row's nucleus by inverse-CDF sampling, vectorised over the
-batch, and hands ``generate`` a one-hot score. ``generate`` keeps doing what it is good at (KV
-cache, padding, stopping, both model kinds) while sampling stays reproducible under any
-batching or sharding.
+batch. The decoding loop (:func:`decode`) is synthq's own, over the model's forward pass and its
+KV cache, for both model kinds, so sampling stays reproducible under any batching or sharding.
 
 Speed (see ``benchmarks/generate_throughput.py``):
 
 * the nucleus is found with ``topk`` over a few hundred candidates instead of sorting the
   whole vocabulary; rows whose nucleus is wider fall back to a full sort (same result);
-* rows stop at the first token that contains a newline, since the query is cut there anyway
-  (:meth:`QueryGenerator.decode_new_tokens`), so a batch ends as soon as every row has its
-  query instead of running to ``max_new_tokens``;
+* rows stop at the first token that contains a newline, since the query is cut there anyway,
+  and a row that has stopped leaves the batch (its KV-cache rows are dropped), so each step
+  costs what the rows still writing cost and a batch ends when its last query does;
+* a batch's prompts run through the model once per distinct prompt, and a long common prefix
+  once (:func:`shared_prompt_state`);
 * batches group prompts of similar length (little padding), longest first.
 """
 
@@ -26,7 +27,6 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
 
 from synthq.data.synthetic import is_degenerate
 from synthq.models.generator import QueryGenerator
@@ -36,6 +36,9 @@ NUCLEUS_CANDIDATES = 256
 # few-shot prompts: 108 / 130 tokens of instructions and examples before the document) prefill
 # that prefix once; below it, a shared prefix saves less than the extra model call costs.
 SHARED_PREFIX_MIN_TOKENS = 16
+# Rows that have stopped are dropped from the decoding batch once they are this share of it
+# (dropping copies the KV cache; a stopped row left in costs its share of a step).
+DROP_FRACTION = 1 / 8
 
 
 def row_seed(seed: int, doc_id: str, index: int, attempt: int) -> int:
@@ -90,28 +93,6 @@ def nucleus_draw(
     return chosen
 
 
-class PerRowSampler(LogitsProcessor):
-    """Samples each row from its own generator and returns scores that make greedy search pick it.
-
-    Each row consumes exactly one number of its generator per step, so its tokens depend only on
-    its seed and its own logits, not on its batch neighbours."""
-
-    def __init__(self, seeds: list[int], top_p: float, temperature: float, greedy: bool = False):
-        self.generators = [torch.Generator().manual_seed(s) for s in seeds]
-        self.top_p = top_p
-        self.temperature = temperature
-        self.greedy = greedy
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.greedy:
-            return scores
-        uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
-        chosen = nucleus_draw(scores / max(self.temperature, 1e-6), uniforms, self.top_p)
-        forced = torch.full_like(scores, float("-inf"))
-        forced.scatter_(1, chosen.unsqueeze(1), 0.0)
-        return forced
-
-
 _STOP_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -148,7 +129,8 @@ def sample_queries(
     stop_at_newline: bool = True,
     share_prompts: bool = True,
 ) -> list[str]:
-    """One query per request, in request order, for one batch (KV cache on, as ``generate`` does).
+    """One query per request, in request order, for one batch (the cut at the first newline,
+    stripped).
 
     Rows of the same document (``--num-queries k``) share one pass over its prompt
     (:func:`shared_prompt_state`). ``stop_at_newline=False`` runs every row to EOS or
@@ -157,32 +139,146 @@ def sample_queries(
     documents = [r.document for r in requests]
     batch = generator.generation_batch(documents).to(generator.model.device)
     seeds = [row_seed(seed, r.doc_id, r.index, r.attempt) for r in requests]
-    processors = LogitsProcessorList([PerRowSampler(seeds, top_p, temperature, greedy=greedy)])
-    stop = stop_token_ids(generator) if stop_at_newline else generator.tokenizer.eos_token_id
+    stop = stop_token_ids(generator) if stop_at_newline else [generator.tokenizer.eos_token_id]
     with torch.inference_mode():
         shared = {}
         if share_prompts:
             batch, shared = shared_prompt_state(generator, documents, batch)
-        output = generator.model.generate(
-            **batch,
-            **shared,
-            do_sample=False,
-            num_beams=1,
-            use_cache=True,
-            max_new_tokens=max_new_tokens,
-            logits_processor=processors,
-            pad_token_id=generator.tokenizer.pad_token_id,
-            eos_token_id=stop,
-            top_p=None,
-            top_k=None,
-            temperature=None,
+        steps = (_CausalSteps if generator.kind == "causal" else _Seq2SeqSteps)(generator, batch, shared)
+        pad = generator.tokenizer.pad_token_id
+        new_tokens = decode(steps, seeds, top_p, temperature, max_new_tokens, stop, pad, greedy)
+    texts = generator.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+    return [text.split("\n")[0].strip() for text in texts]
+
+
+def decode(
+    steps: _CausalSteps | _Seq2SeqSteps,
+    seeds: list[int],
+    top_p: float,
+    temperature: float,
+    max_new_tokens: int,
+    stop: list[int],
+    pad: int,
+    greedy: bool = False,
+) -> torch.Tensor:
+    """The new tokens of every row, ``[rows, max_new_tokens]``, ``pad`` after a row's stop token.
+
+    Row ``i`` draws its token at each step from its own stream (``seeds[i]``, one uniform number
+    a step, :func:`nucleus_draw`; the arg-max under ``greedy``), so its tokens depend on nothing
+    but its prompt and its seed. A row that has drawn a stop token leaves the batch: its cache
+    rows are dropped and later steps run on the rows still writing. Hugging Face ``generate``
+    keeps every row to the end of the batch, so a batch of 96 queries whose lengths run from 2 to
+    20 tokens paid 20 full steps; here each step costs about what its live rows cost. Dropping
+    rows copies the cache, so stopped rows are dropped in groups of at least
+    :data:`DROP_FRACTION` of the batch; until then they ride along and their tokens are ignored."""
+    rows = len(seeds)
+    streams = [torch.Generator().manual_seed(s) for s in seeds]
+    stop_ids = torch.tensor(sorted(set(stop)), device=steps.device)
+    new = torch.full((rows, max_new_tokens), pad, dtype=torch.long, device=steps.device)
+    live = torch.arange(rows, device=steps.device)  # each batch row's place in ``new``
+    writing = torch.ones(rows, dtype=torch.bool, device=steps.device)
+    logits = steps.first()
+    for step in range(max_new_tokens):
+        active = writing.nonzero().squeeze(1)
+        tokens = torch.full_like(live, pad)
+        if greedy:
+            tokens[active] = logits[active].argmax(-1)
+        else:
+            drawing = live[active].tolist()
+            uniforms = torch.cat([torch.rand(1, generator=streams[i], dtype=torch.float64) for i in drawing])
+            tokens[active] = nucleus_draw(logits[active] / max(temperature, 1e-6), uniforms, top_p)
+        new[live[active], step] = tokens[active]
+        writing &= ~torch.isin(tokens, stop_ids)
+        if step == max_new_tokens - 1 or not writing.any():
+            break
+        if (~writing).sum() >= max(1.0, DROP_FRACTION * len(live)):
+            keep = writing.nonzero().squeeze(1)
+            steps.keep(keep)
+            live, tokens, writing = live[keep], tokens[keep], writing[keep]
+        logits = steps.next(tokens)
+    return new
+
+
+class _CausalSteps:
+    """Decoder-only model steps over a left-padded batch (whose KV cache ``shared`` may hold all
+    but each prompt's last token), positions counted over unmasked tokens as ``generate`` counts
+    them."""
+
+    def __init__(self, generator: QueryGenerator, batch, shared: dict):
+        self.model = generator.model
+        self.device = batch["input_ids"].device
+        self.mask = batch["attention_mask"]
+        self.cache = shared.get("past_key_values")
+        positions = (self.mask.long().cumsum(-1) - 1).clamp(min=0)
+        done = self.cache.get_seq_length() if self.cache is not None else 0
+        self.prompt = batch["input_ids"][:, done:], positions[:, done:]
+        self.position = positions[:, -1:]
+
+    def first(self) -> torch.Tensor:
+        return self._forward(*self.prompt)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.mask, self.position = self.mask[rows], self.position[rows]
+
+    def next(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(tokens), 1)], dim=1)
+        self.position = self.position + 1
+        return self._forward(tokens.unsqueeze(1), self.position)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        output = self.model(
+            input_ids=ids, attention_mask=self.mask, position_ids=positions,
+            past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+        )  # fmt: skip
+        self.cache = output.past_key_values
+        return output.logits[:, -1].float()
+
+
+class _Seq2SeqSteps:
+    """Encoder-decoder model steps: the encoder's states (``shared``'s, or computed here) and its
+    padding mask are kept per row; the decoder starts from the model's start token."""
+
+    def __init__(self, generator: QueryGenerator, batch, shared: dict):
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+        from transformers.modeling_outputs import BaseModelOutput
+
+        self.model = generator.model
+        self.device = batch["input_ids"].device
+        self.mask = batch["attention_mask"]
+        encoded = shared.get("encoder_outputs") or self.model.get_encoder()(
+            input_ids=batch["input_ids"], attention_mask=self.mask
         )
-    return generator.decode_new_tokens(output, batch)
+        self.states = encoded.last_hidden_state
+        self._wrap = BaseModelOutput
+        self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        start = self.model.generation_config.decoder_start_token_id
+        if start is None:
+            start = self.model.config.decoder_start_token_id
+        self.start = torch.full((len(self.mask), 1), start, dtype=torch.long, device=self.device)
+
+    def first(self) -> torch.Tensor:
+        return self._forward(self.start)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.mask, self.states = self.mask[rows], self.states[rows]
+
+    def next(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._forward(tokens.unsqueeze(1))
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        output = self.model(
+            encoder_outputs=self._wrap(last_hidden_state=self.states), attention_mask=self.mask,
+            decoder_input_ids=ids, past_key_values=self.cache, use_cache=True,
+        )  # fmt: skip
+        self.cache = output.past_key_values
+        return output.logits[:, -1].float()
 
 
 def shared_prompt_state(generator: QueryGenerator, documents: list[str], batch) -> tuple[dict, dict]:
-    """The batch to hand ``generate`` and keyword arguments that run what its prompts share
-    through the model once: ``(batch, {})`` when they share nothing worth it.
+    """The batch to decode and the state that runs what its prompts share through the model
+    once: ``(batch, {})`` when they share nothing worth it.
 
     Two things are shared. Rows of one document (``--num-queries k`` puts them side by side) run
     their prompt once and the result is repeated for each row. Causal prompts that begin with the
@@ -193,7 +289,7 @@ def shared_prompt_state(generator: QueryGenerator, documents: list[str], batch) 
     counts them, so each row sees the positions and attention it would see alone.
 
     Causal models: everything but each prompt's last token is prefilled into the KV cache;
-    ``generate`` feeds the last token and continues from the cache. Seq2seq models: the encoder
+    decoding feeds the last token and continues from the cache. Seq2seq models: the encoder
     runs once per distinct document and its states are repeated. The same logits as encoding
     every row on its own, up to floating-point rounding (a row's numbers never depend on its
     neighbours), for a fraction of the prompt flops."""
@@ -215,7 +311,7 @@ def shared_prompt_state(generator: QueryGenerator, documents: list[str], batch) 
     if (len(distinct) == len(documents) and not prefix) or batch["input_ids"].shape[1] < 2:
         return batch, {}
     ids, mask = batch["input_ids"][distinct], batch["attention_mask"][distinct]
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # as generate derives them
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # over unmasked tokens, as generate counts them
     cache = None
     if prefix:
         cache = model(

@@ -14,6 +14,7 @@ import shutil
 
 import pytest
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from synthq import sampling
 from synthq.artifacts import create_artifact, open_artifact, partial_dir
@@ -22,7 +23,6 @@ from synthq.errors import ArtifactError, DataError, SynthqError
 from synthq.models.generator import QueryGenerator
 from synthq.privacy import Guarantee
 from synthq.sampling import (
-    PerRowSampler,
     Request,
     nucleus_draw,
     sample_queries,
@@ -199,13 +199,61 @@ def test_nucleus_draw_follows_the_top_p_distribution():
                 assert torch.allclose(counts, expected[row].double(), atol=2 / grid)
 
 
+class ReferenceSampler(LogitsProcessor):
+    """The reference for synthq's decoding loop: Hugging Face ``generate`` with each row's token
+    drawn from the row's own stream (one uniform a step, every row, every step) and forced as a
+    one-hot score."""
+
+    def __init__(self, seeds: list[int], top_p: float, temperature: float):
+        self.streams = [torch.Generator().manual_seed(s) for s in seeds]
+        self.top_p, self.temperature = top_p, temperature
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.streams])
+        chosen = nucleus_draw(scores / self.temperature, uniforms, self.top_p)
+        return torch.full_like(scores, float("-inf")).scatter_(1, chosen.unsqueeze(1), 0.0)
+
+
+def reference_queries(generator, requests, seed, top_p, temperature, max_new_tokens, greedy):
+    batch = generator.generation_batch([r.document for r in requests])
+    seeds = [sampling.row_seed(seed, r.doc_id, r.index, r.attempt) for r in requests]
+    processors = [] if greedy else [ReferenceSampler(seeds, top_p, temperature)]
+    with torch.inference_mode():
+        output = generator.model.generate(
+            **batch, do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
+            logits_processor=LogitsProcessorList(processors), pad_token_id=generator.tokenizer.pad_token_id,
+            eos_token_id=stop_token_ids(generator), top_p=None, top_k=None, temperature=None,
+        )  # fmt: skip
+    return generator.decode_new_tokens(output, batch)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_decoding_gives_hugging_face_generate_queries_with_stopped_rows_dropped(any_generator, greedy):
+    """synthq's loop samples what ``generate`` samples with the same per-row draws, while the rows
+    that have their query leave the batch (the model sees fewer rows in later steps)."""
+    generator = QueryGenerator.load(any_generator.path)
+    requests = [Request(r.doc_id, r.document, k) for r in documents() for k in range(2)]
+    expected = reference_queries(generator, requests, 7, 0.9, 1.5, 16, greedy)
+    rows = []
+    module = generator.model if generator.kind == "causal" else generator.model.get_decoder()
+    record = lambda _m, args, kwargs: rows.append(kwargs["input_ids"].shape)  # noqa: E731
+    handle = module.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        ours = sample_queries(generator, requests, 7, 0.9, 1.5, 16, greedy=greedy)
+    finally:
+        handle.remove()
+    assert ours == expected and len(set(ours)) > 4
+    steps = [batch for batch, width in rows if width == 1]  # one token a row: decoding steps
+    assert steps[0] == len(requests) and steps[-1] < len(requests) and steps == sorted(steps, reverse=True)
+
+
 def test_each_row_draws_from_its_own_stream():
     torch.manual_seed(0)
-    scores = torch.randn(4, 30)
-    seeds = [11, 22, 33, 44]
-    together = PerRowSampler(seeds, 0.9, 1.0)(None, scores.clone()).argmax(-1)
-    alone = [PerRowSampler([s], 0.9, 1.0)(None, scores[i : i + 1].clone()).argmax(-1).item() for i, s in
-             enumerate(seeds)]  # fmt: skip
+    logits = torch.randn(4, 30)
+    streams = [torch.Generator().manual_seed(s) for s in (11, 22, 33, 44)]
+    uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in streams])
+    together = nucleus_draw(logits, uniforms, 0.9)
+    alone = [nucleus_draw(logits[i : i + 1], uniforms[i : i + 1], 0.9).item() for i in range(4)]
     assert together.tolist() == alone
 
 
