@@ -1,5 +1,9 @@
-"""Private Evolution's generation: one batch of few-shot prompts with their common prefix
-prefilled once (:func:`synthq.sampling.shared_prompt_state`) vs every prompt prefilled whole.
+"""Private Evolution's generation, one batch of few-shot prompts, three ways: as the stage runs
+it (``prefix_once``: the prompts' common prefix prefilled once,
+:func:`synthq.sampling.shared_prompt_state`, and rows that have their query dropped from the
+decoding batch, :func:`synthq.sampling.decode`), every prompt prefilled whole
+(``whole_prompts``), and every row kept to the batch's last step as Hugging Face ``generate``
+keeps it (``rows_kept``).
 
     python benchmarks/evolve_prompts.py [--documents 96] [--repeats 2] [--model smollm2-135m]
 
@@ -42,16 +46,17 @@ def main() -> None:
     ]
     batch = prompter.prompting.generation_batch([r.document for r in requests])
     _, prefix = sampling._common_prefix_first(batch)
-    minimum = sampling.SHARED_PREFIX_MIN_TOKENS
-    seconds: dict[str, list[float]] = {"prefix_once": [], "whole_prompts": []}
+    minimum, drop = sampling.SHARED_PREFIX_MIN_TOKENS, sampling.DROP_FRACTION
+    seconds: dict[str, list[float]] = {"prefix_once": [], "whole_prompts": [], "rows_kept": []}
     queries = {}
     for _ in range(args.repeats + 1):  # the first round warms up
         for side in seconds:
-            sampling.SHARED_PREFIX_MIN_TOKENS = minimum if side == "prefix_once" else 10**9
+            sampling.SHARED_PREFIX_MIN_TOKENS = 10**9 if side == "whole_prompts" else minimum
+            sampling.DROP_FRACTION = float("inf") if side == "rows_kept" else drop
             started = time.perf_counter()
             queries[side] = sample_queries(prompter.prompting, requests, 0, 0.8, 1.0, 20)
             seconds[side].append(time.perf_counter() - started)
-    sampling.SHARED_PREFIX_MIN_TOKENS = minimum
+    sampling.SHARED_PREFIX_MIN_TOKENS, sampling.DROP_FRACTION = minimum, drop
     best = {side: min(values[1:]) for side, values in seconds.items()}
     emit(
         {
@@ -63,7 +68,8 @@ def main() -> None:
                 "common_prefix_tokens": prefix,
                 "seconds": {side: round(value, 2) for side, value in best.items()},
                 "speedup": round(best["whole_prompts"] / best["prefix_once"], 2),
-                "same_queries": queries["prefix_once"] == queries["whole_prompts"],
+                "speedup_rows_dropped": round(best["rows_kept"] / best["prefix_once"], 2),
+                "same_queries": queries["prefix_once"] == queries["whole_prompts"] == queries["rows_kept"],
             },
         }
     )

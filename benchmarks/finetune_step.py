@@ -6,12 +6,14 @@ T5-small-shaped model. The full (and the LoRA) configurations are timed in one p
     python benchmarks/finetune_step.py [--batch 8] [--tokens 128] [--steps 3] [--modes ghost,hooks,vmap]
     python benchmarks/finetune_step.py --profile [--lora 0] [--modes ghost]
     python benchmarks/finetune_step.py --noise [--models smollm2-135m] [--steps 3]
+    python benchmarks/finetune_step.py --phases [--models smollm2-135m] [--lora 16] [--no-full]
 
 ``--profile`` runs one step of each side under torch's profiler (after two untimed steps) and
 prints, per operator, the self CPU time of the non-private and the DP step and the difference:
 where the DP step's extra time goes. ``--noise`` times the step's Gaussian noise alone on the
 model's trainable parameters: the engine's parallel streams (:func:`synthq.dp.engine.add_noise`)
-against one generator drawing a fresh tensor per parameter (the engine before).
+against one generator drawing a fresh tensor per parameter (the engine before). ``--phases``
+times a ghost DP step and a non-private step phase by phase (:func:`phase_seconds`).
 """
 
 from __future__ import annotations
@@ -61,8 +63,16 @@ def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: 
         plan = PrivacyPlan.with_noise(1.0, 0.1, expected_batch_size=batch)
         dp = DPStep(generator, optimizer, plan, batch, grad_sample_mode=mode)
         randomness = SecretRandomness(seed=0)
-        return lambda: dp.step(make_batch, indices, [1.0] * len(indices), randomness)
-    return lambda: non_private_step(generator, optimizer, make_batch, indices, batch)
+
+        def step():
+            dp.step(make_batch, indices, [1.0] * len(indices), randomness)
+    else:
+
+        def step():
+            non_private_step(generator, optimizer, make_batch, indices, batch)
+
+    step.model, step.optimizer = generator.model, optimizer  # for phase_seconds
+    return step
 
 
 def profile_overhead(model: str, mode: str, lora: int, batch: int, tokens: int, top: int = 15) -> dict:
@@ -93,6 +103,64 @@ def profile_overhead(model: str, mode: str, lora: int, batch: int, tokens: int, 
             {"operator": op, "non_private": round(a, 3), "dp": round(b, 3), "extra": round(b - a, 3)}
             for op, a, b in rows[:top]
         ],
+    }
+
+
+def phase_seconds(model: str, mode: str, lora: int, batch: int, tokens: int, steps: int) -> dict:
+    """Median seconds per phase of a non-private and a ghost DP step, timed in turn: the forward
+    pass, the backward pass (DP: the norm pass, output gradients and per-layer norms, no parameter
+    gradient), the clipped sum from the records (DP), the noise (DP), the optimizer, and the rest.
+    ``perf_counter`` around the step's own functions, wrapped in place; no profiler, which
+    distorts hooked backward passes."""
+    import statistics
+    import time
+    from collections import defaultdict
+
+    import torch
+
+    from synthq.dp import engine, lm_hooks
+
+    as_a_stage()
+    current: dict[str, float] = defaultdict(float)
+
+    def wrap(owner, attribute: str, phase: str) -> None:
+        original = getattr(owner, attribute)
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                current[phase] += time.perf_counter() - started
+
+        setattr(owner, attribute, timed)
+
+    sides = {
+        "non_private": make_step(model, None, lora, batch, tokens),
+        "dp": make_step(model, mode, lora, batch, tokens),
+    }
+    for step in sides.values():
+        wrap(step.model, "forward", "forward")
+        wrap(step.optimizer, "step", "optimizer")
+    wrap(torch.Tensor, "backward", "backward")
+    wrap(lm_hooks.GhostClipper, "_norms", "forward_and_norm_pass")
+    wrap(lm_hooks.TiedGhostClipping, "clipped_gradients", "clipped_sum")
+    wrap(engine.PrivacyPlan, "privatize", "noise")
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for index in range(steps + 1):  # the first round warms up
+        for name, step in sides.items():
+            current.clear()
+            started = time.perf_counter()
+            step()
+            phases = dict(current, step=time.perf_counter() - started)
+            if "forward_and_norm_pass" in phases:
+                phases["backward"] = phases.pop("forward_and_norm_pass") - phases["forward"]
+            phases["rest"] = phases["step"] - sum(v for k, v in phases.items() if k != "step")
+            if index:
+                runs[name].append(phases)
+    return {
+        name: {phase: round(statistics.median(r[phase] for r in rows), 3) for phase in rows[0]}
+        for name, rows in runs.items()
     }
 
 
@@ -147,7 +215,15 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="times only (no peak-RSS processes)")
     parser.add_argument("--profile", action="store_true", help="where the DP step's extra time goes")
     parser.add_argument("--noise", action="store_true", help="the step's Gaussian noise alone")
+    parser.add_argument("--phases", action="store_true", help="ghost DP and non-private steps by phase")
     args = parser.parse_args()
+    if args.phases:
+        for model in args.models.split(","):
+            for rank in sorted({0, args.lora} - ({0} if args.no_full else set())):
+                results = phase_seconds(model, "ghost", rank, args.batch, args.tokens, args.steps)
+                emit({"benchmark": "finetune_phases", "model": model, "lora": rank, "batch": args.batch,
+                      "tokens": args.tokens, "steps": args.steps, "results": results})  # fmt: skip
+        return
     if args.noise:
         for model in args.models.split(","):
             emit({"benchmark": "dp_noise", "model": model, "results": noise_seconds(model, args.steps)})

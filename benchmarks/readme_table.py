@@ -137,10 +137,15 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
         found = evolve["results"]
         out.append(
             (f"evolve generation: the few-shot prefix ({found['common_prefix_tokens']} of "
-             f"{found['prompt_tokens']} tokens) prefilled once vs every prompt whole, "
-             f"{evolve['batch']} prompts",
+             f"{found['prompt_tokens']} tokens) prefilled once vs every prompt whole"
+             + (", and rows dropped from the batch once they have their query vs kept to the last step"
+                if "rows_kept" in found["seconds"] else "")
+             + f", {evolve['batch']} prompts",
              f"{found['speedup']:.2f}× faster ({found['seconds']['whole_prompts']:.1f} → "
-             f"{found['seconds']['prefix_once']:.1f} s; same queries: {found['same_queries']})",
+             f"{found['seconds']['prefix_once']:.1f} s)"
+             + (f"; {found['speedup_rows_dropped']:.2f}× ({found['seconds']['rows_kept']:.1f} → "
+                f"{found['seconds']['prefix_once']:.1f} s)" if "rows_kept" in found["seconds"] else "")
+             + f"; same queries: {found['same_queries']}",
              "—", "—", _load(evolve))
         )  # fmt: skip
     for canary in [v for k, v in benchmarks.items() if k.startswith("canary_scoring[")]:

@@ -31,7 +31,10 @@ import torch
 from synthq.data.synthetic import is_degenerate
 from synthq.models.generator import QueryGenerator
 
-NUCLEUS_CANDIDATES = 256
+# topk sizes tried in turn for a row's nucleus before sorting the whole vocabulary: topk of 4,096
+# of SmolLM2's 49,152 tokens costs a fifth of a full sort (a fine-tuned generator's first query
+# token often has a nucleus wider than 256 tokens).
+NUCLEUS_CANDIDATES = (256, 4096)
 # A batch's prompts that begin with at least this many identical tokens (Private Evolution's
 # few-shot prompts: 108 / 130 tokens of instructions and examples before the document) prefill
 # that prefix once; below it, a shared prefix saves less than the extra model call costs.
@@ -69,27 +72,37 @@ def _inverse_cdf(probabilities: torch.Tensor, uniforms: torch.Tensor, top_p: flo
 
 
 def nucleus_draw(
-    logits: torch.Tensor, uniforms: torch.Tensor, top_p: float, candidates: int = NUCLEUS_CANDIDATES
+    logits: torch.Tensor,
+    uniforms: torch.Tensor,
+    top_p: float,
+    candidates: tuple[int, ...] = NUCLEUS_CANDIDATES,
 ) -> torch.Tensor:
     """One token id per row from the top-``top_p`` nucleus of ``softmax(logits)``, by inverse CDF
     with the row's uniform number in ``[0, 1)``.
 
     Exactly the distribution of ``top_p_filter`` followed by ``multinomial``, but a row's draw
     depends only on its own logits and uniform (never on the other rows), and it needs no sort of
-    the vocabulary when the nucleus lies within the ``candidates`` most likely tokens."""
+    the vocabulary when the nucleus lies within the most likely tokens: each row is drawn from the
+    first of the ``candidates`` tiers (``topk`` of that many tokens) that holds ``top_p`` of its
+    mass, and only a row that none holds is sorted whole."""
     probabilities = logits.float().softmax(-1)
     uniforms = uniforms.to(probabilities.device, probabilities.dtype)
     if top_p >= 1.0:
         return _inverse_cdf(probabilities, uniforms, 2.0)
-    k = min(candidates, probabilities.shape[-1])
-    top, ids = probabilities.topk(k, dim=-1)
-    chosen = ids.gather(1, _inverse_cdf(top, uniforms, top_p).unsqueeze(1)).squeeze(1)
-    # When the k candidates hold less than top_p, the nucleus reaches further: sort those rows fully.
-    wide = (top.sum(-1) < top_p).nonzero().squeeze(1)
-    if wide.numel():
-        full, order = probabilities[wide].sort(descending=True, dim=-1)
-        positions = _inverse_cdf(full, uniforms[wide], top_p)
-        chosen[wide] = order.gather(1, positions.unsqueeze(1)).squeeze(1)
+    chosen = torch.empty(len(probabilities), dtype=torch.long, device=probabilities.device)
+    pending = torch.arange(len(probabilities), device=probabilities.device)
+    for k in candidates:
+        rows = probabilities if len(pending) == len(probabilities) else probabilities[pending]
+        top, ids = rows.topk(min(k, rows.shape[-1]), dim=-1)
+        held = top.sum(-1) >= top_p
+        positions = _inverse_cdf(top[held], uniforms[pending[held]], top_p)
+        chosen[pending[held]] = ids[held].gather(1, positions.unsqueeze(1)).squeeze(1)
+        pending = pending[~held]
+        if not len(pending):
+            return chosen
+    full, order = probabilities[pending].sort(descending=True, dim=-1)
+    positions = _inverse_cdf(full, uniforms[pending], top_p)
+    chosen[pending] = order.gather(1, positions.unsqueeze(1)).squeeze(1)
     return chosen
 
 

@@ -193,7 +193,7 @@ def test_nucleus_draw_follows_the_top_p_distribution():
     for top_p in (0.3, 0.8, 1.0):
         expected = top_p_filter(logits, top_p).softmax(-1)
         for row in range(3):
-            for candidates in (4, 256):  # 4 forces the full-sort path for wide nuclei
+            for candidates in ((4,), (2, 8), (256,)):  # small tiers force the wider ones and the full sort
                 chosen = nucleus_draw(logits[row].expand(grid, -1), uniforms, top_p, candidates=candidates)
                 counts = torch.bincount(chosen, minlength=50).double() / grid
                 assert torch.allclose(counts, expected[row].double(), atol=2 / grid)
