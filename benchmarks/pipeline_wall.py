@@ -7,7 +7,8 @@
 
 Each is run as a user runs it (a fresh ``synthq`` process) and timed around the process; the
 record also carries what makes the time meaningful: the audit's power (the ε = ∞ generator's
-95 % lower bound, aim ≥ 3 with 200 canaries) and its phases, the demo's ``--check`` outcome.
+95 % lower bound, aim ≥ 3 with 200 canaries) and its phases, the demo's ``--check`` outcome and
+its stage times by kind (:func:`stage_seconds`).
 ``--from`` reads a finished audit directory instead (its own ``wall_seconds``), after checking that
 it ran the README's command. Neither fits ``make bench``'s quarter of an hour: ``make
 bench-pipelines`` runs both (about 10 + 60 minutes on 2 cores). Nothing else should use the CPU.
@@ -108,6 +109,27 @@ def audit_record(directory: Path, wall_seconds: float | None) -> dict:
     }
 
 
+def stage_seconds(run: Path) -> dict:
+    """Wall seconds of a finished pipeline's stages, summed by stage kind (with their count), from
+    each artifact's own timings: the manifest's, or the private diagnostics' for stages that keep
+    their timings there (the demo's data ships with synthq, so its times are no secret)."""
+    kinds: dict[str, dict] = {}
+    for manifest_path in sorted(run.glob("*/manifest.json")):
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        seconds = manifest.get("timings", {}).get("wall_seconds")
+        diagnostics = manifest_path.parent / "diagnostics" / "metrics.json"
+        if seconds is None and diagnostics.exists():
+            seconds = (
+                json.loads(diagnostics.read_text(encoding="utf-8")).get("timings", {}).get("wall_seconds")
+            )
+        if seconds is None:
+            continue
+        kind = kinds.setdefault(manifest["stage"], {"stages": 0, "seconds": 0.0})
+        kind["stages"] += 1
+        kind["seconds"] = round(kind["seconds"] + seconds, 1)
+    return dict(sorted(kinds.items(), key=lambda item: -item[1]["seconds"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("run", choices=["audit", "demo"])
@@ -136,6 +158,7 @@ def main() -> None:
                 "timed": "around the process",
                 "aim_seconds": DEMO_AIM_SECONDS,
                 "check": "passed" if check == 0 else f"failed (exit {check})",
+                "stage_seconds": stage_seconds(out),
             }
     payload = {"benchmark": "pipeline_wall", "model": args.run, "results": record}
     if args.finished is not None:

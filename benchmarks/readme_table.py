@@ -191,6 +191,16 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
                 )
             if "check" in found:
                 measured += f"; check {found['check']}"
+            kinds = found.get("stage_seconds")
+            if kinds:
+                measured += (
+                    " ("
+                    + ", ".join(
+                        f"{kind} ×{value['stages']} {value['seconds'] / 60:.1f}"
+                        for kind, value in kinds.items()
+                    )
+                    + " min)"
+                )
             out.append(
                 (labels[run], measured, "—", f"≤ {found['aim_seconds'] / 60:g} min",
                  ", ".join(filter(None, [_load(wall), f"timed {found['timed']}"])))

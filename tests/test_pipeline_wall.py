@@ -1,5 +1,6 @@
 """benchmarks/pipeline_wall.py times the README's audit command: the two must stay the same
-command, and a finished run of another command must not be recorded as it."""
+command, and a finished run of another command must not be recorded as it. A demo's record sums
+its stages' own times by kind."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.pipeline_wall import AUDIT_ARGUMENTS, _options, audit_record
+from benchmarks.pipeline_wall import AUDIT_ARGUMENTS, _options, audit_record, stage_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,3 +67,24 @@ def test_a_finished_run_of_another_command_is_refused(tmp_path):
     directory = _finished_audit(tmp_path, canaries=100)
     with pytest.raises(SystemExit, match="differs in: canaries"):
         audit_record(directory, None)
+
+
+def test_demo_stage_times_are_summed_by_kind_from_manifests_and_private_diagnostics(tmp_path):
+    def artifact(name: str, stage: str, public: float | None = None, private: float | None = None):
+        (tmp_path / name / "diagnostics").mkdir(parents=True)
+        timings = {} if public is None else {"wall_seconds": public}
+        (tmp_path / name / "manifest.json").write_text(json.dumps({"stage": stage, "timings": timings}))
+        if private is not None:
+            metrics = {"timings": {"wall_seconds": private}}
+            (tmp_path / name / "diagnostics" / "metrics.json").write_text(json.dumps(metrics))
+
+    artifact("gen", "finetune-lm", private=140.0)
+    artifact("ret-a", "train-retriever", private=30.5)
+    artifact("ret-b", "train-retriever", private=31.0)
+    artifact("syn", "generate", public=94.6)
+    artifact("half", "eval")  # no timings: left out
+    assert list(stage_seconds(tmp_path).items()) == [  # largest first
+        ("finetune-lm", {"stages": 1, "seconds": 140.0}),
+        ("generate", {"stages": 1, "seconds": 94.6}),
+        ("train-retriever", {"stages": 2, "seconds": 61.5}),
+    ]
