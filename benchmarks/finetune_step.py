@@ -219,10 +219,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.phases:
         for model in args.models.split(","):
-            for rank in sorted({0, args.lora} - ({0} if args.no_full else set())):
-                results = phase_seconds(model, "ghost", rank, args.batch, args.tokens, args.steps)
-                emit({"benchmark": "finetune_phases", "model": model, "lora": rank, "batch": args.batch,
-                      "tokens": args.tokens, "steps": args.steps, "results": results})  # fmt: skip
+            ranks = sorted({0, args.lora} - ({0} if args.no_full else set()))
+            results = {}
+            for rank in ranks:
+                name = "full" if rank == 0 else f"lora{rank}"
+                results[name] = phase_seconds(model, "ghost", rank, args.batch, args.tokens, args.steps)
+            emit({"benchmark": "finetune_phases", "model": model, "batch": args.batch, "tokens": args.tokens,
+                  "steps": args.steps, "results": results})  # fmt: skip
         return
     if args.noise:
         for model in args.models.split(","):

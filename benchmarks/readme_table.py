@@ -81,6 +81,21 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
                 (f"finetune-lm DP step (ghost) vs non-private, LoRA r = {rank} all-linear, {shape}",
                  _ratio(finetune["results"], lora), ANCHORS["lora"], "≤ 1.05×", _load(finetune))
             )  # fmt: skip
+    for phases in [v for k, v in benchmarks.items() if k.startswith("finetune_phases[")]:
+        shape = f"batch {phases['batch']} × {phases['tokens']} tokens"
+        for kind, sides in phases["results"].items():
+            plain, dp = sides["non_private"], sides["dp"]
+            trained = "full" if kind == "full" else kind.replace("lora", "LoRA r = ")
+            measured = (
+                f"forward {plain['forward']:.2f} → {dp['forward']:.2f}; backward {plain['backward']:.2f} → "
+                f"{dp['backward']:.2f} (norm pass) + {dp['clipped_sum']:.2f} (clipped sum); "
+                f"noise {dp['noise']:.2f}; optimizer {plain['optimizer']:.2f} → {dp['optimizer']:.2f}; "
+                f"step {plain['step']:.2f} → {dp['step']:.2f}"
+            )
+            label = (
+                f"finetune-lm step by phase (s), non-private → ghost DP, {trained} {phases['model']}, {shape}"
+            )
+            out.append((label, measured, "—", "—", _load(phases)))
     for noise in [v for k, v in benchmarks.items() if k.startswith("dp_noise[")]:
         found = noise["results"]
         out.append(
