@@ -316,6 +316,25 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
+def time_by_kind(stage_times: list[tuple[str, float]], wall: float) -> str:
+    """Where a run's wall time went: each stage kind's total (most first, with its count and
+    share), then what lay between stages (planning, checks, imports), so the parts add up to
+    ``wall``."""
+    totals: dict[str, list] = {}
+    for kind, seconds in stage_times:
+        total = totals.setdefault(kind, [0, 0.0])
+        total[0] += 1
+        total[1] += seconds
+    parts = [
+        f"{kind} ×{count} {_minutes(seconds)} ({100 * seconds / wall:.0f} %)"
+        for kind, (count, seconds) in sorted(totals.items(), key=lambda item: -item[1][1])
+    ]
+    between = max(wall - sum(seconds for _, seconds in stage_times), 0.0)
+    return (
+        f"time by stage kind: {', '.join(parts)}; between stages {_minutes(between)}; {_minutes(wall)} in all"
+    )
+
+
 def describe_plan(plan: Plan) -> list[str]:
     lines = [f"pipeline {plan.name!r} -> {plan.out} ({len(plan.stages)} stages)"]
     for number, stage in enumerate(plan.stages, 1):
@@ -380,6 +399,7 @@ def run_plan(plan: Plan) -> dict[str, Path]:
     remaining_estimate = sum(_estimate(s) or 0.0 for s in remaining)
     started = time.perf_counter()
     results: dict[str, Path] = {}
+    stage_times: list[tuple[str, float]] = []  # (stage kind, seconds) of the stages run
     for number, stage in enumerate(plan.stages, 1):
         header = escape(f"[{number}/{len(plan.stages)}] {stage.stage} {stage.name}")
         if stage.up_to_date:
@@ -409,10 +429,12 @@ def run_plan(plan: Plan) -> dict[str, Path]:
             ) from error
         remaining_estimate = max(remaining_estimate - estimate, 0.0)
         results[stage.name] = Path(artifact.path)
-        info(
-            f"{header} done in {_minutes(time.perf_counter() - stage_started)}: {artifact.privacy.describe()}"
-        )
-    info(f"[bold green]pipeline {plan.name!r} finished[/] in {_minutes(time.perf_counter() - started)}")
+        stage_times.append((stage.stage, time.perf_counter() - stage_started))
+        info(f"{header} done in {_minutes(stage_times[-1][1])}: {artifact.privacy.describe()}")
+    wall = time.perf_counter() - started
+    info(f"[bold green]pipeline {plan.name!r} finished[/] in {_minutes(wall)}")
+    if stage_times:
+        info(escape(time_by_kind(stage_times, wall)))
     from synthq.ledger import ledger_lines
 
     for line in ledger_lines(list(results.values())):

@@ -12,7 +12,7 @@ from synthq.artifacts import create_artifact, existing_result, open_artifact
 from synthq.config import StageConfig
 from synthq.errors import SynthqError
 from synthq.privacy import Guarantee
-from synthq.stages.pipeline import describe_plan, plan_pipeline, run_plan
+from synthq.stages.pipeline import describe_plan, plan_pipeline, run_plan, time_by_kind
 
 CALLS: list[str] = []
 REAL_GENERATE = registry.STAGES["generate"]
@@ -108,6 +108,14 @@ def test_run_skip_force_and_dry_run(tmp_path):
     # an override changes a config: that stage and its dependants are stale
     plan = plan_pipeline(path, overrides=["stages.2.config.value=9"])
     assert [s.name for s in plan.stages if not s.up_to_date] == ["third"]
+
+
+def test_time_by_kind_adds_up_to_the_wall_time():
+    line = time_by_kind([("train-retriever", 30.0), ("evolve", 300.0), ("train-retriever", 90.0)], 600.0)
+    assert line == (
+        "time by stage kind: evolve ×1 5.0 min (50 %), train-retriever ×2 2.0 min (20 %); "
+        "between stages 3.0 min; 10.0 min in all"
+    )
 
 
 def test_dry_run_runs_nothing(tmp_path):
