@@ -262,11 +262,18 @@ class QueryGenerator:
         while all(len(t) > shared + 1 for t in targets) and len({t[shared] for t in targets}) == 1:
             shared += 1  # every candidate keeps ≥ 1 token of its own (EOS at least)
         prefix = torch.tensor([prompt + targets[0][:shared]], device=device)
-        out = self.model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True)
+        # logits only where a query token is predicted: the prompt's last position and the shared
+        # tokens' (the vocabulary projection of every prompt position was a fifth of the work)
+        out = self.model(
+            input_ids=prefix,
+            attention_mask=torch.ones_like(prefix),
+            use_cache=True,
+            logits_to_keep=shared + 1,
+        )
         log_probs = torch.log_softmax(out.logits[0].float(), dim=-1)
-        # the shared query tokens, predicted from the position before each
-        common = sum(float(log_probs[len(prompt) + k - 1, targets[0][k]]) for k in range(shared))
-        first = log_probs[-1]  # predicts each candidate's first own token
+        # row k predicts shared query token k; the last row each candidate's first own token
+        common = sum(float(log_probs[k, targets[0][k]]) for k in range(shared))
+        first = log_probs[-1]
         values = []
         for start in range(0, len(targets), batch_size):
             rest = [t[shared:] for t in targets[start : start + batch_size]]
