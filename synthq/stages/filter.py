@@ -27,6 +27,7 @@ queries before and after, the kept fraction and the held-out counts.
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 from synthq.artifacts import Artifact, create_artifact, current_input_hash, existing_result, open_artifact
@@ -144,6 +145,7 @@ def run(config: FilterConfig) -> Artifact:
         inputs.append({**generator_record, "role": "model"})
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
+    started = time.perf_counter()  # the scoring runs before the artifact is opened
     data = load_beir_dir(synthetic.path)
     splits = {q: split for split, qrels in data.qrels.items() for q in qrels}
     own_document = {q: next(iter(data.qrels[split][q])) for q, split in splits.items()}
@@ -196,6 +198,7 @@ def run(config: FilterConfig) -> Artifact:
             }
         )
         writer.inherit(synthetic)
+        writer.timings["wall_seconds"] = round(time.perf_counter() - started, 3)
         if retriever is not None:
             if retriever.artifact is not None:
                 writer.inherit(retriever.artifact)

@@ -48,9 +48,13 @@ def test_selection_rules():
     assert len(held) == 5 and held == filter_stage.holdout_documents(list(reversed(ids)), 5)
 
 
-def test_consistency_keeps_what_bm25_finds_and_inherits_the_generator(tmp_path, synthetic):
-    from synthq.retrieval.bm25 import bm25_search
+def test_consistency_keeps_what_bm25_finds_and_inherits_the_generator(tmp_path, synthetic, monkeypatch):
+    import time
 
+    from synthq.retrieval import bm25
+
+    search = bm25.bm25_search
+    monkeypatch.setattr(bm25, "bm25_search", lambda *a: (time.sleep(0.3), search(*a))[1])  # a slow ranking
     top_k = 3
     kept = filter_stage.run(
         FilterConfig(
@@ -59,12 +63,13 @@ def test_consistency_keeps_what_bm25_finds_and_inherits_the_generator(tmp_path, 
     )
     data = load_beir_dir(synthetic.path)
     queries = {q: data.queries[q] for q in data.qrels["train"]}
-    independent = bm25_search(data.corpus, queries, top_k)
+    independent = search(data.corpus, queries, top_k)
     expected = {q for q, ranked in independent.items() if next(iter(data.qrels["train"][q])) in ranked}
     assert set(_pairs(kept)) == expected and expected
     assert kept.metrics["kept_fraction"] == pytest.approx(len(expected) / len(queries))
     assert kept.privacy.epsilon == pytest.approx(synthetic.privacy.epsilon)  # post-processing
     assert {r["id"] for r in kept.releases} == {r["id"] for r in synthetic.releases}
+    assert kept.timings["wall_seconds"] >= 0.3  # the stage's time includes the ranking before the write
 
 
 def test_likelihood_keeps_each_documents_most_likely_query(tmp_path, synthetic, tiny_encoder_dir):
