@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,11 +43,21 @@ AUDIT_ARGUMENTS = [
 AUDIT_AIM_SECONDS, DEMO_AIM_SECONDS, POWER_AIM = 15 * 60, 12 * 60, 3.0
 
 
-def _synthq(*arguments: str) -> tuple[float, int]:
-    """Run ``synthq ARGUMENTS`` in a fresh process; its wall seconds and exit status."""
+def _synthq(*arguments: str, lines: list[str] | None = None) -> tuple[float, int]:
+    """Run ``synthq ARGUMENTS`` in a fresh process; its wall seconds and exit status. With
+    ``lines``, its output is echoed and kept there, line by line."""
     started = time.perf_counter()
-    status = subprocess.run([sys.executable, "-m", "synthq", *arguments], cwd=ROOT).returncode
-    return time.perf_counter() - started, status
+    command = [sys.executable, "-m", "synthq", *arguments]
+    if lines is None:
+        status = subprocess.run(command, cwd=ROOT).returncode
+        return time.perf_counter() - started, status
+    with subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    ) as process:
+        for line in process.stdout:
+            sys.stdout.write(line)
+            lines.append(line.rstrip("\n"))
+    return time.perf_counter() - started, process.returncode
 
 
 def _options(arguments: list[str]) -> dict:
@@ -109,24 +120,23 @@ def audit_record(directory: Path, wall_seconds: float | None) -> dict:
     }
 
 
-def stage_seconds(run: Path) -> dict:
-    """Wall seconds of a finished pipeline's stages, summed by stage kind (with their count), from
-    each artifact's own timings: the manifest's, or the private diagnostics' for stages that keep
-    their timings there (the demo's data ships with synthq, so its times are no secret)."""
+STAGE_DONE = re.compile(r"^\[\d+/\d+\] (\S+) \S+ done in ([\d.]+) (s|min)")
+
+
+def stage_seconds(output: list[str]) -> dict:
+    """Seconds of a pipeline's stages summed by stage kind (with their count), read from what
+    ``synthq run`` prints as each stage ends (``[5/71] train-retriever NAME done in 32 s``): the
+    run's own clock around each stage, so the kinds add up to the run's time (to the printed
+    rounding: a second, or a tenth of a minute)."""
     kinds: dict[str, dict] = {}
-    for manifest_path in sorted(run.glob("*/manifest.json")):
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        seconds = manifest.get("timings", {}).get("wall_seconds")
-        diagnostics = manifest_path.parent / "diagnostics" / "metrics.json"
-        if seconds is None and diagnostics.exists():
-            seconds = (
-                json.loads(diagnostics.read_text(encoding="utf-8")).get("timings", {}).get("wall_seconds")
+    for line in output:
+        found = STAGE_DONE.match(line)
+        if found:
+            kind = kinds.setdefault(found.group(1), {"stages": 0, "seconds": 0.0})
+            kind["stages"] += 1
+            kind["seconds"] = round(
+                kind["seconds"] + float(found.group(2)) * (60 if found.group(3) == "min" else 1), 1
             )
-        if seconds is None:
-            continue
-        kind = kinds.setdefault(manifest["stage"], {"stages": 0, "seconds": 0.0})
-        kind["stages"] += 1
-        kind["seconds"] = round(kind["seconds"] + seconds, 1)
     return dict(sorted(kinds.items(), key=lambda item: -item[1]["seconds"]))
 
 
@@ -149,7 +159,8 @@ def main() -> None:
                     raise SystemExit(f"the audit failed (exit {status})")
                 record = audit_record(out, seconds)
         else:
-            seconds, status = _synthq("run", "pipelines/demo.yaml", f"out={out}")
+            output: list[str] = []
+            seconds, status = _synthq("run", "pipelines/demo.yaml", f"out={out}", lines=output)
             if status:
                 raise SystemExit(f"the demo failed (exit {status})")
             _, check = _synthq("run", "pipelines/demo.yaml", f"out={out}", "--check")
@@ -158,7 +169,7 @@ def main() -> None:
                 "timed": "around the process",
                 "aim_seconds": DEMO_AIM_SECONDS,
                 "check": "passed" if check == 0 else f"failed (exit {check})",
-                "stage_seconds": stage_seconds(out),
+                "stage_seconds": stage_seconds(output),
             }
     payload = {"benchmark": "pipeline_wall", "model": args.run, "results": record}
     if args.finished is not None:

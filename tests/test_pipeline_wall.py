@@ -69,22 +69,18 @@ def test_a_finished_run_of_another_command_is_refused(tmp_path):
         audit_record(directory, None)
 
 
-def test_demo_stage_times_are_summed_by_kind_from_manifests_and_private_diagnostics(tmp_path):
-    def artifact(name: str, stage: str, public: float | None = None, private: float | None = None):
-        (tmp_path / name / "diagnostics").mkdir(parents=True)
-        timings = {} if public is None else {"wall_seconds": public}
-        (tmp_path / name / "manifest.json").write_text(json.dumps({"stage": stage, "timings": timings}))
-        if private is not None:
-            metrics = {"timings": {"wall_seconds": private}}
-            (tmp_path / name / "diagnostics" / "metrics.json").write_text(json.dumps(metrics))
-
-    artifact("gen", "finetune-lm", private=140.0)
-    artifact("ret-a", "train-retriever", private=30.5)
-    artifact("ret-b", "train-retriever", private=31.0)
-    artifact("syn", "generate", public=94.6)
-    artifact("half", "eval")  # no timings: left out
-    assert list(stage_seconds(tmp_path).items()) == [  # largest first
-        ("finetune-lm", {"stages": 1, "seconds": 140.0}),
-        ("generate", {"stages": 1, "seconds": 94.6}),
-        ("train-retriever", {"stages": 2, "seconds": 61.5}),
+def test_demo_stage_times_are_summed_by_kind_from_the_run_output():
+    output = [
+        "───── [1/5] finetune-lm gen-eps8 (elapsed 0 s, pipeline ≈ 77.2 min left) ──────",
+        "[1/5] finetune-lm gen-eps8 done in 2.4 min: ε=8.00 δ=4.1e-04 (query)",
+        "train-retriever: 38/38 (100%) | 1.19/s elapsed=0m32s eta=0m00s",
+        "[2/5] train-retriever ret-a done in 32 s: ε=∞",
+        "[3/5] train-retriever ret-b done in 1.5 min: ε=8.00 δ=4.1e-04 (query)",
+        "[4/5] generate syn done in 59 s: ε=8.00 δ=4.1e-04 (query)",
+        "[5/5] eval eval-dev: up to date, skipped",
+    ]
+    assert list(stage_seconds(output).items()) == [  # largest first
+        ("finetune-lm", {"stages": 1, "seconds": 144.0}),
+        ("train-retriever", {"stages": 2, "seconds": 122.0}),
+        ("generate", {"stages": 1, "seconds": 59.0}),
     ]
