@@ -30,7 +30,7 @@ def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: 
     import torch
 
     from synthq.dp.engine import PrivacyPlan, SecretRandomness
-    from synthq.dp.lm import DPStep, non_private_step
+    from synthq.dp.lm import DPStep, make_optimizer, non_private_step
     from synthq.models.generator import QueryGenerator
     from synthq.models.generator import apply_lora as _apply_lora
 
@@ -53,7 +53,8 @@ def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: 
     generator.model.train()
     words = " ".join(["retrieval"] * tokens)
     documents, queries = [words] * batch, ["a short user query about retrieval"] * batch
-    optimizer = torch.optim.Adam([p for p in generator.model.parameters() if p.requires_grad], lr=1e-4)
+    trainable = [p for p in generator.model.parameters() if p.requires_grad]
+    optimizer = make_optimizer("adam", trainable, lr=1e-4, weight_decay=0.0)  # as finetune-lm builds it
 
     def make_batch(indices):
         return generator.training_batch([documents[i] for i in indices], [queries[i] for i in indices], 24)

@@ -34,12 +34,13 @@ def training_setup(batch: int, query_tokens: int, doc_tokens: int):
 
     from synthq.dp.contrastive import Example
     from synthq.models.encoder import load_encoder
+    from synthq.optim import adam
 
     torch.manual_seed(0)
     encoder = load_encoder("minilm-l6")
     encoder.train()
     parameters = [p for p in encoder.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=1e-5)
+    optimizer = adam(parameters, lr=1e-5, weight_decay=0.01, decoupled=True)  # as train-retriever builds it
     examples = [
         Example(" ".join([f"query{i}"] * query_tokens), " ".join([f"word{i}"] * doc_tokens), f"d{i}", f"q{i}")
         for i in range(batch)

@@ -51,6 +51,7 @@ from synthq.dp.clipping import clip_and_sum
 from synthq.dp.engine import Mechanism, PrivacyPlan, PrivacyUnits, SecretRandomness, register_mechanism
 from synthq.models.generator import QueryGenerator
 from synthq.models.sequence_loss import label_window, model_inputs, per_sequence_loss
+from synthq.optim import adam
 
 
 def prepare_model_for_per_sample_gradients(generator: QueryGenerator) -> None:
@@ -392,7 +393,7 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """``adam`` (the paper's DP-Adam), ``adafactor`` or ``sgd`` over ``parameters``."""
     if name == "adam":
-        return torch.optim.Adam(parameters, lr=lr, weight_decay=weight_decay)
+        return adam(parameters, lr=lr, weight_decay=weight_decay)
     if name == "adafactor":
         from transformers.optimization import Adafactor
 

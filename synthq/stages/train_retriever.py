@@ -58,6 +58,7 @@ from synthq.models.encoder import (
     position_limit,
     training_loss,
 )
+from synthq.optim import adam
 from synthq.privacy import Guarantee
 from synthq.units import training_units
 
@@ -242,7 +243,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
     if config.freeze_embeddings and not freeze_token_embeddings(encoder):
         raise SynthqError(f"--freeze-embeddings: found no token-embedding matrix in {config.encoder}")
     parameters = [p for p in encoder.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=config.lr)
+    optimizer = adam(parameters, lr=config.lr, weight_decay=0.01, decoupled=True)
     settings = _within_position_limit(config, encoder)  # what training uses; the artifact records config
 
     def encode(texts: list[str], side: str) -> torch.Tensor:
