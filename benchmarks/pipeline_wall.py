@@ -128,16 +128,17 @@ def stage_seconds(output: list[str]) -> dict:
     ``synthq run`` prints as each stage ends (``[5/71] train-retriever NAME done in 32 s``): the
     run's own clock around each stage, so the kinds add up to the run's time (to the printed
     rounding: a second, or a tenth of a minute)."""
-    kinds: dict[str, dict] = {}
-    for line in output:
-        found = STAGE_DONE.match(line)
-        if found:
-            kind = kinds.setdefault(found.group(1), {"stages": 0, "seconds": 0.0})
-            kind["stages"] += 1
-            kind["seconds"] = round(
-                kind["seconds"] + float(found.group(2)) * (60 if found.group(3) == "min" else 1), 1
-            )
-    return dict(sorted(kinds.items(), key=lambda item: -item[1]["seconds"]))
+    from synthq.stages.pipeline import seconds_by_kind
+
+    stage_times = [
+        (found.group(1), float(found.group(2)) * (60 if found.group(3) == "min" else 1))
+        for found in map(STAGE_DONE.match, output)
+        if found
+    ]
+    return {
+        kind: {"stages": total["stages"], "seconds": round(total["seconds"], 1)}
+        for kind, total in seconds_by_kind(stage_times).items()
+    }
 
 
 def main() -> None:

@@ -27,6 +27,8 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput
 
 from synthq.data.synthetic import is_degenerate
 from synthq.models.generator import QueryGenerator
@@ -253,9 +255,6 @@ class _Seq2SeqSteps:
     padding mask are kept per row; the decoder starts from the model's start token."""
 
     def __init__(self, generator: QueryGenerator, batch, shared: dict):
-        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-        from transformers.modeling_outputs import BaseModelOutput
-
         self.model = generator.model
         self.device = batch["input_ids"].device
         self.mask = batch["attention_mask"]
@@ -263,7 +262,6 @@ class _Seq2SeqSteps:
             input_ids=batch["input_ids"], attention_mask=self.mask
         )
         self.states = encoded.last_hidden_state
-        self._wrap = BaseModelOutput
         self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         start = self.model.generation_config.decoder_start_token_id
         if start is None:
@@ -282,7 +280,7 @@ class _Seq2SeqSteps:
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         output = self.model(
-            encoder_outputs=self._wrap(last_hidden_state=self.states), attention_mask=self.mask,
+            encoder_outputs=BaseModelOutput(last_hidden_state=self.states), attention_mask=self.mask,
             decoder_input_ids=ids, past_key_values=self.cache, use_cache=True,
         )  # fmt: skip
         self.cache = output.past_key_values
@@ -315,8 +313,6 @@ def shared_prompt_state(generator: QueryGenerator, documents: list[str], batch) 
     if generator.kind == "seq2seq":
         if len(distinct) == len(documents):
             return batch, {}
-        from transformers.modeling_outputs import BaseModelOutput
-
         ids, mask = batch["input_ids"][distinct], batch["attention_mask"][distinct]
         states = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
         return batch, {"encoder_outputs": BaseModelOutput(last_hidden_state=states[expand])}

@@ -316,18 +316,24 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
+def seconds_by_kind(stage_times: list[tuple[str, float]]) -> dict[str, dict]:
+    """``{kind: {"stages": n, "seconds": total}}`` of ``(stage kind, seconds)`` pairs, the kind
+    with the most seconds first."""
+    totals: dict[str, dict] = {}
+    for kind, seconds in stage_times:
+        total = totals.setdefault(kind, {"stages": 0, "seconds": 0.0})
+        total["stages"] += 1
+        total["seconds"] += seconds
+    return dict(sorted(totals.items(), key=lambda item: -item[1]["seconds"]))
+
+
 def time_by_kind(stage_times: list[tuple[str, float]], wall: float) -> str:
     """Where a run's wall time went: each stage kind's total (most first, with its count and
     share), then what lay between stages (planning, checks, imports), so the parts add up to
     ``wall``."""
-    totals: dict[str, list] = {}
-    for kind, seconds in stage_times:
-        total = totals.setdefault(kind, [0, 0.0])
-        total[0] += 1
-        total[1] += seconds
     parts = [
-        f"{kind} ×{count} {_minutes(seconds)} ({100 * seconds / wall:.0f} %)"
-        for kind, (count, seconds) in sorted(totals.items(), key=lambda item: -item[1][1])
+        f"{kind} ×{total['stages']} {_minutes(total['seconds'])} ({100 * total['seconds'] / wall:.0f} %)"
+        for kind, total in seconds_by_kind(stage_times).items()
     ]
     between = max(wall - sum(seconds for _, seconds in stage_times), 0.0)
     return (
