@@ -13,10 +13,10 @@ from unittest.mock import patch
 
 
 def as_a_stage() -> int:
-    """synthq's thread rule and heap setting, as a stage applies them (:func:`synthq.distributed.setup`);
-    returns torch's thread count."""
-    from synthq.malloc import keep_freed_memory
-    from synthq.threads import configure_threads
+    """synthq's thread rule and heap setting, as a stage applies them
+    (:func:`synthq.runtime.distributed.setup`); returns torch's thread count."""
+    from synthq.runtime.malloc import keep_freed_memory
+    from synthq.runtime.threads import configure_threads
 
     threads = configure_threads()
     keep_freed_memory()

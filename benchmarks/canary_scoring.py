@@ -22,8 +22,8 @@ from benchmarks._measure import emit  # noqa: E402
 def main() -> None:
     import torch
 
-    from synthq.data import load_source
     from synthq.data.pairs import document_text
+    from synthq.data.sources import load_source
     from synthq.models.generator import QueryGenerator
 
     parser = argparse.ArgumentParser()

@@ -26,7 +26,7 @@ def machine() -> dict:
     """CPU model, cores this process may use, memory, OS, Python and torch versions."""
     import torch
 
-    from synthq.threads import available_cores
+    from synthq.runtime.threads import available_cores
 
     model = platform.processor() or platform.machine()
     try:

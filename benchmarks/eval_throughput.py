@@ -36,8 +36,8 @@ def embedded_part(repeats: int, model_spec: str = "minilm-l6") -> dict:
     from beir.retrieval.evaluation import EvaluateRetrieval
     from beir.retrieval.search.dense import DenseRetrievalExactSearch
 
-    from synthq.data import load_source
     from synthq.data.pairs import document_text
+    from synthq.data.sources import load_source
     from synthq.models.encoder import load_encoder
     from synthq.retrieval.cache import corpus_embeddings, encode_texts
     from synthq.retrieval.metrics import evaluate
@@ -169,7 +169,7 @@ def main() -> None:
     os.environ["SYNTHQ_CACHE"] = tempfile.mkdtemp(prefix="synthq-bench-")  # cold caches, removed by the OS
     import torch
 
-    from synthq.console import set_verbosity
+    from synthq.runtime.console import set_verbosity
 
     set_verbosity(0)  # no progress bars: stdout is the JSON
     results = {

@@ -1,7 +1,7 @@
 """Private Evolution's generation, one batch of few-shot prompts, three ways: as the stage runs
 it (``prefix_once``: the prompts' common prefix prefilled once,
-:func:`synthq.sampling.shared_prompt_state`, and rows that have their query dropped from the
-decoding batch, :func:`synthq.sampling.decode`), every prompt prefilled whole
+:func:`synthq.models.sampling.shared_prompt_state`, and rows that have their query dropped from the
+decoding batch, :func:`synthq.models.sampling.decode`), every prompt prefilled whole
 (``whole_prompts``), and every row kept to the batch's last step as Hugging Face ``generate``
 keeps it (``rows_kept``).
 
@@ -30,10 +30,10 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     args = parser.parse_args()
     as_a_stage()
-    from synthq import sampling
     from synthq.data.sources import load_source
+    from synthq.models import sampling
     from synthq.models.generator import QueryGenerator
-    from synthq.sampling import Request, sample_queries
+    from synthq.models.sampling import Request, sample_queries
     from synthq.stages.evolve import Prompter
 
     corpus = load_source("embedded").corpus

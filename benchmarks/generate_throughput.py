@@ -32,10 +32,10 @@ from benchmarks._measure import as_a_stage, emit  # noqa: E402
 def main() -> None:
     import torch
 
-    from synthq.data import load_source
     from synthq.data.pairs import document_text
+    from synthq.data.sources import load_source
     from synthq.models.generator import QueryGenerator
-    from synthq.sampling import Request, length_sorted_batches, sample_queries, stop_token_ids
+    from synthq.models.sampling import Request, length_sorted_batches, sample_queries, stop_token_ids
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=32)

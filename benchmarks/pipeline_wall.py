@@ -128,7 +128,7 @@ def stage_seconds(output: list[str]) -> dict:
     ``synthq run`` prints as each stage ends (``[5/71] train-retriever NAME done in 32 s``): the
     run's own clock around each stage, so the kinds add up to the run's time (to the printed
     rounding: a second, or a tenth of a minute)."""
-    from synthq.stages.pipeline import seconds_by_kind
+    from synthq.pipeline import seconds_by_kind
 
     stage_times = [
         (found.group(1), float(found.group(2)) * (60 if found.group(3) == "min" else 1))

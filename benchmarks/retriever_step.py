@@ -34,7 +34,7 @@ def training_setup(batch: int, query_tokens: int, doc_tokens: int):
 
     from synthq.dp.contrastive import Example
     from synthq.models.encoder import load_encoder
-    from synthq.optim import adam
+    from synthq.runtime.optim import adam
 
     torch.manual_seed(0)
     encoder = load_encoder("minilm-l6")

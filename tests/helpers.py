@@ -204,7 +204,7 @@ def tiny_sentence_encoder(directory: Path, dropout: float = 0.1) -> Path:
 
 def tiny_retriever_artifact(out: Path, encoder_dir: Path, privacy, config: dict | None = None):
     """A ``train-retriever`` artifact holding a copy of a tiny sentence-transformers encoder with
-    the given :class:`synthq.privacy.Guarantee` (for stages that read retrievers, e.g. eval)."""
+    the given :class:`synthq.privacy.guarantee.Guarantee` (for stages that read retrievers, e.g. eval)."""
     import shutil
 
     from synthq.artifacts import create_artifact, open_artifact

@@ -21,8 +21,8 @@ from synthq.artifacts import (
     partial_dir,
 )
 from synthq.config import GenerateConfig
-from synthq.errors import ArtifactError
-from synthq.privacy import Guarantee
+from synthq.privacy.guarantee import Guarantee
+from synthq.runtime.errors import ArtifactError
 
 PRIVATE = Guarantee(epsilon=3.0, delta=1e-5, mechanism="dp-adam", accountant="rdp")
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from synthq.artifacts import create_artifact
 from synthq.cli import app
-from synthq.privacy import Guarantee
+from synthq.privacy.guarantee import Guarantee
 
 runner = CliRunner()
 

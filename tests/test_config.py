@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from synthq.config import CanaryAuditConfig, FinetuneConfig, apply_overrides, load_yaml
-from synthq.errors import SynthqError
+from synthq.runtime.errors import SynthqError
 
 
 def test_yaml_and_overrides(tmp_path):

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from synthq.artifacts import open_artifact
-from synthq.errors import SynthqError
-from synthq.stages.pipeline import plan_pipeline, run_plan
+from synthq.pipeline import plan_pipeline, run_plan
+from synthq.runtime.errors import SynthqError
 
 PIPELINE = """
 # synthq run mini.yaml

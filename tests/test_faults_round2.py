@@ -16,9 +16,9 @@ from opacus.accountants import RDPAccountant
 from pydantic import ValidationError
 
 from synthq.config import EvalConfig
-from synthq.data import load_beir_dir
-from synthq.errors import PrivacyError
-from synthq.privacy import epsilon_for, noise_multiplier_for
+from synthq.data.beir_io import load_beir_dir
+from synthq.privacy.guarantee import epsilon_for, noise_multiplier_for
+from synthq.runtime.errors import PrivacyError
 from synthq.stages import evaluate, train_retriever
 from tests.test_privacy_integrity import finetune, retriever_config
 
@@ -66,7 +66,7 @@ def test_eval_on_a_one_query_split_plots(tmp_path, tiny_beir, tiny_encoder_dir):
 
 
 def test_a_stage_refuses_an_artifact_of_the_wrong_kind_before_work(tmp_path, tiny_beir, tiny_encoder_dir):
-    from synthq.artifacts import ArtifactError
+    from synthq.runtime.errors import ArtifactError
 
     retriever = train_retriever.run(retriever_config(tmp_path / "ret", tiny_beir, tiny_encoder_dir))
     with pytest.raises(ArtifactError, match="is a 'train-retriever' artifact, expected 'finetune-lm'"):
@@ -77,7 +77,7 @@ def test_a_stage_refuses_an_artifact_of_the_wrong_kind_before_work(tmp_path, tin
 
 
 def test_an_output_inside_an_input_is_refused(tmp_path, tiny_beir, tiny_encoder_dir):
-    from synthq.artifacts import ArtifactError
+    from synthq.runtime.errors import ArtifactError
 
     data = tmp_path / "data"
     shutil.copytree(tiny_beir, data)
@@ -193,7 +193,8 @@ def test_info_and_ledger_do_not_import_torch(tmp_path, tiny_beir, tiny_encoder_d
 
 
 def test_an_edited_accountant_memo_is_recomputed(tmp_path):
-    from synthq import accountant_memo, keys
+    from synthq.privacy import keys
+    from synthq.privacy import memo as accountant_memo
 
     calls = []
 

@@ -4,13 +4,13 @@ import sys
 
 import pytest
 
-from synthq import malloc
+from synthq.runtime import malloc
 
 # A "step" allocates, writes and frees tensors of 64, 48 and 12 MB; print whether the setting was
 # applied and the minor page faults of three steps after three warm-up steps.
 PROBE = """
 import resource, sys, torch
-from synthq.malloc import keep_freed_memory
+from synthq.runtime.malloc import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 def step():
     a = torch.ones(16 << 20)

@@ -1,4 +1,4 @@
-"""synthq.optim: the stages' Adam / AdamW are torch's fused kernels where the device has one, and
+"""synthq.runtime.optim: the stages' Adam / AdamW are torch's fused kernels where the device has one, and
 update the weights as torch's default implementation does (to rounding)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from synthq.optim import adam
+from synthq.runtime.optim import adam
 
 
 @pytest.mark.parametrize(("decoupled", "reference"), [(False, torch.optim.Adam), (True, torch.optim.AdamW)])

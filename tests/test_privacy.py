@@ -9,14 +9,14 @@ import pytest
 from opacus.accountants import RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 
-from synthq.errors import PrivacyError
-from synthq.privacy import (
+from synthq.privacy.guarantee import (
     Guarantee,
     default_delta,
     epsilon_for,
     noise_multiplier_for,
     validate_budget,
 )
+from synthq.runtime.errors import PrivacyError
 
 
 def test_noise_multiplier_matches_opacus_and_reaches_target():

@@ -10,13 +10,13 @@ import shutil
 import pytest
 import torch
 
-from synthq.artifacts import ArtifactError, create_artifact, export_artifact, open_artifact, partial_dir
+from synthq.artifacts import create_artifact, export_artifact, open_artifact, partial_dir
 from synthq.config import EvalConfig, FinetuneConfig, GenerateConfig, TrainRetrieverConfig
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
-from synthq.errors import PrivacyError
-from synthq.ledger import dataset_totals, ledger_lines
 from synthq.models.generator import QueryGenerator
-from synthq.privacy import Guarantee
+from synthq.privacy.guarantee import Guarantee
+from synthq.privacy.ledger import dataset_totals, ledger_lines
+from synthq.runtime.errors import ArtifactError, PrivacyError
 from synthq.stages import evaluate, finetune_lm, generate, train_retriever
 
 

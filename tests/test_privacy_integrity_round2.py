@@ -13,15 +13,16 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from synthq import keys
-from synthq.artifacts import ArtifactError, open_artifact, partial_dir, sha256_tree
+from synthq.artifacts import open_artifact, partial_dir, sha256_tree
 from synthq.cli import app
 from synthq.config import EvalConfig, FinetuneConfig, GenerateConfig, TrainRetrieverConfig
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
-from synthq.ledger import ledger, ledger_lines
+from synthq.privacy import keys
+from synthq.privacy.ledger import ledger, ledger_lines
+from synthq.privacy.units import sharing_groups, store_unit_set
 from synthq.retrieval.selection import Candidate, selection_utility
+from synthq.runtime.errors import ArtifactError
 from synthq.stages import evaluate, finetune_lm, generate, train_retriever
-from synthq.units import sharing_groups, store_unit_set
 from tests.test_privacy_integrity import finetune, released_text, retriever_config
 
 

@@ -18,8 +18,8 @@ import pytest
 from synthq import artifacts, cli
 from synthq.artifacts import create_artifact, open_artifact, output_lock, sha256_tree
 from synthq.config import EvalConfig, FinetuneConfig, GenerateConfig, TrainRetrieverConfig
-from synthq.errors import ArtifactError
-from synthq.privacy import Guarantee
+from synthq.privacy.guarantee import Guarantee
+from synthq.runtime.errors import ArtifactError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -297,7 +297,7 @@ def test_bad_pipelines_are_one_line_errors(text, message, tmp_path, capsys, monk
 
 
 def test_progress_prints_plain_lines_when_not_a_terminal(capsys, monkeypatch):
-    from synthq import console
+    from synthq.runtime import console
 
     monkeypatch.setenv("SYNTHQ_PROGRESS_INTERVAL", "0")
     monkeypatch.setattr(console.console, "_force_terminal", False)
@@ -384,7 +384,7 @@ def test_search_prints_top_k_with_scores(tiny_encoder_dir, tiny_beir, capsys, mo
 def test_every_config_field_is_an_option_with_help(command, config_class):
     from typer.testing import CliRunner
 
-    from synthq.options import flag_name
+    from synthq.cli.options import flag_name
 
     result = CliRunner().invoke(cli.app, [command, "--help"], terminal_width=200)
     assert result.exit_code == 0
@@ -406,7 +406,7 @@ def test_every_config_field_is_an_option_with_help(command, config_class):
 def test_old_batch_size_names_still_work():
     assert GenerateConfig(out="o", generator="g", batch_size=3).generation_batch_size == 3
     assert EvalConfig(out="o", batch_size=5).encode_batch_size == 5
-    from synthq.options import build
+    from synthq.cli.options import build
 
     assert (
         build(
@@ -442,7 +442,7 @@ def test_merge_takes_several_shards_after_one_flag(tmp_path, capsys, monkeypatch
 
 
 def test_library_warnings_are_one_synthq_line(capsys, monkeypatch):
-    from synthq.stages import search
+    from synthq import search
 
     def noisy(*args, **kwargs):
         warnings.warn("`resume_download` is deprecated\nand more text", FutureWarning, stacklevel=1)

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from synthq.config import EvalConfig, ReportConfig
-from synthq.errors import ArtifactError
-from synthq.privacy import Guarantee
-from synthq.result_tables import (
+from synthq.privacy.guarantee import Guarantee
+from synthq.reporting.tables import (
     combined_guarantee,
     epsilon_positions,
     paper_comparison,
@@ -24,6 +23,7 @@ from synthq.result_tables import (
     zero_shot_table,
 )
 from synthq.retrieval.metrics import METRICS
+from synthq.runtime.errors import ArtifactError
 from tests.helpers import tiny_retriever_artifact
 
 SCORES = {**dict.fromkeys(METRICS, 0.1), "ndcg@10": 0.5, "recall@10": 0.7}

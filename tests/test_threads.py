@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from synthq.threads import available_cores, configure_threads, oversubscribed, thread_count
+from synthq.runtime.threads import available_cores, configure_threads, oversubscribed, thread_count
 
 
 def idle(count):

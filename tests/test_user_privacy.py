@@ -24,13 +24,13 @@ from synthq.dp.clipping import norm as _norm
 from synthq.dp.contrastive import Example, GroupClipping, SampleClipping
 from synthq.dp.engine import PrivacyPlan, PrivacyUnits, SecretRandomness, poisson_units
 from synthq.dp.lm import DPStep
-from synthq.errors import DataError, PrivacyError
-from synthq.ledger import ledger_lines
 from synthq.models.encoder import embed
 from synthq.models.generator import QueryGenerator
-from synthq.privacy import Guarantee, compose_releases
+from synthq.privacy.guarantee import Guarantee, compose_releases
+from synthq.privacy.ledger import ledger_lines
+from synthq.privacy.units import training_units
+from synthq.runtime.errors import DataError, PrivacyError
 from synthq.stages import evaluate, generate, train_retriever
-from synthq.units import training_units
 from tests.test_privacy_integrity import finetune, retriever_config
 
 # The tiny set's 17 training queries written by 8 people: one heavy user (5 queries), one with 3,

@@ -38,7 +38,7 @@ from typing import Any
 
 from synthq.data.beir_io import BeirDataset
 from synthq.data.pairs import document_text
-from synthq.errors import SynthqError
+from synthq.runtime.errors import SynthqError
 
 SHAPES = ("random-query", "real-document", "random-document")
 SECRET_DIGITS = 10

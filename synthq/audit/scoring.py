@@ -14,7 +14,7 @@ import torch
 
 from synthq.audit.canaries import Canary, OneRunCanary
 from synthq.audit.exposure import exposure_extrapolated, exposure_from_rank, rank_of
-from synthq.console import progress
+from synthq.runtime.console import progress
 
 
 def secret_scores(

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from synthq.audit.exposure import SECRET_SPACE, held_out_epsilon_lower_bound, per_pair_from_group
-from synthq.privacy import format_epsilon
+from synthq.privacy.guarantee import format_epsilon
 
 
 def _mean(values: list[float]) -> float:

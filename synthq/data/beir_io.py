@@ -3,7 +3,7 @@
 BEIR directories are the exchange format; reading one parses each file once, in one streaming
 pass, into an Arrow cache keyed by the file's sha256 (:mod:`synthq.data.store`) and returns
 lazy mappings over it (:mod:`synthq.data.tables`). The pass validates as it goes and raises
-:class:`~synthq.errors.DataError` with the file and line of the first problem: non-UTF-8 bytes,
+:class:`~synthq.runtime.errors.DataError` with the file and line of the first problem: non-UTF-8 bytes,
 malformed JSON, a missing or duplicate ``_id``, empty text, a malformed qrels row; loading a
 directory then checks that the qrels name only known query and document ids.
 """
@@ -30,7 +30,7 @@ from synthq.data.store import (
     write_table,
 )
 from synthq.data.tables import DATA_FILE, Corpus, Qrels, Queries
-from synthq.errors import DataError
+from synthq.runtime.errors import DataError
 
 
 @dataclass

@@ -11,7 +11,7 @@ import numpy as np
 from synthq.data.beir_io import BeirDataset, link
 from synthq.data.store import int64_values
 from synthq.data.tables import Corpus, Queries
-from synthq.errors import DataError
+from synthq.runtime.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ import shutil
 from pathlib import Path
 
 from synthq.data.beir_io import BeirDataset, load_beir_dir
-from synthq.errors import DataError
-from synthq.paths import cache_dir
+from synthq.runtime.errors import DataError
+from synthq.runtime.paths import cache_dir
 
 BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
 # The hub's copies: corpus and queries as configs of one repository, qrels as TSVs in another.

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from synthq.errors import DataError
-from synthq.paths import cache_dir
+from synthq.runtime.errors import DataError
+from synthq.runtime.paths import cache_dir
 
 # Bump when the layout or the parsing rules of the cached tables change.
 CACHE_FORMAT = 2  # 2: queries carry user_id and line

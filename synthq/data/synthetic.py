@@ -15,7 +15,7 @@ from pathlib import Path
 from synthq.data.beir_io import read_corpus, read_qrels, write_beir_dir
 from synthq.data.pairs import document_text
 from synthq.data.tables import Corpus
-from synthq.errors import DataError, SynthqError
+from synthq.runtime.errors import DataError, SynthqError
 
 
 def judged_set_assumption(split: str) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from synthq.data.tables import Queries
-from synthq.errors import DataError
+from synthq.runtime.errors import DataError
 
 USERS_FILE = "users.tsv"
 

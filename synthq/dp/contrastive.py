@@ -35,13 +35,13 @@ from dataclasses import dataclass
 
 import torch
 
-from synthq import distributed
-from synthq.console import warn
 from synthq.dp.clipping import add_into, clip, gradient
 from synthq.dp.contrastive_per_group import PerGroupGradients, UnsupportedLayer
 from synthq.dp.contrastive_sample_vmap import per_query_clipped_sum
 from synthq.dp.engine import Mechanism, SecretRandomness, register_mechanism
 from synthq.models.encoder import in_batch_softmax_loss
+from synthq.runtime import distributed
+from synthq.runtime.console import warn
 
 Encode = Callable[[list[str], str], torch.Tensor]  # (texts, "query"|"doc") -> normalised embeddings
 

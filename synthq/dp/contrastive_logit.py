@@ -13,10 +13,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthq import distributed
 from synthq.dp.contrastive import Encode, Example
 from synthq.dp.engine import Mechanism, register_mechanism
 from synthq.models.encoder import features, functional_embedding
+from synthq.runtime import distributed
 
 
 def logit_dp_constants(batch_size: int, temperature: float) -> dict[str, float]:

@@ -44,9 +44,7 @@ from typing import ClassVar
 import torch
 from scipy import stats
 
-from synthq import distributed
-from synthq.errors import PrivacyError
-from synthq.privacy import (
+from synthq.privacy.guarantee import (
     UNIT_NOTES,
     Guarantee,
     default_delta,
@@ -54,6 +52,8 @@ from synthq.privacy import (
     noise_multiplier_for,
     validate_budget,
 )
+from synthq.runtime import distributed
+from synthq.runtime.errors import PrivacyError
 
 # ---------------------------------------------------------------------------------------------
 # Mechanisms

@@ -32,7 +32,7 @@ Privacy unit and sensitivity: :class:`PerQueryClipping` (one query with all its 
 The loss is reduced per sequence (mean over the query's tokens) *before* clipping, so the unit
 really is the pair/query and not a token.
 
-Under ``torchrun`` (:mod:`synthq.distributed`) every rank draws the same global Poisson batch,
+Under ``torchrun`` (:mod:`synthq.runtime.distributed`) every rank draws the same global Poisson batch,
 clips its own share, the clipped sums are all-reduced, and every rank adds the same secret noise
 once: the update, and so the accounting, is the single-process one.
 """
@@ -46,12 +46,12 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call, grad_and_value, vmap
 
-from synthq import distributed
 from synthq.dp.clipping import clip_and_sum
 from synthq.dp.engine import Mechanism, PrivacyPlan, PrivacyUnits, SecretRandomness, register_mechanism
 from synthq.models.generator import QueryGenerator
 from synthq.models.sequence_loss import label_window, model_inputs, per_sequence_loss
-from synthq.optim import adam
+from synthq.runtime import distributed
+from synthq.runtime.optim import adam
 
 
 def prepare_model_for_per_sample_gradients(generator: QueryGenerator) -> None:

@@ -26,8 +26,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from synthq.errors import ModelResolutionError
 from synthq.models.resolve import resolve_model
+from synthq.runtime.errors import ModelResolutionError
 
 SEQ2SEQ_PREFIX = "generate_query: "
 CAUSAL_TEMPLATE = "Document: {document}\nSearch query:"

@@ -20,9 +20,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from synthq.console import info
-from synthq.errors import ModelResolutionError
-from synthq.paths import cache_dir
+from synthq.runtime.console import info
+from synthq.runtime.errors import ModelResolutionError
+from synthq.runtime.paths import cache_dir
 
 _ALIASES: dict[str, Callable[[], Path]] = {}
 

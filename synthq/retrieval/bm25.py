@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from synthq.data.pairs import document_text
-from synthq.errors import DataError
+from synthq.runtime.errors import DataError
 
 K1 = 1.5
 B = 0.75

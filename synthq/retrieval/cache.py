@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from synthq import distributed
-from synthq.console import progress
 from synthq.data.pairs import document_text
-from synthq.errors import DataError
-from synthq.paths import cache_dir
+from synthq.runtime import distributed
+from synthq.runtime.console import progress
+from synthq.runtime.errors import DataError
+from synthq.runtime.paths import cache_dir
 
 
 def weights_key(manifest: dict) -> str:

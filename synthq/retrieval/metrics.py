@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytrec_eval
 
-from synthq.errors import DataError
+from synthq.runtime.errors import DataError
 
 HEADLINE = ("ndcg@10", "recall@10")
 METRICS = ("ndcg@10", "recall@10", "ndcg@1", "ndcg@3", "ndcg@5", "ndcg@100", "recall@100", "mrr@10", "map")

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from synthq.errors import DataError
-from synthq.privacy import format_epsilon
+from synthq.privacy.guarantee import format_epsilon
+from synthq.runtime.errors import DataError
 
 # Training options that never change what is learned (or are shown elsewhere).
 NOT_SETTINGS = ("out", "force", "resume", "device", "seed", "data", "encoder", "dp", "epsilon", "delta")
@@ -134,7 +134,7 @@ def _noisy_choices(choices: dict[str, Choice], total_epsilon: float, rng) -> Non
 def selection_guarantee(choices: dict[str, Choice], total_epsilon: float):
     """The guarantee of :func:`select_best`'s noisy choices: pure ε (δ = 0) over the dev queries,
     recomputed on open from the per-selection ε and the number of selections."""
-    from synthq.privacy import Guarantee
+    from synthq.privacy.guarantee import Guarantee
 
     spending = sum(1 for c in choices.values() if len(c.candidates) > 1)
     per = total_epsilon / max(spending, 1)

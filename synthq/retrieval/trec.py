@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from synthq.errors import DataError
+from synthq.runtime.errors import DataError
 
 RUN_SUFFIX = ".trec"
 

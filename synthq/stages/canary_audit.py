@@ -62,14 +62,14 @@ from synthq.audit.retriever import retriever_scores
 from synthq.audit.scoring import score_canaries, secret_scores, verbatim_leaks
 from synthq.audit.tables import one_run_markdown, plot_exposure, plot_scores, summarize, to_markdown
 from synthq.config import CanaryAuditConfig
-from synthq.console import info, progress
+from synthq.config.registry import stage_entry
 from synthq.data.beir_io import BeirDataset, read_qrels, write_beir_dir
 from synthq.data.sources import load_source, resolve_source
 from synthq.data.users import USERS_FILE, query_users, read_users_file
-from synthq.errors import SynthqError
 from synthq.models.resolve import resolve_device
-from synthq.privacy import Guarantee, default_delta, format_epsilon
-from synthq.registry import stage_entry
+from synthq.privacy.guarantee import Guarantee, default_delta, format_epsilon
+from synthq.runtime.console import info, progress
+from synthq.runtime.errors import SynthqError
 
 STAGE = "canary-audit"
 AUDIT_DATA = "data"  # scratch BEIR directory with the private pairs; removed at the end

@@ -30,7 +30,7 @@ Outputs:
 
 Privacy unit and sensitivity:
     Every number is a release about the private data behind it, and every row's ε is recomputed
-    from those releases (:func:`synthq.privacy.compose_releases`, per unit):
+    from those releases (:func:`synthq.privacy.guarantee.compose_releases`, per unit):
 
     * the retriever's releases (post-processing: a row of a retriever trained on a synthetic set
       carries the generator's ε); BM25 and untrained public encoders carry none;
@@ -56,7 +56,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from synthq import distributed
 from synthq.artifacts import (
     Artifact,
     artifact_on_main,
@@ -67,7 +66,6 @@ from synthq.artifacts import (
     sha256_tree,
 )
 from synthq.config import EvalConfig
-from synthq.console import info, result, verbosity, warn
 from synthq.data.beir_io import load_beir_dir
 from synthq.data.sources import (
     IDENTICAL_ID_DATASETS,
@@ -77,11 +75,11 @@ from synthq.data.sources import (
     resolve_dataset,
     source_name,
 )
-from synthq.errors import ArtifactError, DataError
-from synthq.keys import private_data_digest
-from synthq.ledger import model_input
-from synthq.privacy import Guarantee, compose_releases
-from synthq.result_tables import (
+from synthq.privacy.guarantee import Guarantee, compose_releases
+from synthq.privacy.keys import private_data_digest
+from synthq.privacy.ledger import model_input
+from synthq.privacy.units import registered_private_data, sharing_groups
+from synthq.reporting.tables import (
     PER_QUERY_FILE,
     RESULTS_FILE,
     SELECTION_FILE,
@@ -96,7 +94,9 @@ from synthq.retrieval.metrics import judged_queries, mean_metrics, per_query, qu
 from synthq.retrieval.search import exact_search
 from synthq.retrieval.selection import select_best, selection_guarantee, selection_markdown
 from synthq.retrieval.trec import RUN_SUFFIX, run_tag, write_run
-from synthq.units import registered_private_data, sharing_groups
+from synthq.runtime import distributed
+from synthq.runtime.console import info, result, verbosity, warn
+from synthq.runtime.errors import ArtifactError, DataError
 
 STAGE = "eval"
 RUNS_DIR = "runs"  # the ranked lists, one TREC run file per retriever per (sub-)dataset

@@ -40,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 
-from synthq import distributed
 from synthq.artifacts import (
     Artifact,
     check_resumable,
@@ -50,7 +49,6 @@ from synthq.artifacts import (
     open_artifact,
 )
 from synthq.config import EvolveConfig
-from synthq.console import info, progress, warn
 from synthq.data.pairs import document_text, training_pairs
 from synthq.data.sources import load_source, resolve_source
 from synthq.data.synthetic import (
@@ -72,13 +70,15 @@ from synthq.dp.evolution import (
     noisy_histogram,
     vote_histogram,
 )
-from synthq.errors import SynthqError
-from synthq.ledger import data_input, model_input, public_documents_input
 from synthq.models.generator import QueryGenerator
-from synthq.privacy import Guarantee
+from synthq.models.sampling import Request, length_sorted_batches, sample_with_retries
+from synthq.privacy.guarantee import Guarantee
+from synthq.privacy.ledger import data_input, model_input, public_documents_input
+from synthq.privacy.units import training_units
 from synthq.retrieval.cache import encode_texts
-from synthq.sampling import Request, length_sorted_batches, sample_with_retries
-from synthq.units import training_units
+from synthq.runtime import distributed
+from synthq.runtime.console import info, progress, warn
+from synthq.runtime.errors import SynthqError
 
 STAGE = "evolve"
 CHECKPOINT = "state.pt"

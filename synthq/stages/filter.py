@@ -32,12 +32,12 @@ from pathlib import Path
 
 from synthq.artifacts import Artifact, create_artifact, current_input_hash, existing_result, open_artifact
 from synthq.config import FilterConfig
+from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.data.pairs import document_text
-from synthq.errors import ArtifactError, DataError
-from synthq.ledger import model_input
 from synthq.models.resolve import resolve_device
-from synthq.registry import SYNTHETIC_STAGES
+from synthq.privacy.ledger import model_input
+from synthq.runtime.errors import ArtifactError, DataError
 
 STAGE = "filter"
 HOLDOUT_SPLIT = "dev"
@@ -92,8 +92,8 @@ def _mean_log_likelihoods(generator_path: Path, corpus, queries, own_document, c
     """Each query's log p(query | document) under the generator, per target token (EOS included).
     A document's queries are scored together, its prompt computed once
     (:meth:`QueryGenerator.candidate_log_likelihoods`)."""
-    from synthq.console import progress
     from synthq.models.generator import QueryGenerator
+    from synthq.runtime.console import progress
 
     generator = QueryGenerator.load(generator_path, device=device)
     generator.model.eval()

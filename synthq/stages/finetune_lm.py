@@ -9,7 +9,7 @@ write the model. ``--epsilon inf`` trains the same way without clipping or noise
 Privacy unit: one query with all its pairs; sensitivity ``C``
 (:class:`synthq.dp.lm.PerQueryClipping`). A starting model that is a synthq artifact composes its
 own guarantee; any other local or hub model is recorded and assumed public
-(:func:`synthq.ledger.model_input`).
+(:func:`synthq.privacy.ledger.model_input`).
 
 The artifact is a Hugging Face ``save_pretrained`` directory (LoRA adapters merged). Per-step
 losses and batch sizes, which are computed from private data without noise, go to the private
@@ -28,7 +28,6 @@ from pathlib import Path
 
 import torch
 
-from synthq import distributed
 from synthq.artifacts import (
     Artifact,
     artifact_on_main,
@@ -38,7 +37,6 @@ from synthq.artifacts import (
     open_artifact,
 )
 from synthq.config import FinetuneConfig
-from synthq.console import info, progress, warn
 from synthq.data.pairs import training_pairs
 from synthq.data.sources import load_source
 from synthq.dp.engine import (
@@ -52,10 +50,12 @@ from synthq.dp.engine import (
     unit_diagnostics,
 )
 from synthq.dp.lm import GeneratorTraining, PerQueryClipping, make_optimizer
-from synthq.ledger import data_input, model_input
 from synthq.models.generator import QueryGenerator, apply_lora
-from synthq.privacy import Guarantee
-from synthq.units import training_units
+from synthq.privacy.guarantee import Guarantee
+from synthq.privacy.ledger import data_input, model_input
+from synthq.privacy.units import training_units
+from synthq.runtime import distributed
+from synthq.runtime.console import info, progress, warn
 
 STAGE = "finetune-lm"
 CHECKPOINT = "state.pt"

@@ -14,7 +14,7 @@ remove its document from the release), so it is allowed only as a named assumpti
 judged-document set of split S is public", the paper's MS MARCO setting) that the guarantee
 records and every report prints.
 
-Sampling is reproducible per document (see :mod:`synthq.sampling`), so ``--shard i/n`` runs
+Sampling is reproducible per document (see :mod:`synthq.models.sampling`), so ``--shard i/n`` runs
 merged with ``--merge`` equal one unsharded run, and ``--resume`` continues from the documents
 already finished. Under ``torchrun`` one command does both: each rank generates its shard and
 rank 0 merges them (:func:`run_over_ranks`).
@@ -27,7 +27,6 @@ import time
 from collections import ChainMap
 from pathlib import Path
 
-from synthq import distributed
 from synthq.artifacts import (
     Artifact,
     check_output_free,
@@ -38,7 +37,6 @@ from synthq.artifacts import (
     open_artifact,
 )
 from synthq.config import GenerateConfig
-from synthq.console import info, progress, warn
 from synthq.data.beir_io import read_corpus, read_qrels, read_queries
 from synthq.data.pairs import document_text
 from synthq.data.sources import resolve_source
@@ -47,10 +45,12 @@ from synthq.data.synthetic import (
     write_synthetic,
 )
 from synthq.data.tables import Corpus
-from synthq.errors import ArtifactError, DataError, SynthqError
-from synthq.ledger import public_documents_input
 from synthq.models.generator import QueryGenerator
-from synthq.sampling import Request, length_sorted_batches, sample_with_retries
+from synthq.models.sampling import Request, length_sorted_batches, sample_with_retries
+from synthq.privacy.ledger import public_documents_input
+from synthq.runtime import distributed
+from synthq.runtime.console import info, progress, warn
+from synthq.runtime.errors import ArtifactError, DataError, SynthqError
 
 STAGE = "generate"
 # Documents whose texts (and prompt lengths, for length-sorted batches) are held at once.

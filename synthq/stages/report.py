@@ -14,7 +14,7 @@ similarity, paper vs ours), ``results.json`` (the merged rows) and ``privacy_uti
 
 Privacy unit and sensitivity:
     The report only re-reads its inputs (post-processing). It publishes the results of every
-    model in every input, so its guarantee is :func:`synthq.result_tables.combined_guarantee` over those
+    model in every input, so its guarantee is :func:`synthq.reporting.tables.combined_guarantee` over those
     models (one DP release counts once; independent releases compose; a non-private model, or a
     similarity artifact, which reads the private queries, makes it ε = ∞).
 """
@@ -26,11 +26,9 @@ from pathlib import Path
 
 from synthq.artifacts import Artifact, create_artifact, existing_result, json_safe, open_artifact
 from synthq.config import ReportConfig
-from synthq.console import result
-from synthq.errors import ArtifactError
-from synthq.ledger import ledger_lines
-from synthq.privacy import Guarantee, format_epsilon
-from synthq.result_tables import (
+from synthq.privacy.guarantee import Guarantee, format_epsilon
+from synthq.privacy.ledger import ledger_lines
+from synthq.reporting.tables import (
     RESULTS_FILE,
     SELECTION_FILE,
     attach_per_query,
@@ -39,6 +37,8 @@ from synthq.result_tables import (
     read_per_query,
     results_markdown,
 )
+from synthq.runtime.console import result
+from synthq.runtime.errors import ArtifactError
 
 STAGE = "report"
 

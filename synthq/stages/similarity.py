@@ -21,13 +21,13 @@ import time
 
 from synthq.artifacts import Artifact, create_artifact, data_input_record, existing_result, open_artifact
 from synthq.config import SimilarityConfig
-from synthq.console import result
+from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.data.beir_io import read_qrels, read_queries
 from synthq.data.sources import load_source, resolve_source
-from synthq.errors import DataError
 from synthq.models.resolve import resolve_device
-from synthq.privacy import Guarantee, format_epsilon
-from synthq.registry import SYNTHETIC_STAGES
+from synthq.privacy.guarantee import Guarantee, format_epsilon
+from synthq.runtime.console import result
+from synthq.runtime.errors import DataError
 
 STAGE = "similarity"
 

@@ -11,7 +11,7 @@ over a temperature, in-batch negatives (eq. 1). Three ways to train, and what th
   ``q = batch/n`` with secret randomness, the registered mechanism (:mod:`synthq.dp.contrastive`)
   clips, the engine adds noise ``σ × sensitivity``; ε from the same accountant.
 
-The starting encoder is an input too (:func:`synthq.ledger.model_input`): a synthq artifact
+The starting encoder is an input too (:func:`synthq.privacy.ledger.model_input`): a synthq artifact
 composes its guarantee, any other local or hub model is assumed public and the guarantee says so.
 
 Non-private training uses sentence-transformers' ``MultipleNegativesRankingLoss`` (scale 1/T), or
@@ -30,10 +30,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from synthq import distributed
 from synthq.artifacts import Artifact, artifact_on_main, existing_result, open_artifact
 from synthq.config import TrainRetrieverConfig
-from synthq.console import info, progress, warn
 from synthq.data.pairs import Pair, first_pairs_per_document, training_pairs
 from synthq.data.sources import load_source
 from synthq.dp.contrastive import Example
@@ -49,8 +47,6 @@ from synthq.dp.engine import (
     unit_details,
     unit_diagnostics,
 )
-from synthq.errors import DataError, SynthqError
-from synthq.ledger import data_input, model_input
 from synthq.models.encoder import (
     features,
     freeze_token_embeddings,
@@ -58,9 +54,13 @@ from synthq.models.encoder import (
     position_limit,
     training_loss,
 )
-from synthq.optim import adam
-from synthq.privacy import Guarantee
-from synthq.units import training_units
+from synthq.privacy.guarantee import Guarantee
+from synthq.privacy.ledger import data_input, model_input
+from synthq.privacy.units import training_units
+from synthq.runtime import distributed
+from synthq.runtime.console import info, progress, warn
+from synthq.runtime.errors import DataError, SynthqError
+from synthq.runtime.optim import adam
 
 STAGE = "train-retriever"
 

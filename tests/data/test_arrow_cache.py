@@ -14,12 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from synthq.data import load_beir_dir, training_pairs, write_beir_dir
 from synthq.data import store as store_module
-from synthq.data.beir_io import read_corpus, read_qrels
-from synthq.data.pairs import document_text
+from synthq.data.beir_io import load_beir_dir, read_corpus, read_qrels, write_beir_dir
+from synthq.data.pairs import document_text, training_pairs
 from synthq.data.store import CACHE_FORMAT, cached_build, content_digest, file_sha256
-from synthq.errors import DataError
+from synthq.runtime.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]
 

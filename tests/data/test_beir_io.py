@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from synthq.data import load_beir_dir, training_pairs, write_beir_dir
+from synthq.data.beir_io import load_beir_dir, write_beir_dir
+from synthq.data.pairs import training_pairs
 from synthq.data.summary import summarize
-from synthq.errors import DataError
+from synthq.runtime.errors import DataError
 
 
 def test_round_trip(tmp_path, tiny_beir):

@@ -7,8 +7,7 @@ from collections import Counter
 
 import pytest
 
-from synthq.data import load_source
-from synthq.data.sources import embedded_dir
+from synthq.data.sources import embedded_dir, load_source
 
 
 @pytest.fixture(scope="module")

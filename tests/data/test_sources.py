@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from synthq.data import default_eval_split, resolve_source, source_name
 from synthq.data import sources as sources_module
-from synthq.errors import DataError
+from synthq.data.sources import default_eval_split, resolve_source, source_name
+from synthq.runtime.errors import DataError
 
 
 def test_local_directory(tiny_beir):
@@ -43,7 +43,7 @@ def test_offline_download_error_says_where_to_put_files(monkeypatch, tmp_path):
 def test_downloaded_dataset_is_reused_from_cache(monkeypatch, tiny_beir):
     import shutil
 
-    from synthq.paths import cache_dir
+    from synthq.runtime.paths import cache_dir
 
     target = cache_dir("beir") / "scifact"
     shutil.copytree(tiny_beir, target)
@@ -112,7 +112,7 @@ def _imitate_hub(root, beir):
 
 
 def test_hub_layout_converts_to_the_same_beir_dataset(monkeypatch, tmp_path, tiny_beir):
-    from synthq.data import load_beir_dir
+    from synthq.data.beir_io import load_beir_dir
 
     _no_zip(monkeypatch)
     monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
@@ -134,7 +134,7 @@ def test_hub_layout_converts_to_the_same_beir_dataset(monkeypatch, tmp_path, tin
 
 def test_hub_keeps_string_ids(monkeypatch, tmp_path):
     """Numeric ids with leading zeros survive the hub's CSV type inference."""
-    from synthq.data import load_beir_dir, write_beir_dir
+    from synthq.data.beir_io import load_beir_dir, write_beir_dir
 
     _no_zip(monkeypatch)
     monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
@@ -158,7 +158,7 @@ def _fake_ir_datasets(beir_root):
     import types
     from collections import namedtuple
 
-    from synthq.data import load_beir_dir
+    from synthq.data.beir_io import load_beir_dir
 
     data = load_beir_dir(beir_root)
     doc, query, qrel = (
@@ -193,7 +193,7 @@ def _fake_ir_datasets(beir_root):
 def test_ir_datasets_names_are_sources(monkeypatch, tiny_beir):
     import sys
 
-    from synthq.data import load_beir_dir
+    from synthq.data.beir_io import load_beir_dir
 
     monkeypatch.setitem(sys.modules, "ir_datasets", _fake_ir_datasets(tiny_beir))
     spec = "irds:beir/tiny/test"

@@ -9,7 +9,7 @@ import pytest
 
 from synthq.artifacts import open_artifact
 from synthq.config import EvalConfig
-from synthq.privacy import Guarantee
+from synthq.privacy.guarantee import Guarantee
 from synthq.stages import evaluate
 from tests import helpers
 from tests.distributed.launch import torchrun

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from synthq import distributed
+from synthq.runtime import distributed
 
 
 def _join_alone(tmp_path, name: str) -> None:

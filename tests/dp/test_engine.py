@@ -18,7 +18,7 @@ from synthq.dp.engine import (
     batch_cap,
     poisson_units,
 )
-from synthq.errors import PrivacyError
+from synthq.runtime.errors import PrivacyError
 
 
 class _Fixed(Mechanism):

@@ -53,7 +53,7 @@ def test_a_bundle_that_does_not_reproduce_the_model_is_refused(tiny_model, tmp_p
 def _search_in_a_fresh_process(retriever: Path, corpus: Path) -> dict:
     script = (
         "import json, sys\n"
-        "from synthq.stages.search import search\n"
+        "from synthq.search import search\n"
         f"hits = search({str(retriever)!r}, {str(corpus)!r}, {TEXTS[:2]!r}, top_k=4, device='cpu')\n"
         "print(json.dumps({'torch': 'torch' in sys.modules, 'hits': hits}))\n"
     )
@@ -67,7 +67,7 @@ def _search_in_a_fresh_process(retriever: Path, corpus: Path) -> dict:
 def test_second_search_runs_without_torch_and_finds_the_same(
     tiny_encoder_dir, tiny_beir, tmp_path, monkeypatch
 ):
-    from synthq.privacy import Guarantee
+    from synthq.privacy.guarantee import Guarantee
     from tests.helpers import tiny_retriever_artifact
 
     monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
@@ -86,7 +86,7 @@ def test_second_search_runs_without_torch_and_finds_the_same(
 def test_a_refused_model_is_searched_with_torch_and_not_exported_again(
     tiny_encoder_dir, tiny_beir, tmp_path, monkeypatch
 ):
-    from synthq.stages import search
+    from synthq import search
 
     monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(onnx_encoder, "TOLERANCE", -1.0)

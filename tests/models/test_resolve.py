@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from synthq.errors import ModelResolutionError
-from synthq.models import aliases, resolve_model
+from synthq.models.resolve import aliases, resolve_model
+from synthq.runtime.errors import ModelResolutionError
 
 
 def test_aliases_are_registered():

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from synthq.errors import DataError
 from synthq.retrieval.bm25 import K1, B, bm25_search
+from synthq.runtime.errors import DataError
 
 CORPUS = {
     "d1": {"title": "", "text": "cats chase mice and cats sleep"},

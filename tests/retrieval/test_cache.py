@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from synthq.data.pairs import document_text
-from synthq.errors import DataError
 from synthq.retrieval import cache
 from synthq.retrieval.cache import corpus_embeddings
+from synthq.runtime.errors import DataError
 from tests.helpers import corpus_records
 
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from synthq.errors import DataError
 from synthq.retrieval.metrics import METRICS, evaluate, mean_metrics, per_query, top_k
+from synthq.runtime.errors import DataError
 
 
 def test_hand_computed():

@@ -10,9 +10,9 @@ import pytest
 
 from synthq.artifacts import create_artifact
 from synthq.config import EvalConfig
-from synthq.errors import DataError
-from synthq.privacy import Guarantee
+from synthq.privacy.guarantee import Guarantee
 from synthq.retrieval.selection import select_best, selection_markdown, varying_settings
+from synthq.runtime.errors import DataError
 from tests.helpers import tiny_retriever_artifact
 
 

@@ -14,9 +14,8 @@ from synthq.audit.canaries import SHAPES, make_canaries, make_one_run_canaries
 from synthq.audit.retriever import retriever_scores
 from synthq.audit.scoring import secret_scores
 from synthq.config import CanaryAuditConfig
-from synthq.data import load_beir_dir
-from synthq.data.beir_io import write_beir_dir
-from synthq.errors import SynthqError
+from synthq.data.beir_io import load_beir_dir, write_beir_dir
+from synthq.runtime.errors import SynthqError
 from synthq.stages import canary_audit
 from tests import helpers
 
@@ -128,8 +127,8 @@ def test_batch_size_is_an_alias_of_scoring_batch_size(tmp_path):
 
 
 def test_retriever_ranks_a_memorised_canary_above_controls(tmp_path, tiny_encoder_dir):
+    from synthq.config.registry import stage_entry
     from synthq.models.encoder import load_encoder
-    from synthq.registry import stage_entry
 
     dataset = load_beir_dir(helpers.write_tiny_beir(tmp_path / "beir"))
     canaries = make_one_run_canaries(dataset, 12, seed=0)

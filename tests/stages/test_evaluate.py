@@ -12,10 +12,10 @@ from pydantic import ValidationError
 
 from synthq.artifacts import create_artifact
 from synthq.config import EvalConfig
-from synthq.data import load_beir_dir
-from synthq.errors import ArtifactError, DataError
-from synthq.privacy import Guarantee
+from synthq.data.beir_io import load_beir_dir
+from synthq.privacy.guarantee import Guarantee
 from synthq.retrieval.metrics import METRICS
+from synthq.runtime.errors import ArtifactError, DataError
 from synthq.stages import evaluate
 from tests.helpers import tiny_retriever_artifact, write_tiny_beir
 
@@ -381,7 +381,7 @@ def test_generator_replicates_merge_like_seeds_and_compose(
     one system (the tests resample them like seeds), and a number computed from both rests on two
     ε = 8 releases: the table prints their composition, never 8."""
     from synthq.config import GenerateConfig
-    from synthq.result_tables import systems
+    from synthq.reporting.tables import systems
     from synthq.stages import generate, train_retriever
     from tests.test_privacy_integrity import finetune, retriever_config
 

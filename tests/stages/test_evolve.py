@@ -14,7 +14,7 @@ from scipy import optimize, stats
 
 from synthq.artifacts import open_artifact
 from synthq.config import EvolveConfig
-from synthq.data import load_beir_dir
+from synthq.data.beir_io import load_beir_dir
 from synthq.dp.engine import PrivacyPlan, PrivacyUnits
 from synthq.dp.evolution import (
     NearestNeighbourVotes,
@@ -23,7 +23,7 @@ from synthq.dp.evolution import (
     noisy_histogram,
     vote_histogram,
 )
-from synthq.ledger import dataset_totals, ledger_lines
+from synthq.privacy.ledger import dataset_totals, ledger_lines
 from synthq.stages import evaluate, evolve, train_retriever
 from tests.test_privacy_integrity import released_text, retriever_config
 
@@ -152,7 +152,7 @@ def test_an_interrupted_run_resumes_to_the_same_queries(
     """Killed while writing the variations after the first vote, a rerun with --resume continues
     from the checkpoint (the written population and the secret randomness after that vote) and
     ends with the queries of an uninterrupted run; other settings are refused."""
-    from synthq.errors import ArtifactError
+    from synthq.runtime.errors import ArtifactError
 
     calls, original = [], evolve.Prompter.generate
 

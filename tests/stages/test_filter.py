@@ -10,8 +10,8 @@ import pytest
 
 from synthq.artifacts import open_artifact
 from synthq.config import EvalConfig, FilterConfig, GenerateConfig
-from synthq.data import load_beir_dir
-from synthq.errors import ArtifactError
+from synthq.data.beir_io import load_beir_dir
+from synthq.runtime.errors import ArtifactError
 from synthq.stages import evaluate, generate, train_retriever
 from synthq.stages import filter as filter_stage
 from tests.test_privacy_integrity import finetune, retriever_config

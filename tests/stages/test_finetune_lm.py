@@ -11,8 +11,8 @@ from opacus.accountants import RDPAccountant
 
 from synthq.artifacts import open_artifact, partial_dir
 from synthq.config import FinetuneConfig
-from synthq.errors import DataError, ModelResolutionError, PrivacyError
 from synthq.models.generator import QueryGenerator
+from synthq.runtime.errors import DataError, ModelResolutionError, PrivacyError
 from synthq.stages import finetune_lm
 from tests import helpers
 

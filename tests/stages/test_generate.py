@@ -16,13 +16,11 @@ import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from synthq import sampling
 from synthq.artifacts import create_artifact, open_artifact, partial_dir
 from synthq.config import GenerateConfig
-from synthq.errors import ArtifactError, DataError, SynthqError
+from synthq.models import sampling
 from synthq.models.generator import QueryGenerator
-from synthq.privacy import Guarantee
-from synthq.sampling import (
+from synthq.models.sampling import (
     Request,
     nucleus_draw,
     sample_queries,
@@ -30,6 +28,8 @@ from synthq.sampling import (
     stop_token_ids,
     top_p_filter,
 )
+from synthq.privacy.guarantee import Guarantee
+from synthq.runtime.errors import ArtifactError, DataError, SynthqError
 from synthq.stages import generate
 from tests import helpers
 
@@ -156,7 +156,7 @@ def test_prompts_with_a_long_common_beginning_prefill_it_once_and_sample_the_sam
     """Private Evolution's few-shot prompts share two thirds of their tokens: that prefix runs
     once at batch size one, each row's rest after it (laid out prefix | padding | rest), and the
     queries are those of encoding every row on its own; rows of one prompt still share it too."""
-    from synthq import sampling
+    from synthq.models import sampling
 
     generator = QueryGenerator.load(causal_generator.path)
     shots = " ".join(f"example{i} words about a topic" for i in range(8))  # > 16 tokens in common

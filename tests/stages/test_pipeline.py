@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from synthq import registry
 from synthq.artifacts import create_artifact, existing_result, open_artifact
-from synthq.config import StageConfig
-from synthq.errors import SynthqError
-from synthq.privacy import Guarantee
-from synthq.stages.pipeline import describe_plan, plan_pipeline, run_plan, time_by_kind
+from synthq.config import StageConfig, registry
+from synthq.pipeline import describe_plan, plan_pipeline, run_plan, time_by_kind
+from synthq.privacy.guarantee import Guarantee
+from synthq.runtime.errors import SynthqError
 
 CALLS: list[str] = []
 REAL_GENERATE = registry.STAGES["generate"]
@@ -143,7 +142,7 @@ def test_failure_names_the_stage_and_keeps_earlier_artifacts(tmp_path):
 @pytest.fixture
 def code_root(tmp_path, monkeypatch):
     """A stand-in for synthq's source tree, which the fake stage may edit mid-pipeline."""
-    from synthq.stages import pipeline
+    from synthq import pipeline
 
     root = tmp_path / "code"
     (root / "dp").mkdir(parents=True)
@@ -260,7 +259,7 @@ def test_the_pipeline_schema_accepts_the_shipped_pipelines_and_names_mistakes(mo
 
     from synthq.cli import app
     from synthq.config import load_yaml
-    from synthq.stages.pipeline import EXPECTED_KEYS, PIPELINE_KEYS, STAGE_KEYS
+    from synthq.pipeline import EXPECTED_KEYS, PIPELINE_KEYS, STAGE_KEYS
 
     monkeypatch.setitem(registry.STAGES, "generate", REAL_GENERATE)
     printed = CliRunner().invoke(app, ["run", "--schema"])

@@ -9,7 +9,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from synthq.config import EvalConfig, TrainRetrieverConfig
-from synthq.result_tables import systems
+from synthq.reporting.tables import systems
 from synthq.stages import evaluate, train_retriever
 
 

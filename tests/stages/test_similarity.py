@@ -11,8 +11,8 @@ import sacrebleu
 from synthq.artifacts import create_artifact, open_artifact
 from synthq.config import SimilarityConfig
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
-from synthq.errors import DataError
-from synthq.privacy import Guarantee
+from synthq.privacy.guarantee import Guarantee
+from synthq.runtime.errors import DataError
 from synthq.stages import similarity
 
 

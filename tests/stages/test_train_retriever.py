@@ -12,13 +12,14 @@ from sentence_transformers import SentenceTransformer
 
 from synthq.artifacts import create_artifact, open_artifact
 from synthq.config import TrainRetrieverConfig
-from synthq.data import load_beir_dir, training_pairs, write_beir_dir
+from synthq.data.beir_io import load_beir_dir, write_beir_dir
+from synthq.data.pairs import training_pairs
 from synthq.dp.contrastive_logit import logit_dp_constants
 from synthq.dp.engine import PrivacyPlan
-from synthq.errors import ArtifactError, DataError
-from synthq.privacy import Guarantee
+from synthq.privacy.guarantee import Guarantee
 from synthq.retrieval.metrics import evaluate
 from synthq.retrieval.search import exact_search
+from synthq.runtime.errors import ArtifactError, DataError
 from synthq.stages import train_retriever
 
 

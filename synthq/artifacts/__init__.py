@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from synthq import __version__, distributed
-from synthq.errors import ArtifactError, DataError
-from synthq.keys import check_seal, key_id, private_data_digest, seal
-from synthq.privacy import Guarantee, check_recorded_epsilon, compose_releases
-from synthq.registry import STAGES as STAGE_REGISTRY
+from synthq import __version__
+from synthq.config.registry import STAGES as STAGE_REGISTRY
+from synthq.privacy.guarantee import Guarantee, check_recorded_epsilon, compose_releases
+from synthq.privacy.keys import check_seal, key_id, private_data_digest, seal
+from synthq.runtime import distributed
+from synthq.runtime.errors import ArtifactError, DataError
 
 # 2: guarantees recomputed from recorded releases, keyed private-data digests, sealed manifests.
 SCHEMA_VERSION = 2
@@ -226,7 +227,7 @@ class Artifact:
 def data_input_record(path: Path, name: str | None = None, private: bool = False) -> dict:
     """Lineage entry for a plain data directory (a BEIR dir that is not an artifact).
 
-    Private data is identified by a keyed digest (:func:`synthq.keys.private_data_digest`), never
+    Private data is identified by a keyed digest (:func:`synthq.privacy.keys.private_data_digest`), never
     by its plain sha256, which anyone holding candidate datasets could test."""
     path = Path(path)
     digest = sha256_tree(path)
@@ -293,8 +294,8 @@ def open_artifact(
 def check_privacy(manifest: dict, where: Path) -> None:
     """A guarantee is recomputed, never read: every recorded release's ε must be what its
     mechanism parameters give, and the headline ``privacy`` (and ``own_privacy``) must be exactly
-    what :func:`synthq.privacy.compose_releases` gives for the recorded releases."""
-    from synthq.errors import PrivacyError
+    what :func:`synthq.privacy.guarantee.compose_releases` gives for the recorded releases."""
+    from synthq.runtime.errors import PrivacyError
 
     releases = manifest.get("releases", [])
     try:
@@ -354,7 +355,7 @@ class ArtifactWriter:
     # False on the ranks other than 0 of a torchrun job, whose writer is thrown away
     # (synthq.artifact_on_main): large saves may be skipped there.
     primary: bool = True
-    # The privacy record (see the module's docstring of synthq.privacy): every read of private
+    # The privacy record (see the module's docstring of synthq.privacy.guarantee): every read of private
     # data behind this artifact, what it assumes, and whether the stage said where it stands.
     releases: list[dict] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
@@ -384,7 +385,7 @@ class ArtifactWriter:
         """Record this artifact's own read of private data ``data`` (an input record): its
         guarantee (ε = ∞ for a read without DP) and the keyed set of the units it read
         (``unit_ids``, or ``units``: the record of a set another release already stored)."""
-        from synthq.units import register_private_data, store_unit_set
+        from synthq.privacy.units import register_private_data, store_unit_set
 
         if units is None:
             units = store_unit_set(unit_kind, list(unit_ids), also_in=self.dir / DIAGNOSTICS)
@@ -410,7 +411,7 @@ class ArtifactWriter:
     @property
     def privacy(self) -> Guarantee:
         """The headline guarantee the recorded releases give (what the manifest will carry)."""
-        from synthq.units import sharing_groups
+        from synthq.privacy.units import sharing_groups
 
         return compose_releases(self.releases, sharing_groups(self.releases), self.assumptions)
 
@@ -548,7 +549,7 @@ def existing_result(stage: str, config: Any, inputs: list[dict]) -> Artifact | N
     if not getattr(config, "force", False):
         artifact = find_up_to_date(out, stage, config, inputs)
         if artifact is not None:
-            from synthq.console import debug
+            from synthq.runtime.console import debug
 
             debug(f"up to date: {out} ({stage}); pass --force to redo it")
             return artifact
@@ -736,8 +737,8 @@ def _keep_only_checkpoints(partial: Path) -> None:
 
 
 def _finish(writer: ArtifactWriter) -> None:
-    from synthq.model_card import write_model_card
-    from synthq.units import sharing_groups
+    from synthq.artifacts.model_card import write_model_card
+    from synthq.privacy.units import sharing_groups
 
     for name in writer.scratch:
         shutil.rmtree(writer.dir / name, ignore_errors=True)
@@ -794,7 +795,7 @@ def _finish(writer: ArtifactWriter) -> None:
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:
-    """Write ``manifest.json`` atomically, sealed with the owner's key (:func:`synthq.keys.seal`)
+    """Write ``manifest.json`` atomically, sealed with the owner's key (:func:`synthq.privacy.keys.seal`)
     over exactly what reads back from the file."""
     text = json.dumps(json_safe(manifest), default=_json_default, allow_nan=False)
     sealed = json.loads(text)

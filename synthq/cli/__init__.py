@@ -1,6 +1,6 @@
 """The ``synthq`` command line: one thin command per stage (options -> config -> stage.run).
 
-A stage command's options are derived from its config model (:mod:`synthq.options`): each
+A stage command's options are derived from its config model (:mod:`synthq.cli.options`): each
 option's name, help, default, choices and valid range are written once, in :mod:`synthq.config`.
 The functions below hold only what is particular to the command line (``generate --merge``,
 ``report --paper FILE``, extra result lines); the work is in :mod:`synthq.stages`.
@@ -24,9 +24,7 @@ from rich.table import Table
 
 from synthq import __version__
 from synthq.artifacts import open_artifact
-from synthq.console import console, result, set_verbosity, verbosity, warn
-from synthq.errors import SynthqError
-from synthq.options import (
+from synthq.cli.options import (
     Interrupted,
     OptionError,
     StageOptions,
@@ -34,7 +32,9 @@ from synthq.options import (
     print_result,
     stage_command,
 )
-from synthq.privacy import Guarantee, format_epsilon
+from synthq.privacy.guarantee import Guarantee, format_epsilon
+from synthq.runtime.console import console, result, set_verbosity, verbosity, warn
+from synthq.runtime.errors import SynthqError
 
 plain_arguments()
 app = typer.Typer(
@@ -79,7 +79,7 @@ def _main(
     ),
 ) -> None:
     set_verbosity(0 if quiet else 2 if verbose else 1)
-    if threads is not None:  # read by synthq.threads when a stage sets up its device
+    if threads is not None:  # read by synthq.runtime.threads when a stage sets up its device
         os.environ["SYNTHQ_THREADS"] = str(threads)
     if not verbose:
         _quiet_libraries()
@@ -177,7 +177,7 @@ def ledger_command(
 ) -> None:
     """The privacy cost per private dataset of a set of artifacts: which are DP releases, what
     each assumed, which read private data without DP (basic composition over the releases)."""
-    from synthq.ledger import ledger_lines
+    from synthq.privacy.ledger import ledger_lines
 
     for line in ledger_lines(paths):
         result(line, markup=False)
@@ -193,7 +193,7 @@ def key_command(
 
     It keys the identifiers of private datasets (nobody without it can test a candidate dataset
     against an artifact) and seals every manifest (an edited guarantee is refused)."""
-    from synthq import keys
+    from synthq.privacy import keys
 
     if export is not None and import_from is not None:
         raise SynthqError("give --export or --import, not both")
@@ -429,7 +429,7 @@ def search_command(
     Corpus embeddings are cached (as eval's are), so a second query on the same corpus only
     encodes the query."""
     from synthq.config import check_device
-    from synthq.stages.search import search
+    from synthq.search import search
 
     try:
         check_device(device)
@@ -477,7 +477,7 @@ def run_command(
     ),
 ) -> None:
     """Run a whole pipeline: every stage through its public run, skipping up-to-date artifacts."""
-    from synthq.stages.pipeline import check_expected, describe_plan, pipeline_schema, plan_pipeline, run_plan
+    from synthq.pipeline import check_expected, describe_plan, pipeline_schema, plan_pipeline, run_plan
 
     if schema:
         typer.echo(json.dumps(pipeline_schema(), indent=2, ensure_ascii=False))
@@ -538,7 +538,7 @@ def _fail(message: str, status: int) -> None:
 
 def _run_app():
     """The app, then the process group left (if a stage joined one) while the interpreter lives."""
-    from synthq import distributed
+    from synthq.runtime import distributed
 
     try:
         status = app(standalone_mode=False, prog_name="synthq")

@@ -92,14 +92,14 @@ def setup(device: str = "auto", threads: int | None = None) -> Topology:
     ``device`` picks the backend: NCCL when the stage runs on CUDA, gloo on CPU (``--device cpu``
     under torchrun gives CPU ranks, which is how the tests run two ranks on one machine).
     It also sets torch's CPU thread count: the node's cores shared by its ranks, unless
-    ``threads`` / ``SYNTHQ_THREADS`` / ``OMP_NUM_THREADS`` say otherwise (:mod:`synthq.threads`),
-    and makes the C heap keep freed memory for the next step (:mod:`synthq.malloc`).
+    ``threads`` / ``SYNTHQ_THREADS`` / ``OMP_NUM_THREADS`` say otherwise (:mod:`synthq.runtime.threads`),
+    and makes the C heap keep freed memory for the next step (:mod:`synthq.runtime.malloc`).
     """
     import torch
     import torch.distributed as dist
 
-    from synthq.malloc import keep_freed_memory
-    from synthq.threads import configure_threads
+    from synthq.runtime.malloc import keep_freed_memory
+    from synthq.runtime.threads import configure_threads
 
     configure_threads(threads)
     keep_freed_memory()
@@ -110,7 +110,7 @@ def setup(device: str = "auto", threads: int | None = None) -> Topology:
             torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
         if dist.get_rank() != 0:
-            from synthq.console import follow_main_process
+            from synthq.runtime.console import follow_main_process
 
             follow_main_process()
     return topology()

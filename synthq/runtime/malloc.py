@@ -16,7 +16,7 @@ applied at run time by :func:`keep_freed_memory`: non-private 3.59 s (3 faults),
 :func:`keep_freed_memory` turns both off (``M_MMAP_MAX = 0``: every block comes from the heap;
 ``M_TRIM_THRESHOLD`` = ∞: the heap is never shrunk): freed memory is reused by the next step. The
 cost is that a process keeps its peak heap until it exits, which a training or evaluation stage
-does anyway. It is applied where a stage sets up torch (:func:`synthq.distributed.setup`), on
+does anyway. It is applied where a stage sets up torch (:func:`synthq.runtime.distributed.setup`), on
 glibc only, and never when the environment already tunes malloc (any ``MALLOC_*_`` variable, an
 ``LD_PRELOAD``-ed allocator) or when ``SYNTHQ_MALLOC=system`` asks for glibc's defaults.
 """

@@ -57,9 +57,9 @@ from rich.markup import escape
 
 from synthq.artifacts import is_artifact, is_still_up_to_date, open_artifact
 from synthq.config import apply_overrides, load_yaml, validation_message
-from synthq.console import console, info
-from synthq.errors import SynthqError
-from synthq.registry import stage_entry
+from synthq.config.registry import stage_entry
+from synthq.runtime.console import console, info
+from synthq.runtime.errors import SynthqError
 
 _VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -397,7 +397,7 @@ def run_plan(plan: Plan) -> dict[str, Path]:
     The modules of every stage kind still to run are imported first, and the package's source
     files are fingerprinted; before each stage the fingerprint is compared, so a checkout that
     changes under a running pipeline stops it cleanly (resumable) instead of mixing code."""
-    from synthq.registry import stage_entry as entry_for
+    from synthq.config.registry import stage_entry as entry_for
 
     remaining = [s for s in plan.stages if not s.up_to_date]
     run_functions = {s.stage: entry_for(s.stage).run_function() for s in remaining}
@@ -441,7 +441,7 @@ def run_plan(plan: Plan) -> dict[str, Path]:
     info(f"[bold green]pipeline {plan.name!r} finished[/] in {_minutes(wall)}")
     if stage_times:
         info(escape(time_by_kind(stage_times, wall)))
-    from synthq.ledger import ledger_lines
+    from synthq.privacy.ledger import ledger_lines
 
     for line in ledger_lines(list(results.values())):
         info(escape(line))
@@ -488,7 +488,7 @@ def pipeline_schema() -> dict:
     """The JSON Schema of a pipeline file (``synthq run --schema``), generated from the stage
     config models, so an editor validates a pipeline as it is typed (``# yaml-language-server:
     $schema=...``) with the same names and ranges the command line uses."""
-    from synthq.registry import STAGES
+    from synthq.config.registry import STAGES
 
     definitions: dict = {}
     stage_items = []

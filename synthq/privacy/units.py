@@ -1,11 +1,12 @@
 """Which releases share privacy units: the unit sets behind per-unit composition.
 
-Every release of private data records the keyed digests of its units (:func:`synthq.keys.unit_digests`:
+Every release of private data records the keyed digests of its units
+(:func:`synthq.privacy.keys.unit_digests`:
 8 bytes per query or user, sorted) by the sha256 of that set. The set itself is never released: it is
 kept in the owner's state directory (``units/<sha256>.bin``) and in the releasing artifact's private
 ``diagnostics/``. :func:`sharing_groups` intersects the sets of a list of releases and returns the
 maximal groups of releases whose data hold a common unit — what
-:func:`synthq.privacy.compose_releases` sums over. A release whose set cannot be found here (made
+:func:`synthq.privacy.guarantee.compose_releases` sums over. A release whose set cannot be found here (made
 under another key, or the state directory was lost) is assumed to share units with every other
 release (a bound, never an understatement).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from synthq.keys import key_id, state_dir, unit_digests
+from synthq.privacy.keys import key_id, state_dir, unit_digests
 
 UNITS_DIR = "units"
 

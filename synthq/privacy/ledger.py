@@ -10,7 +10,7 @@ Two questions an artifact's own guarantee cannot answer alone:
   of private data behind it (its own and its inputs', copied when it was written, sealed), so
   the ledger reads the *records*, never the paths that happen to be there now: the releases of
   all the artifacts given, each counted once, composed per privacy unit
-  (:func:`synthq.privacy.compose_releases`) — per private dataset and over everything. Inputs
+  (:func:`synthq.privacy.guarantee.compose_releases`) — per private dataset and over everything. Inputs
   whose content changed since they were read are reported as "changed since"; the record still
   counts. ``synthq ledger DIR...`` and the end of ``synthq run`` print this.
 """
@@ -29,10 +29,10 @@ from synthq.artifacts import (
     open_artifact,
     sha256_tree,
 )
-from synthq.errors import ArtifactError
-from synthq.privacy import Guarantee, compose_releases, release_guarantee
-from synthq.registry import SYNTHETIC_STAGES
-from synthq.units import sharing_groups
+from synthq.config.registry import SYNTHETIC_STAGES
+from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
+from synthq.privacy.units import sharing_groups
+from synthq.runtime.errors import ArtifactError
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from synthq.artifacts import data_input_record, is_artifact, open_artifact
-from synthq.console import info
 from synthq.data.beir_io import read_corpus
-from synthq.errors import DataError
 from synthq.models import onnx_encoder
-from synthq.paths import cache_dir
 from synthq.retrieval.cache import cached_corpus_embeddings, search_corpus, weights_key
+from synthq.runtime.console import info
+from synthq.runtime.errors import DataError
+from synthq.runtime.paths import cache_dir
 
 QUERY_BATCH = 64
 

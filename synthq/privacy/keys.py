@@ -29,7 +29,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from synthq.errors import ArtifactError, SynthqError
+from synthq.runtime.errors import ArtifactError, SynthqError
 
 KEY_FILE = "owner.key"
 KEY_BYTES = 32

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from synthq import config as config_module
-from synthq.errors import SynthqError
+from synthq.runtime.errors import SynthqError
 
 
 @dataclass(frozen=True)

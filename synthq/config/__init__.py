@@ -2,7 +2,7 @@
 
 These models are the single source of truth for every option: the command line derives its
 options from the fields (name, default, help text, allowed values and valid range; see
-:mod:`synthq.options`), and pipelines build the same objects from YAML. Each field carries its
+:mod:`synthq.cli.options`), and pipelines build the same objects from YAML. Each field carries its
 valid range, so a bad value is refused before any work starts. Every field that changes what a
 stage computes is part of the artifact's fingerprint (see :mod:`synthq.artifacts`); ``out``,
 ``force`` and ``resume`` are not.
@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from synthq.errors import SynthqError
+from synthq.runtime.errors import SynthqError
 
 
 def cli(**settings: Any) -> dict:

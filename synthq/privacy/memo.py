@@ -1,14 +1,14 @@
 """The accountant's answers remembered across commands, so that opening an artifact is instant.
 
 Every artifact's ε is *recomputed* from the mechanism parameters it records each time it is opened
-(:func:`synthq.privacy.recomputed_epsilon`). The accountant lives in Opacus, whose import pulls in
+(:func:`synthq.privacy.guarantee.recomputed_epsilon`). The accountant lives in Opacus, whose import pulls in
 torch and scipy (about 4 s): ``synthq info`` and ``synthq ledger`` would spend it on every call.
 This module remembers each answer the accountant gave, keyed by everything the answer depends on
 (accountant, σ, δ, q, steps, Opacus' version), in synthq's state directory.
 
 It is a memo, not a record: an entry is the accountant's own output for exactly those inputs,
 so using it is recomputing. Each entry carries ``HMAC(key, inputs, answer)`` with the owner's
-key (:mod:`synthq.keys`); an entry that does not verify (edited, or written under another key) is
+key (:mod:`synthq.privacy.keys`); an entry that does not verify (edited, or written under another key) is
 ignored and recomputed. The file is never part of an artifact.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from synthq.keys import owner_key, state_dir
+from synthq.privacy.keys import owner_key, state_dir
 
 MEMO_FILE = "accountant-memo.json"
 # Entries beyond this are dropped oldest first (a few hundred bytes each).

@@ -33,7 +33,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
-from synthq.errors import PrivacyError
+from synthq.runtime.errors import PrivacyError
 
 PrivacyUnit = Literal["user", "query", "example"]
 UNIT_NOTES = {
@@ -196,9 +196,9 @@ def compose_releases(releases: list[dict], sharing: list[list[str]], assumptions
 
     Args:
         releases: every read of private data behind the artifact (its own and its inputs'), each
-            ``{"id", "guarantee", "unit", ...}`` as recorded in manifests (:mod:`synthq.units`).
+            ``{"id", "guarantee", "unit", ...}`` as recorded in manifests (:mod:`synthq.privacy.units`).
         sharing: groups of release ids whose data share at least one privacy unit (the maximal
-            such groups, :func:`synthq.units.sharing_groups`); every release is in one at least.
+            such groups, :func:`synthq.privacy.units.sharing_groups`); every release is in one at least.
         assumptions: what the artifact relies on beyond the releases' own assumptions.
 
     Basic composition per unit: a unit in the data of releases ``R_u`` is protected at
@@ -283,7 +283,7 @@ def recomputed_epsilon(guarantee: Guarantee) -> float | None:
 
 @functools.lru_cache(maxsize=256)
 def _cached_epsilon(noise_multiplier: float, delta: float, sample_rate: float, steps: int, accountant: str):
-    from synthq.accountant_memo import remembered
+    from synthq.privacy.memo import remembered
 
     return remembered(_accountant_epsilon, noise_multiplier, delta, sample_rate, steps, accountant)
 

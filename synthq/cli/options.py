@@ -29,9 +29,9 @@ from pydantic.fields import FieldInfo
 
 from synthq.artifacts import writes_so_far, written_here
 from synthq.config import apply_overrides, validation_message
-from synthq.console import result
-from synthq.errors import SynthqError
-from synthq.registry import stage_entry
+from synthq.config.registry import stage_entry
+from synthq.runtime.console import result
+from synthq.runtime.errors import SynthqError
 
 
 class OptionError(SynthqError):
@@ -239,7 +239,7 @@ def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -
     """Register ``function(options, **own_options)`` as the command of the stage ``name``.
 
     The command's options are one per field of the stage's config model (from the stage
-    registry, :mod:`synthq.registry`) followed by ``function``'s own parameters
+    registry, :mod:`synthq.config.registry`) followed by ``function``'s own parameters
     (command-line-only switches such as ``--merge``). ``function`` gets ``options`` (a
     :class:`StageOptions`; ``options.config()`` is the validated config) and returns the artifact,
     whose result line is printed here (or by ``report(artifact, mark)``); Ctrl-C becomes

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from synthq.errors import ArtifactError
-from synthq.privacy import Guarantee, compose_all, format_epsilon
+from synthq.privacy.guarantee import Guarantee, compose_all, format_epsilon
 from synthq.retrieval.metrics import HEADLINE, METRICS
 from synthq.retrieval.significance import bootstrap_ci, compare_all
+from synthq.runtime.errors import ArtifactError
 
 # The files an eval writes that other stages read (report, eval --select-on): one name each.
 RESULTS_FILE = "results.json"  # one row per retriever × dataset: metrics, ε, settings
@@ -317,7 +317,7 @@ def combined_guarantee(sources: list[tuple[str, Guarantee]]) -> Guarantee:
     release's guarantee, i.e. the largest ε of the models; taking the largest ε when there are
     several independent releases would understate the loss. Public models add nothing; one
     non-private model makes the whole artifact ε = ∞. The unit is the weakest of the releases'
-    (:func:`synthq.privacy.compose_all`), and the parts are kept so ε is recomputed on open.
+    (:func:`synthq.privacy.guarantee.compose_all`), and the parts are kept so ε is recomputed on open.
     """
     derived = sorted({h for key, g in sources for h in [*g.derived_from, key] if g.mechanism != "public"})
     private = [(key, g) for key, g in sources if g.mechanism != "public" and g.epsilon > 0]

@@ -1,0 +1,1 @@
+"""Reporting: results tables, row labels, systems merged across evals, plots."""

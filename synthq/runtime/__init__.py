@@ -1,0 +1,1 @@
+"""Runtime: processes and threads, memory, optimizers, console output, errors and paths."""
