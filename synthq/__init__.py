@@ -2,7 +2,8 @@
 
 Fine-tune a query generator with differential privacy, sample synthetic queries for public
 documents, train a dual encoder on them (DP post-processing keeps the guarantee), evaluate it,
-and audit what the generator leaks. See DESIGN.md and README.md.
+and audit what the generator leaks. The README shows the commands; docs/ARCHITECTURE.md maps the
+code.
 """
 
 __version__ = "0.1.0"
