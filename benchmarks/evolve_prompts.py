@@ -34,7 +34,7 @@ def main() -> None:
     from synthq.models import sampling
     from synthq.models.generator import QueryGenerator
     from synthq.models.sampling import Request, sample_queries
-    from synthq.stages.evolve import Prompter
+    from synthq.stages.evolve.prompts import Prompter
 
     corpus = load_source("embedded").corpus
     generator = QueryGenerator.load(args.model, device="cpu")

@@ -11,7 +11,7 @@ T5-small-shaped model. The full (and the LoRA) configurations are timed in one p
 ``--profile`` runs one step of each side under torch's profiler (after two untimed steps) and
 prints, per operator, the self CPU time of the non-private and the DP step and the difference:
 where the DP step's extra time goes. ``--noise`` times the step's Gaussian noise alone on the
-model's trainable parameters: the engine's parallel streams (:func:`synthq.dp.engine.add_noise`)
+model's trainable parameters: the engine's parallel streams (:func:`synthq.dp.noise.add_noise`)
 against one generator drawing a fresh tensor per parameter (the engine before). ``--phases``
 times a ghost DP step and a non-private step phase by phase (:func:`phase_seconds`).
 """
@@ -29,10 +29,13 @@ from benchmarks._measure import add_ratios, as_a_stage, emit, measure_interleave
 def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: int):
     import torch
 
-    from synthq.dp.engine import PrivacyPlan, SecretRandomness
-    from synthq.dp.lm import DPStep, make_optimizer, non_private_step
+    from synthq.dp.engine import PrivacyPlan
+    from synthq.dp.lm import DPStep
+    from synthq.dp.noise import SecretRandomness
     from synthq.models.generator import QueryGenerator
     from synthq.models.generator import apply_lora as _apply_lora
+    from synthq.models.training_step import non_private_step
+    from synthq.runtime.optim import make_optimizer
 
     torch.manual_seed(0)
     if model_spec == "t5-small-shape":
@@ -172,7 +175,7 @@ def noise_seconds(model_spec: str, steps: int) -> dict:
 
     import torch
 
-    from synthq.dp.engine import add_noise
+    from synthq.dp.noise import add_noise
     from synthq.models.generator import QueryGenerator
 
     as_a_stage()

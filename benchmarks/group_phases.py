@@ -31,7 +31,8 @@ def main() -> None:
 
     from benchmarks.retriever_step import training_setup
     from synthq.dp.clipping import add_into, clip, gradient
-    from synthq.dp.engine import PrivacyPlan, SecretRandomness, build_mechanism
+    from synthq.dp.engine import PrivacyPlan, build_mechanism
+    from synthq.dp.noise import SecretRandomness
     from synthq.models.encoder import embed, features, in_batch_softmax_loss, training_loss
 
     encoder, parameters, optimizer, examples = training_setup(args.batch, 32, 128)

@@ -31,7 +31,7 @@ from benchmarks._measure import emit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The README's canary-audit command (section 6), kept equal to it by tests/test_pipeline_wall.py.
+# The README's canary-audit command (section 6), kept equal to it by tests/benchmarks/test_pipeline_wall.py.
 AUDIT_ARGUMENTS = [
     "--data", "embedded", "--model", "smollm2-135m", "--method", "one-run", "--epsilons", "inf,8",
     "--canaries", "200", "--private-pairs", "120", "--retriever-documents", "30",
@@ -128,7 +128,7 @@ def stage_seconds(output: list[str]) -> dict:
     ``synthq run`` prints as each stage ends (``[5/71] train-retriever NAME done in 32 s``): the
     run's own clock around each stage, so the kinds add up to the run's time (to the printed
     rounding: a second, or a tenth of a minute)."""
-    from synthq.pipeline import seconds_by_kind
+    from synthq.pipeline.progress import seconds_by_kind
 
     stage_times = [
         (found.group(1), float(found.group(2)) * (60 if found.group(3) == "min" else 1))

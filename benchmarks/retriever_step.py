@@ -34,13 +34,13 @@ def training_setup(batch: int, query_tokens: int, doc_tokens: int):
 
     from synthq.dp.contrastive import Example
     from synthq.models.encoder import load_encoder
-    from synthq.runtime.optim import adam
+    from synthq.runtime.optim import make_optimizer
 
     torch.manual_seed(0)
     encoder = load_encoder("minilm-l6")
     encoder.train()
     parameters = [p for p in encoder.parameters() if p.requires_grad]
-    optimizer = adam(parameters, lr=1e-5, weight_decay=0.01, decoupled=True)  # as train-retriever builds it
+    optimizer = make_optimizer("adamw", parameters, lr=1e-5, weight_decay=0.01)  # as train-retriever does
     examples = [
         Example(" ".join([f"query{i}"] * query_tokens), " ".join([f"word{i}"] * doc_tokens), f"d{i}", f"q{i}")
         for i in range(batch)
@@ -50,7 +50,8 @@ def training_setup(batch: int, query_tokens: int, doc_tokens: int):
 
 def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int, group_size: int = 8):
     from synthq.dp.contrastive_sample_vmap import per_query_clipped_sum
-    from synthq.dp.engine import PrivacyPlan, SecretRandomness, build_mechanism
+    from synthq.dp.engine import PrivacyPlan, build_mechanism
+    from synthq.dp.noise import SecretRandomness
     from synthq.models.encoder import embed, features, training_loss
 
     encoder, parameters, optimizer, examples = training_setup(batch, query_tokens, doc_tokens)

@@ -17,7 +17,8 @@ import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
-from synthq.artifacts import data_input_record, is_artifact, open_artifact
+from synthq.artifacts.manifest import is_artifact, open_artifact
+from synthq.artifacts.records import data_input_record
 from synthq.data.beir_io import read_corpus
 from synthq.models import onnx_encoder
 from synthq.retrieval.cache import cached_corpus_embeddings, search_corpus, weights_key

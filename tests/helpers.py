@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
+import warnings
 from pathlib import Path
+
+from synthq.cli.errors import main
+from synthq.config.generator import FinetuneConfig
+from synthq.config.retriever import TrainRetrieverConfig
+from synthq.stages import finetune_lm
 
 TOPICS = {
     "egg": [
@@ -207,7 +216,8 @@ def tiny_retriever_artifact(out: Path, encoder_dir: Path, privacy, config: dict 
     the given :class:`synthq.privacy.guarantee.Guarantee` (for stages that read retrievers, e.g. eval)."""
     import shutil
 
-    from synthq.artifacts import create_artifact, open_artifact
+    from synthq.artifacts.create import create_artifact
+    from synthq.artifacts.manifest import open_artifact
 
     with create_artifact(
         Path(out), "train-retriever", config or {"encoder": "tiny", "data": "tiny"}
@@ -223,3 +233,65 @@ def comparable(guarantee) -> dict:
     dumped = guarantee.model_dump(mode="json")
     dumped["details"] = {k: v for k, v in dumped["details"].items() if k not in ("releases", "sharing")}
     return dumped
+
+
+def finetune(tmp_path, beir, model, name, **options):
+    defaults = dict(batch_size=8, epochs=2, physical_batch_size=4, lr=1e-2, max_source_length=48)
+    config = FinetuneConfig(data=str(beir), model=str(model), out=tmp_path / name, **{**defaults, **options})
+    return finetune_lm.run(config)
+
+
+def retriever_config(out, beir, encoder, **options) -> TrainRetrieverConfig:
+    base = dict(max_steps=1, batch_size=4, max_query_length=16, max_doc_length=32, seed=0)
+    return TrainRetrieverConfig(data=str(beir), encoder=str(encoder), out=out, **{**base, **options})
+
+
+def released_text(artifact) -> str:
+    """Everything a release of the artifact contains, as text (manifest + payload, no diagnostics)."""
+    texts = [(artifact.path / "manifest.json").read_text()]
+    for relative in artifact.manifest["files"]:
+        path = artifact.path / relative
+        if path.suffix in (".json", ".jsonl", ".md", ".txt", ".tsv"):
+            texts.append(path.read_text(errors="ignore"))
+    return "\n".join(texts)
+
+
+def private_copy(tmp_path, tiny_beir, name="private", public=("test",)):
+    """tiny_beir with a split declaration: train and dev private, ``public`` splits public."""
+    root = tmp_path / name
+    shutil.copytree(tiny_beir, root)
+    private = [s for s in ("train", "dev", "test") if s not in public]
+    (root / "privacy.json").write_text(json.dumps({"private_splits": private, "public_splits": list(public)}))
+    return root
+
+
+def _synthq(*arguments: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "synthq", *arguments], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
+
+
+def run_main(argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
+    """``synthq ARGV`` in this process through the real entry point; (exit status, stderr+stdout)."""
+    monkeypatch.setattr(sys, "argv", ["synthq", *argv])
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() replaces it
+    capsys.readouterr()
+    try:
+        main()
+        status = 0
+    except SystemExit as exit_:
+        status = exit_.code if isinstance(exit_.code, int) else 1
+    captured = capsys.readouterr()
+    return status, captured.err + captured.out
+
+
+def one_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    assert "Traceback" not in output
+    return lines[0]
+
+
+def eval_argv(tmp_path, encoder: Path, beir: Path, out: Path, *extra: str) -> list[str]:
+    return ["eval", "--untrained", str(encoder), "--datasets", str(beir), "--no-bm25", "--device", "cpu",
+            "--out", str(out), *extra]  # fmt: skip

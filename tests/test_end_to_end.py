@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from synthq.artifacts import open_artifact
-from synthq.pipeline import plan_pipeline, run_plan
+from synthq.artifacts.manifest import open_artifact
+from synthq.pipeline.plan import plan_pipeline
+from synthq.pipeline.run import run_plan
 from synthq.runtime.errors import SynthqError
 
 PIPELINE = """

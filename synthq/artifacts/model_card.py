@@ -2,7 +2,7 @@
 
 A generator (``finetune-lm``) or retriever (``train-retriever``) artifact is a directory a user
 may upload to the Hub as it is; the Hub shows its ``README.md``. :func:`write_model_card` is
-called by :mod:`synthq.artifacts` when such an artifact is finished (stages need not know), and
+called by :mod:`synthq.artifacts.create` when such an artifact is finished (stages need not know), and
 writes the guarantee — ε, δ, privacy unit, mechanism, accountant, what it was derived from and
 its assumptions — from the manifest. A card the model library already wrote
 (sentence-transformers writes one) keeps its content; the guarantee section is added to it.

@@ -1,1 +1,3 @@
-"""Empirical privacy audits: canary construction and exposure / rank / ε-lower-bound math."""
+"""Empirical privacy audits of ``synthq canary-audit``: the canaries (``canaries``), the audited
+training set (``training_set``), scoring models (``scoring``, ``retriever``), the bounds
+(``one_run``, ``exposure``), and the report with its tables and plots (``report``, ``tables``)."""

@@ -1,7 +1,7 @@
 """Scoring canaries under a trained generator: what the audit measures of each model.
 
 * :func:`score_canaries` — the exposure method: each canary's rank among the other secrets of its
-  form, and its exposure (Carlini et al. 2019);
+  form, and its exposure (Carlini et al. 2019), :func:`score_canaries_in_chunks` with a progress bar;
 * :func:`secret_scores` — the one-run audit's membership score: log p(secret | document) against
   random secrets of the same form (Steinke et al. 2023 needs only a score per canary);
 * :func:`verbatim_leaks` — whether sampling ever writes a secret out (extraction).
@@ -66,6 +66,20 @@ def score_canaries(generator, canaries: list[Canary], batch_size: int) -> list[d
             }
         )
     return results
+
+
+def score_canaries_in_chunks(
+    generator, canaries: list[Canary], batch_size: int, description: str
+) -> list[dict]:
+    """:func:`score_canaries` four canaries at a time, with a progress bar."""
+    scored = []
+    with progress() as bar:
+        task = bar.add_task(description, total=len(canaries))
+        for start in range(0, len(canaries), 4):
+            chunk = canaries[start : start + 4]
+            scored.extend(score_canaries(generator, chunk, batch_size=batch_size))
+            bar.advance(task, len(chunk))
+    return scored
 
 
 @torch.no_grad()

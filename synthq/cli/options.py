@@ -1,7 +1,8 @@
-"""Command-line options derived from the stage configs, so each option is written down once.
+"""Command-line options derived from the config models, so each option is written down once.
 
-A stage command is a function decorated with :func:`stage_command`; its options are the fields
-of the stage's pydantic config (:mod:`synthq.config`): the option name (``--clip-norm`` for
+A stage command is a function registered with :func:`stage_command` (any command with a config
+model, such as ``synthq search``, with :func:`config_command`); its options are the fields of the
+command's pydantic config (:mod:`synthq.config`): the option name (``--clip-norm`` for
 ``clip_norm``), help text (the field's description), default, allowed values (``Literal``
 types become choices) and valid range (checked by the model before any work starts) all come
 from the field. A new config field is a new option with no code here. Per-field command-line
@@ -27,8 +28,8 @@ import typer
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from synthq.artifacts import writes_so_far, written_here
-from synthq.config import apply_overrides, validation_message
+from synthq.artifacts.process_state import writes_so_far, written_here
+from synthq.config.loading import apply_overrides, validation_message
 from synthq.config.registry import stage_entry
 from synthq.runtime.console import result
 from synthq.runtime.errors import SynthqError
@@ -133,8 +134,10 @@ def _parameter(name: str, field: FieldInfo) -> inspect.Parameter | None:
         return None
     annotation = _unwrap(field.annotation)
     origin = typing.get_origin(annotation)
+    # A required argument is refused by the command line itself, which says so in the help.
+    required_argument = bool(settings.get("argument") and settings.get("required"))
     help_text = field.description or name.replace("_", " ")
-    if field.is_required():
+    if field.is_required() and not required_argument:
         help_text += "  [required]"
     if (valid := range_text(field)) is not None:
         help_text += f"  [range: {valid}]"
@@ -144,8 +147,10 @@ def _parameter(name: str, field: FieldInfo) -> inspect.Parameter | None:
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
 
     if settings.get("argument"):
+        default = ... if required_argument else None
+        metavar = settings.get("metavar") or name.upper()
         return parameter(
-            typer.Argument(None, help=help_text, metavar=name.upper(), show_default=False), list[str]
+            typer.Argument(default, help=help_text, metavar=metavar, show_default=False), list[str]
         )
     if annotation is bool:
         on = bool(field.get_default(call_default_factory=True))
@@ -169,7 +174,7 @@ def _parameter(name: str, field: FieldInfo) -> inspect.Parameter | None:
         kind = annotation | None  # typer offers a Literal's values as choices
     else:
         kind = str | None  # the config model parses and range-checks the text
-        extra["metavar"] = _metavar(annotation)
+        extra["metavar"] = settings.get("metavar") or _metavar(annotation)
     return parameter(typer.Option(default, *declarations, help=help_text, show_default=True, **extra), kind)
 
 
@@ -223,9 +228,9 @@ def _given(context: typer.Context, name: str) -> bool:
     return source is None or source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
-class StageOptions(dict):
+class ConfigOptions(dict):
     """The config fields given on the command line (field name -> value as typed), plus
-    :meth:`config`, which parses them into the stage's config model."""
+    :meth:`config`, which parses them into the command's config model."""
 
     def __init__(self, config_class: type[BaseModel], values: dict):
         super().__init__(values)
@@ -235,21 +240,21 @@ class StageOptions(dict):
         return build(self.config_class, dict(self))
 
 
-def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -> Callable:
-    """Register ``function(options, **own_options)`` as the command of the stage ``name``.
+def config_command(
+    app: typer.Typer,
+    name: str,
+    config_class: type[BaseModel],
+    report: Callable | None = None,
+    interrupted: str | None = None,
+) -> Callable:
+    """Register ``function(options, **own_options)`` as the command ``name`` of ``app``.
 
-    The command's options are one per field of the stage's config model (from the stage
-    registry, :mod:`synthq.config.registry`) followed by ``function``'s own parameters
-    (command-line-only switches such as ``--merge``). ``function`` gets ``options`` (a
-    :class:`StageOptions`; ``options.config()`` is the validated config) and returns the artifact,
-    whose result line is printed here (or by ``report(artifact, mark)``); Ctrl-C becomes
-    :class:`Interrupted` with the command's resume hint.
+    The command's options are one per field of ``config_class`` followed by ``function``'s own
+    parameters (command-line-only switches such as ``--merge``). ``function`` gets ``options`` (a
+    :class:`ConfigOptions`; ``options.config()`` is the validated config) and returns an artifact,
+    whose result line is printed here (or by ``report(artifact, mark)``), or None. Ctrl-C becomes
+    :class:`Interrupted` with the message ``interrupted`` (None: left to the entry point).
     """
-    config_class = stage_entry(name).config_type()
-    resumable = "resume" in config_class.model_fields and not _settings(
-        config_class.model_fields["resume"]
-    ).get("hidden")
-    hint = "rerun with --resume to continue" if resumable else "nothing was written; rerun to start again"
 
     def decorate(function: Callable) -> Callable:
         hints = typing.get_type_hints(function)
@@ -265,7 +270,7 @@ def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -
         @functools.wraps(function)
         def command(**kwargs: Any) -> None:
             context = kwargs.pop(_CONTEXT)
-            options = StageOptions(
+            options = ConfigOptions(
                 config_class,
                 {
                     key: _value(fields[key], value)
@@ -277,7 +282,9 @@ def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -
             try:
                 artifact = function(options, **{k: kwargs[k] for k in own_names})
             except KeyboardInterrupt:
-                raise Interrupted(f"interrupted; {hint}") from None
+                if interrupted is None:
+                    raise
+                raise Interrupted(interrupted) from None
             except ValidationError as error:
                 raise OptionError(validation_message(error, flags(config_class))) from None
             if artifact is not None:
@@ -292,6 +299,18 @@ def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -
         return function
 
     return decorate
+
+
+def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -> Callable:
+    """Register ``function(options, **own_options)`` as the command of the stage ``name``:
+    :func:`config_command` with the stage's config model (from the stage registry,
+    :mod:`synthq.config.registry`) and, on Ctrl-C, the stage's resume hint."""
+    config_class = stage_entry(name).config_type()
+    resumable = "resume" in config_class.model_fields and not _settings(
+        config_class.model_fields["resume"]
+    ).get("hidden")
+    hint = "rerun with --resume to continue" if resumable else "nothing was written; rerun to start again"
+    return config_command(app, name, config_class, report, interrupted=f"interrupted; {hint}")
 
 
 def print_result(artifact: Any, since: int = 0) -> None:

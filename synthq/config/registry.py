@@ -1,6 +1,7 @@
 """Stage name -> (module exposing ``run(config)``, config class): how pipelines find stages.
 
-Imports are lazy so that ``synthq --help`` and pipeline planning never load torch-heavy code.
+A stage's module is imported only when the stage runs, so that ``synthq --help`` and pipeline
+planning never load torch-heavy code; the config classes (pydantic only) are imported here.
 """
 
 from __future__ import annotations
@@ -9,34 +10,35 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from synthq import config as config_module
+from synthq.config.audit import CanaryAuditConfig
+from synthq.config.evaluation import EvalConfig, ReportConfig, SimilarityConfig
+from synthq.config.generator import EvolveConfig, FilterConfig, FinetuneConfig, GenerateConfig
+from synthq.config.retriever import TrainRetrieverConfig
 from synthq.runtime.errors import SynthqError
 
 
 @dataclass(frozen=True)
 class StageEntry:
     module: str
-    config_class: str | type  # a name in synthq.config, or the class itself
+    config_class: type
 
     def config_type(self) -> type:
-        if isinstance(self.config_class, type):
-            return self.config_class
-        return getattr(config_module, self.config_class)
+        return self.config_class
 
     def run_function(self) -> Callable:
         return importlib.import_module(self.module).run
 
 
 STAGES: dict[str, StageEntry] = {
-    "finetune-lm": StageEntry("synthq.stages.finetune_lm", "FinetuneConfig"),
-    "generate": StageEntry("synthq.stages.generate", "GenerateConfig"),
-    "filter": StageEntry("synthq.stages.filter", "FilterConfig"),
-    "evolve": StageEntry("synthq.stages.evolve", "EvolveConfig"),
-    "similarity": StageEntry("synthq.stages.similarity", "SimilarityConfig"),
-    "train-retriever": StageEntry("synthq.stages.train_retriever", "TrainRetrieverConfig"),
-    "eval": StageEntry("synthq.stages.evaluate", "EvalConfig"),
-    "report": StageEntry("synthq.stages.report", "ReportConfig"),
-    "canary-audit": StageEntry("synthq.stages.canary_audit", "CanaryAuditConfig"),
+    "finetune-lm": StageEntry("synthq.stages.finetune_lm", FinetuneConfig),
+    "generate": StageEntry("synthq.stages.generate", GenerateConfig),
+    "filter": StageEntry("synthq.stages.filter", FilterConfig),
+    "evolve": StageEntry("synthq.stages.evolve", EvolveConfig),
+    "similarity": StageEntry("synthq.stages.similarity", SimilarityConfig),
+    "train-retriever": StageEntry("synthq.stages.train_retriever", TrainRetrieverConfig),
+    "eval": StageEntry("synthq.stages.evaluate", EvalConfig),
+    "report": StageEntry("synthq.stages.report", ReportConfig),
+    "canary-audit": StageEntry("synthq.stages.canary_audit", CanaryAuditConfig),
 }
 
 

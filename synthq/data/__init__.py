@@ -1,34 +1,14 @@
 """BEIR-format data: reading (through a memory-mapped Arrow cache), writing, validation, named
-sources and training pairs."""
+sources, training pairs, users and the synthetic set's payload.
 
-from synthq.data.beir_io import (
-    BeirDataset,
-    load_beir_dir,
-    read_corpus,
-    read_qrels,
-    read_queries,
-    write_beir_dir,
-)
-from synthq.data.pairs import Pair, PairList, document_text, training_pairs
-from synthq.data.sources import default_eval_split, load_source, resolve_source, source_name
-from synthq.data.tables import Corpus, Qrels, Queries
-
-__all__ = [
-    "BeirDataset",
-    "Corpus",
-    "Pair",
-    "PairList",
-    "Qrels",
-    "Queries",
-    "default_eval_split",
-    "document_text",
-    "load_beir_dir",
-    "load_source",
-    "read_corpus",
-    "read_qrels",
-    "read_queries",
-    "resolve_source",
-    "source_name",
-    "training_pairs",
-    "write_beir_dir",
-]
+* :mod:`~synthq.data.beir_io` — BEIR read/write and validation (errors by file and line).
+* :mod:`~synthq.data.store`, :mod:`~synthq.data.tables` — the memory-mapped Arrow cache keyed by
+  file sha256, and its lazy mappings (corpus, queries, qrels).
+* :mod:`~synthq.data.sources` — named sources (embedded, msmarco, beir:NAME, irds:ID, sub-datasets)
+  and which splits are declared public.
+* :mod:`~synthq.data.pairs` — training pairs (lazy), document text.
+* :mod:`~synthq.data.users` — user ids from metadata or users.tsv, queries per user.
+* :mod:`~synthq.data.summary` — ``synthq data info``.
+* :mod:`~synthq.data.synthetic` — which public documents get queries, the degenerate-query rule,
+  the synthetic set's BEIR payload.
+"""

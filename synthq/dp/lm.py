@@ -35,23 +35,23 @@ really is the pair/query and not a token.
 Under ``torchrun`` (:mod:`synthq.runtime.distributed`) every rank draws the same global Poisson batch,
 clips its own share, the clipped sums are all-reduced, and every rank adds the same secret noise
 once: the update, and so the accounting, is the single-process one.
+
+The loop that drives these steps, DP or not, is :class:`synthq.dp.generator_training.GeneratorTraining`;
+the optimizer comes from :func:`synthq.runtime.optim.make_optimizer`.
 """
 
 from __future__ import annotations
-
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch.func import functional_call, grad_and_value, vmap
 
 from synthq.dp.clipping import clip_and_sum
-from synthq.dp.engine import Mechanism, PrivacyPlan, PrivacyUnits, SecretRandomness, register_mechanism
+from synthq.dp.engine import Mechanism, PrivacyPlan, register_mechanism
+from synthq.dp.noise import SecretRandomness
 from synthq.models.generator import QueryGenerator
 from synthq.models.sequence_loss import label_window, model_inputs, per_sequence_loss
+from synthq.models.training_step import MakeBatch, StepResult, gather_result
 from synthq.runtime import distributed
-from synthq.runtime.optim import adam
 
 
 def prepare_model_for_per_sample_gradients(generator: QueryGenerator) -> None:
@@ -118,7 +118,7 @@ def choose_grad_sample_mode(generator: QueryGenerator, requested: str = "auto") 
         raise ValueError(f"grad_sample_mode must be one of {GRAD_SAMPLE_MODES}, not {requested!r}")
     if requested != "auto":
         return requested
-    from synthq.dp.lm_hooks import unsupported_for_ghost
+    from synthq.dp.lm_ghost import unsupported_for_ghost
 
     return "vmap" if unsupported_for_ghost(generator.model) else "ghost"
 
@@ -146,13 +146,13 @@ class PerQueryClipping(Mechanism):
         gradient is a function of that pair alone.
 
     Inputs:
-        A Poisson sample of queries (:class:`~synthq.dp.engine.PrivacyUnits`) expanded to their
+        A Poisson sample of queries (:class:`~synthq.dp.units.PrivacyUnits`) expanded to their
         pairs, each with weight ``1/k`` (``k`` = the query's pair count).
 
     Privacy unit:
         One query id with all of its (document, query) pairs, add/remove adjacency; or, under
         ``--privacy-unit user``, one user with all the pairs of their (at most K) kept queries
-        (:meth:`~synthq.dp.engine.PrivacyUnits.by_user`): the same proof with ``k`` = the user's
+        (:meth:`~synthq.dp.units.PrivacyUnits.by_user`): the same proof with ``k`` = the user's
         pair count, since every pair's loss reads only that pair.
 
     Sensitivity:
@@ -172,17 +172,6 @@ class PerQueryClipping(Mechanism):
 
     def sensitivity(self, batch_cap: int | None) -> float:
         return self.clip_norm
-
-
-@dataclass
-class DPStepResult:
-    loss: float
-    examples: int
-    tokens: int
-    mean_grad_norm: float
-
-
-MakeBatch = Callable[[list[int]], dict]
 
 
 class DPStep:
@@ -217,7 +206,7 @@ class DPStep:
 
     def clipped_sum(
         self, make_batch: MakeBatch, rows: list[int], weights: list[float]
-    ) -> tuple[dict[str, torch.Tensor], DPStepResult]:
+    ) -> tuple[dict[str, torch.Tensor], StepResult]:
         """``Σ_i w_i clip_C(∇ℓ_i)`` over ``rows``, summed over ranks (no noise yet)."""
         device = next(self.generator.model.parameters()).device
         total: dict[str, torch.Tensor] = {}  # the first micro-batch's sum becomes the total
@@ -238,11 +227,11 @@ class DPStep:
             for name in self.clipper.names
         }
         distributed.all_reduce_sum(list(total.values()))
-        return total, _step_result(len(rows), losses, norms, tokens)
+        return total, gather_result(len(rows), losses, norms, tokens)
 
     def step(
         self, make_batch: MakeBatch, rows: list[int], weights: list[float], randomness: SecretRandomness
-    ) -> DPStepResult:
+    ) -> StepResult:
         summed, result = self.clipped_sum(make_batch, rows, weights)
         # The same secret noise on every rank, added once to the global sum.
         noisy = self.plan.privatize(list(summed.values()), randomness)
@@ -251,158 +240,3 @@ class DPStep:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return result
-
-
-def non_private_step(
-    generator: QueryGenerator,
-    optimizer: torch.optim.Optimizer,
-    make_batch: MakeBatch,
-    indices: list[int],
-    physical_batch_size: int,
-) -> DPStepResult:
-    """The ε = ∞ step: the same per-sequence loss, averaged over the batch, no clipping or noise.
-    Under torchrun each rank takes its share of ``indices`` and the gradients are summed."""
-    device = next(generator.model.parameters()).device
-    losses, tokens = [], 0
-    local = distributed.shard(indices)
-    for start in range(0, len(local), physical_batch_size):
-        chunk = local[start : start + physical_batch_size]
-        batch = {k: v.to(device) for k, v in make_batch(chunk).items()}
-        tokens += int((batch["labels"] != -100).sum())
-        logits = generator.model(**model_inputs(generator.kind, batch)).logits
-        loss = per_sequence_loss(generator.kind, logits, batch["labels"])
-        (loss.sum() / len(indices)).backward()
-        losses.append(loss.detach())
-    trainable = [p for p in generator.model.parameters() if p.requires_grad]
-    for parameter in trainable:
-        if parameter.grad is None:  # a rank whose share was empty
-            parameter.grad = torch.zeros_like(parameter)
-    distributed.all_reduce_sum([p.grad for p in trainable])
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return _step_result(len(indices), losses, [], tokens)
-
-
-def _step_result(
-    examples: int, losses: list[torch.Tensor], norms: list[torch.Tensor], tokens: int
-) -> DPStepResult:
-    """Losses, gradient norms and tokens of every rank's share, gathered in one collective."""
-    mine = (
-        torch.cat(losses).tolist() if losses else [],
-        torch.cat(norms).tolist() if norms else [],
-        tokens,
-    )
-    shares = distributed.gather_objects(mine)
-    all_losses = [value for share in shares for value in share[0]]
-    all_norms = [value for share in shares for value in share[1]]
-    return DPStepResult(
-        loss=sum(all_losses) / len(all_losses) if all_losses else math.nan,
-        examples=examples,
-        tokens=sum(share[2] for share in shares),
-        mean_grad_norm=sum(all_norms) / len(all_norms) if all_norms else math.nan,
-    )
-
-
-class GeneratorTraining:
-    """The training loop's state for one generator, DP or not: what ``finetune-lm`` and the canary
-    audit drive step by step, and what a private checkpoint saves.
-
-    Args:
-        generator: the model (LoRA already applied if wanted), in train mode on its device.
-        optimizer: over its trainable parameters.
-        make_batch: row indices -> a training batch (``QueryGenerator.training_batch``).
-        units: the rows grouped by query id.
-        batch_size: the (expected) logical batch size in queries.
-        plan: the privacy plan, or ``None`` for non-private training (shuffled epochs of rows).
-        randomness: the run's secret randomness (sampling, noise, shuffling).
-        physical_batch_size, grad_sample_mode: as for :class:`DPStep`.
-    """
-
-    def __init__(
-        self,
-        generator: QueryGenerator,
-        optimizer: torch.optim.Optimizer,
-        make_batch: MakeBatch,
-        units: PrivacyUnits,
-        batch_size: int,
-        plan: PrivacyPlan | None,
-        randomness: SecretRandomness,
-        physical_batch_size: int,
-        grad_sample_mode: str = "auto",
-    ):
-        self.generator, self.optimizer, self.make_batch = generator, optimizer, make_batch
-        self.units, self.batch_size, self.plan, self.randomness = units, batch_size, plan, randomness
-        self.physical_batch_size = physical_batch_size
-        self.dp_step = (
-            DPStep(generator, optimizer, plan, physical_batch_size, grad_sample_mode)
-            if plan is not None
-            else None
-        )
-        self.order: list[int] = []
-        self.step_index = 0
-
-    @property
-    def mode(self) -> str | None:
-        return self.dp_step.mode if self.dp_step is not None else None
-
-    def step(self) -> DPStepResult:
-        if self.plan is not None:
-            rows, weights = self.units.expand(self.plan.sample(self.randomness))
-            result = self.dp_step.step(self.make_batch, rows, weights, self.randomness)
-        else:
-            if len(self.order) < self.batch_size:
-                self.order += torch.randperm(len(self.units), generator=self.randomness.sampling).tolist()
-            chosen, self.order = self.order[: self.batch_size], self.order[self.batch_size :]
-            rows, _ = self.units.expand(chosen)
-            result = non_private_step(
-                self.generator, self.optimizer, self.make_batch, rows, self.physical_batch_size
-            )
-        self.step_index += 1
-        return result
-
-    def close(self) -> None:
-        """Remove the clipping hooks, so the saved model carries none."""
-        if self.dp_step is not None:
-            self.dp_step.clipper.close()
-
-    def state_dict(self) -> dict:
-        """Everything a resumed run needs: trainable weights, optimizer, step, secret randomness.
-        Tensors and plain values only, so it loads with ``torch.load(weights_only=True)``."""
-        model = self.generator.model
-        return {
-            "trainable": {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad},
-            "optimizer": self.optimizer.state_dict(),
-            "step": self.step_index,
-            "order": torch.tensor(self.order, dtype=torch.long),
-            "randomness": self.randomness.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        parameters = dict(self.generator.model.named_parameters())
-        with torch.no_grad():
-            for name, value in state["trainable"].items():
-                parameters[name].copy_(value)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step_index = int(state["step"])
-        self.order = state["order"].tolist()
-        self.randomness.load_state_dict(state["randomness"])
-
-
-def make_optimizer(
-    name: str, parameters: list[torch.nn.Parameter], lr: float, weight_decay: float
-) -> torch.optim.Optimizer:
-    """``adam`` (the paper's DP-Adam), ``adafactor`` or ``sgd`` over ``parameters``."""
-    if name == "adam":
-        return adam(parameters, lr=lr, weight_decay=weight_decay)
-    if name == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(
-            parameters,
-            lr=lr,
-            relative_step=False,
-            scale_parameter=False,
-            warmup_init=False,
-            weight_decay=weight_decay,
-        )
-    return torch.optim.SGD(parameters, lr=lr, weight_decay=weight_decay)

@@ -1,2 +1,17 @@
-"""Privacy: the guarantee type and its composition, accounting, the owner's keys and keyed digests,
-units and unit sets, and the run ledger."""
+"""Privacy: what an artifact guarantees, the accountants behind its ε, and what a run costs.
+
+* :mod:`~synthq.privacy.guarantee` — the (ε, δ) :class:`Guarantee` type and its composition per
+  privacy unit.
+* :mod:`~synthq.privacy.accounting` — Opacus' accountants: σ calibrated to a target ε, δ and budget
+  checks, a recorded ε recomputed when an artifact is opened.
+* :mod:`~synthq.privacy.memo` — the accountant's answers remembered (keyed, HMAC-checked) across
+  commands.
+* :mod:`~synthq.privacy.keys` — the data owner's secret key: keyed digests of private data and the
+  seal of every manifest.
+* :mod:`~synthq.privacy.units` — the unit sets of releases and which releases share privacy units.
+* :mod:`~synthq.privacy.inputs` — where every input came from (starting models, data, public
+  documents), and what reading it brings into an artifact.
+* :mod:`~synthq.privacy.ledger` — what a set of artifacts costs together, per private dataset.
+* :mod:`~synthq.privacy.splits` — the privacy of evaluation scores: which splits are private, and
+  the guarantee a score carries.
+"""

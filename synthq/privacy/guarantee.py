@@ -1,13 +1,16 @@
-"""The privacy ledger: what each artifact guarantees, and the accountants behind the numbers.
+"""The (ε, δ) guarantee an artifact carries, and how the guarantees of several releases compose.
 
-Every ε synthq prints comes from here. The rules of the ledger:
+Every ε synthq prints is a :class:`Guarantee`. The rules:
 
 * A DP training stage reports the ε its accountant computes for the *actual* sampling rate,
-  noise multiplier and number of steps (:func:`epsilon_for`), at δ = 1/(2n) unless told otherwise.
+  noise multiplier and number of steps (:func:`synthq.privacy.accounting.epsilon_for`), at
+  δ = 1/(2n) unless told otherwise.
 * A stage that only post-processes a private artifact (``generate`` reading a generator and
   public documents; ``train-retriever`` on synthetic data) inherits its guarantee unchanged
   (:meth:`Guarantee.inherit`). If it also reads private data it is not post-processing any more.
 * Training on private data without DP gives ε = ∞ (:meth:`Guarantee.non_private`).
+* Releases about the same private data compose per privacy unit (:func:`compose_releases`): a
+  unit counts the releases whose data hold it.
 
 Privacy units: ``query`` — everything one query id contributes (all its (query, document)
 pairs together) is protected; this is what the DP stages guarantee by default, because they
@@ -25,15 +28,10 @@ reproducible seed that an adversary may know). They are printed wherever the ε 
 
 from __future__ import annotations
 
-import functools
 import math
-import warnings
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
-
-from synthq.runtime.errors import PrivacyError
 
 PrivacyUnit = Literal["user", "query", "example"]
 UNIT_NOTES = {
@@ -47,9 +45,6 @@ UNIT_STRENGTH = ("example", "query", "user")
 
 def weakest_unit(units: list[str]) -> str:
     return min(units, key=UNIT_STRENGTH.index) if units else "query"
-
-
-ACCOUNTANTS = ("rdp", "prv")
 
 
 class Guarantee(BaseModel):
@@ -250,240 +245,8 @@ def compose_releases(releases: list[dict], sharing: list[list[str]], assumptions
     )
 
 
-def recomputed_epsilon(guarantee: Guarantee) -> float | None:
-    """ε recomputed from the mechanism parameters the guarantee records (σ, q, steps, δ of the
-    accountant), or the sum over ``details.components``; ``None`` when it records none (public,
-    ε = ∞, post-processing copies carry their source's details and are recomputed the same way).
-
-    Used when an artifact is opened, so that an edited ε in a manifest is refused."""
-    details = guarantee.details or {}
-    if guarantee.mechanism == "none":  # computed from private data without DP: ∞ and nothing else
-        return math.inf
-    if guarantee.mechanism == "public":
-        return 0.0
-    if not guarantee.is_private:
-        return None
-    if guarantee.mechanism == "report-noisy-max":  # pure ε per selection, basic composition
-        return float(details["epsilon_per_selection"]) * int(details["selections"])
-    if "components" in details:
-        parts = [recomputed_epsilon(Guarantee.from_manifest(c)) for c in details["components"]]
-        return None if any(p is None for p in parts) else sum(parts)
-    needed = ("noise_multiplier", "sample_rate", "steps")
-    if not all(k in details for k in needed) or guarantee.accountant not in ACCOUNTANTS:
-        return None
-    delta = details.get("accountant_delta", guarantee.delta)
-    return _cached_epsilon(
-        float(details["noise_multiplier"]),
-        float(delta),
-        float(details["sample_rate"]),
-        int(details["steps"]),
-        guarantee.accountant,
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def _cached_epsilon(noise_multiplier: float, delta: float, sample_rate: float, steps: int, accountant: str):
-    from synthq.privacy.memo import remembered
-
-    return remembered(_accountant_epsilon, noise_multiplier, delta, sample_rate, steps, accountant)
-
-
-def _accountant_epsilon(
-    noise_multiplier: float, delta: float, sample_rate: float, steps: int, accountant: str
-) -> float:
-    return epsilon_for(noise_multiplier, delta, sample_rate, steps, accountant).epsilon
-
-
-def check_recorded_epsilon(guarantee: Guarantee, where: str) -> None:
-    """Refuse a guarantee whose ε differs from what its recorded parameters give."""
-    expected = recomputed_epsilon(guarantee)
-    if expected is not None and not (
-        expected == guarantee.epsilon or math.isclose(expected, guarantee.epsilon, rel_tol=1e-6, abs_tol=1e-9)
-    ):
-        raise PrivacyError(
-            f"{where}: the recorded ε = {guarantee.epsilon:g} does not match its mechanism's "
-            f"parameters (the accountant gives {expected:g}); the manifest was edited or is corrupt"
-        )
-
-
 def format_epsilon(epsilon: float) -> str:
+    """``8.00``, ``1234`` or ``∞``: ε as tables and messages print it."""
     if math.isinf(epsilon):
         return "∞"
     return f"{epsilon:.2f}" if epsilon < 100 else f"{epsilon:.0f}"
-
-
-def default_delta(num_examples: int) -> float:
-    """δ = 1/(2n): comfortably below the 1/n at which (ε, δ)-DP stops meaning anything."""
-    if num_examples <= 0:
-        raise PrivacyError("cannot choose δ for an empty dataset")
-    return 1.0 / (2 * num_examples)
-
-
-def validate_budget(epsilon: float, delta: float, num_examples: int | None = None) -> None:
-    """Reject impossible budgets, and δ ≥ 1/n (meaningless: "publish one unit in full" satisfies
-    it), with a clear error."""
-    if not (epsilon > 0):
-        raise PrivacyError(f"ε must be > 0 (use 'inf' for non-private training), got {epsilon}")
-    if math.isinf(epsilon):
-        return
-    if not (0 < delta < 1):
-        raise PrivacyError(f"δ must be in (0, 1), got {delta}")
-    if num_examples and delta >= 1.0 / num_examples:
-        raise PrivacyError(
-            f"δ={delta:g} is not below 1/n = {1 / num_examples:g} (n = {num_examples} privacy units): "
-            "such a guarantee allows publishing one unit's data outright; use δ ≤ 1/(2n) (the default)"
-        )
-
-
-def _validate_accounting(sample_rate: float, steps: int, accountant: str) -> None:
-    if not (0 < sample_rate <= 1):
-        raise PrivacyError(f"the sampling rate must be in (0, 1], got {sample_rate}")
-    if steps < 1:
-        raise PrivacyError(f"the number of steps must be ≥ 1, got {steps}")
-    if accountant not in ACCOUNTANTS:
-        raise PrivacyError(f"unknown accountant {accountant!r}; choose one of {', '.join(ACCOUNTANTS)}")
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The outcome of an accountant call: the noise, the ε it gives, and who computed it."""
-
-    noise_multiplier: float
-    epsilon: float
-    accountant: str
-    fallback_reason: str = ""
-
-
-# PRV's discretisation domain grows with ε: beyond this (RDP) ε it needs many GB of memory, so
-# synthq falls back to RDP there instead of letting the process be killed.
-PRV_EPSILON_LIMIT = 200.0
-
-
-def _epsilon(noise_multiplier: float, delta: float, sample_rate: float, steps: int, accountant: str) -> float:
-    import numpy as np
-    from opacus.accountants import create_accountant
-
-    acc = create_accountant(mechanism=accountant)
-    acc.history = [(noise_multiplier, sample_rate, steps)]
-    with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
-        # Opacus warns when the best RDP order is at the edge of its grid: the ε is then a valid but
-        # looser bound. It happens for the extreme σ the calibration probes on every DP run, never
-        # for the σ a run ends with at a sensible target, so it would only be noise in every log.
-        # PRV at sampling rate 1 (Private Evolution's votes) takes log(1 - q) = -inf on the way
-        # to the plain Gaussian mechanism: numpy's warning about it is noise too.
-        warnings.filterwarnings("ignore", message="Optimal order is the")
-        epsilon = float(acc.get_epsilon(delta=delta))
-    # A conversion that lands below 0 (huge σ, large δ) still proves (0, δ)-DP: ε is never negative.
-    return max(0.0, epsilon)
-
-
-# The σ search's limits: above MAX the noise swamps any gradient (Opacus' own limit); below MIN
-# the RDP ε is in the thousands even for one full-batch step, so a target that needs less noise
-# is no privacy at all and is refused (train with ε = inf instead).
-MIN_NOISE_MULTIPLIER = 0.01
-MAX_NOISE_MULTIPLIER = 1e6
-
-
-def _rdp_noise_multiplier(
-    target: float, delta: float, sample_rate: float, steps: int, tolerance: float
-) -> float:
-    """The σ whose RDP ε is in ``[target − tolerance, target]``, by bisection in log σ between the
-    limits above (Opacus' ``get_noise_multiplier`` loops forever on a target above every reachable
-    ε, and its absolute tolerance lets a target of 1e-6 end at a negative ε). The tolerance is at
-    most 1 % of the target; the search stops after 200 halvings, returning the σ found (whose ε
-    is ≤ the target)."""
-    tolerance = min(tolerance, target / 100)
-
-    def epsilon(sigma: float) -> float:
-        return _epsilon(sigma, delta, sample_rate, steps, "rdp")
-
-    where = f"at δ={delta:g} with sampling rate {sample_rate:g} over {steps} steps"
-    low, high = MIN_NOISE_MULTIPLIER, 10.0
-    if epsilon(low) <= target:
-        raise PrivacyError(
-            f"ε={target:g} is beyond any meaningful guarantee {where} (the least noise synthq adds, "
-            f"σ={MIN_NOISE_MULTIPLIER}, already gives ε={epsilon(low):.4g}); use --epsilon inf to train "
-            "without DP"
-        )
-    while epsilon(high) > target:
-        high *= 2
-        if high > MAX_NOISE_MULTIPLIER:
-            raise PrivacyError(f"ε={target:g} cannot be reached {where}: the noise would exceed σ = 1e6")
-    for _ in range(200):
-        if target - epsilon(high) <= tolerance:
-            break
-        middle = math.sqrt(low * high)
-        if epsilon(middle) <= target:
-            high = middle
-        else:
-            low = middle
-    return high
-
-
-def epsilon_for(
-    noise_multiplier: float, delta: float, sample_rate: float, steps: int, accountant: str = "rdp"
-) -> Calibration:
-    """ε after ``steps`` Poisson-sampled Gaussian steps with this noise multiplier.
-
-    ``noise_multiplier`` is the noise standard deviation divided by the sensitivity. PRV is
-    known to fail for large ε (its discretisation domain overflows or exhausts memory); then
-    RDP is used and the fallback is recorded in the returned :class:`Calibration`.
-    """
-    _validate_accounting(sample_rate, steps, accountant)
-    if noise_multiplier <= 0:
-        return Calibration(noise_multiplier, math.inf, accountant)
-    rdp = _epsilon(noise_multiplier, delta, sample_rate, steps, "rdp")
-    if accountant == "rdp":
-        return Calibration(noise_multiplier, rdp, "rdp")
-    if rdp > PRV_EPSILON_LIMIT:
-        reason = f"ε ≈ {rdp:.0f} is beyond PRV's reliable range (> {PRV_EPSILON_LIMIT:.0f})"
-        return Calibration(noise_multiplier, rdp, "rdp", fallback_reason=reason)
-    try:
-        eps = _epsilon(noise_multiplier, delta, sample_rate, steps, "prv")
-        if math.isfinite(eps):
-            return Calibration(noise_multiplier, eps, "prv")
-        reason = "PRV returned a non-finite ε"
-    except (Exception, MemoryError) as error:  # PRV's domain errors at large ε
-        reason = f"PRV failed ({type(error).__name__}: {error})"
-    return Calibration(noise_multiplier, rdp, "rdp", fallback_reason=reason)
-
-
-def noise_multiplier_for(
-    target_epsilon: float,
-    delta: float,
-    sample_rate: float,
-    steps: int,
-    accountant: str = "rdp",
-    epsilon_tolerance: float = 0.01,
-) -> Calibration:
-    """The smallest noise multiplier (to within the tolerance) whose ε is ≤ ``target_epsilon``.
-
-    RDP uses Opacus' ``get_noise_multiplier`` binary search. PRV (tighter, so it needs less
-    noise) searches below the RDP answer with :func:`epsilon_for`, which guards PRV's memory
-    blow-up at large ε. The returned ε is recomputed for the returned σ, exactly what an
-    independent accountant call gives.
-    """
-    validate_budget(target_epsilon, delta)
-    _validate_accounting(sample_rate, steps, accountant)
-    if math.isinf(target_epsilon):
-        return Calibration(0.0, math.inf, accountant)
-    sigma_rdp = _rdp_noise_multiplier(target_epsilon, delta, sample_rate, steps, epsilon_tolerance)
-    if accountant == "rdp":
-        return epsilon_for(sigma_rdp, delta, sample_rate, steps, "rdp")
-    high = epsilon_for(sigma_rdp, delta, sample_rate, steps, "prv")
-    if high.accountant != "prv":
-        return high
-    low_sigma = sigma_rdp / 2
-    for _ in range(6):  # find a σ whose PRV ε is above the target
-        low = epsilon_for(low_sigma, delta, sample_rate, steps, "prv")
-        if low.accountant != "prv" or low.epsilon > target_epsilon:
-            break
-        high, low_sigma = low, low_sigma / 2
-    high_sigma = high.noise_multiplier
-    while target_epsilon - high.epsilon > epsilon_tolerance and high_sigma - low_sigma > 1e-4:
-        middle = epsilon_for((low_sigma + high_sigma) / 2, delta, sample_rate, steps, "prv")
-        if middle.accountant != "prv" or middle.epsilon > target_epsilon:
-            low_sigma = middle.noise_multiplier
-        else:
-            high, high_sigma = middle, middle.noise_multiplier
-    return high

@@ -1,18 +1,12 @@
-"""The run-level privacy ledger: where every model came from, and what a set of artifacts costs.
+"""The run-level privacy ledger: what a set of artifacts costs, per private dataset and unit.
 
-Two questions an artifact's own guarantee cannot answer alone:
-
-* **Where did a starting model come from?** (:func:`model_input`) ``--model`` / ``--encoder`` /
-  ``--untrained`` may name a packaged alias (public by construction), a hub id or a plain local
-  directory (recorded with its content hash and *assumed* public — the guarantee says so), or a
-  synthq artifact, whose releases then come along into whatever is trained from it.
-* **What does a set of artifacts cost?** (:func:`ledger`) Every manifest records the releases
-  of private data behind it (its own and its inputs', copied when it was written, sealed), so
-  the ledger reads the *records*, never the paths that happen to be there now: the releases of
-  all the artifacts given, each counted once, composed per privacy unit
-  (:func:`synthq.privacy.guarantee.compose_releases`) — per private dataset and over everything. Inputs
-  whose content changed since they were read are reported as "changed since"; the record still
-  counts. ``synthq ledger DIR...`` and the end of ``synthq run`` print this.
+Every manifest records the releases of private data behind it (its own and its inputs', copied when
+it was written, sealed), so the ledger reads the *records*, never the paths that happen to be there
+now: the releases of all the artifacts given, each counted once, composed per privacy unit
+(:func:`synthq.privacy.guarantee.compose_releases`) — per private dataset and over everything.
+Inputs whose content changed since they were read are reported as "changed since"; the record
+still counts. ``synthq ledger DIR...`` and the end of ``synthq run`` print this. Where each input
+came from is :mod:`synthq.privacy.inputs`.
 """
 
 from __future__ import annotations
@@ -20,122 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from synthq.artifacts import (
-    MANIFEST,
-    Artifact,
-    ArtifactWriter,
-    current_input_hash,
-    is_artifact,
-    open_artifact,
-    sha256_tree,
-)
-from synthq.config.registry import SYNTHETIC_STAGES
+from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact
+from synthq.artifacts.records import current_input_hash
 from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
 from synthq.privacy.units import sharing_groups
 from synthq.runtime.errors import ArtifactError
-
-
-@dataclass(frozen=True)
-class ModelInput:
-    """A starting model: its lineage record and the guarantee it brings along."""
-
-    spec: str
-    path: Path
-    record: dict
-    guarantee: Guarantee
-    artifact: Artifact | None = None
-
-    @property
-    def is_artifact(self) -> bool:
-        return self.artifact is not None
-
-    def carry_into(self, writer: ArtifactWriter) -> None:
-        """What training from this model brings into ``writer``: an artifact's releases and
-        assumptions, or the assumption that a plain model is public."""
-        if self.artifact is not None:
-            writer.inherit(self.artifact)
-        else:
-            writer.assume(*self.guarantee.assumptions)
-
-
-def model_input(spec: str, stage: str | None = None) -> ModelInput:
-    """Resolve ``spec`` and say what training from it inherits.
-
-    * a synthq artifact directory (made by ``stage``, when given: a generator is never taken
-      for an encoder): recorded as an input artifact; its guarantee is inherited;
-    * a packaged alias: public by construction (:meth:`Guarantee.public`);
-    * any other local directory or hub id: recorded with path (hub: snapshot revision) and
-      content hash, public *by assumption*, which the guarantee lists.
-    """
-    from synthq.models.resolve import aliases, resolve_model
-
-    candidate = Path(spec).expanduser()
-    if is_artifact(candidate):
-        artifact = open_artifact(candidate, stage=stage)
-        record = {**artifact.input_record(), "role": "model"}
-        return ModelInput(spec, artifact.path, record, artifact.privacy, artifact)
-    path = resolve_model(spec)
-    digest = sha256_tree(path)
-    record = {"path": str(path), "kind": "model", "name": spec, "sha256": digest, "role": "model"}
-    if spec in aliases():
-        guarantee = Guarantee.public(f"packaged public model {spec}")
-        return ModelInput(spec, path, record, guarantee)
-    where = f"hub model {spec} (snapshot {path.name})" if not candidate.exists() else f"local model {path}"
-    guarantee = Guarantee.public(f"{where}, assumed public").assuming(
-        f"the starting model {spec} (sha256 {digest[:12]}) is public: it was not trained on the private data"
-    )
-    return ModelInput(spec, path, {**record, "revision": path.name}, guarantee)
-
-
-@dataclass(frozen=True)
-class DataInput:
-    """Training or evaluation data: a private dataset, or a synthq artifact used as data."""
-
-    spec: str
-    root: Path
-    record: dict
-    artifact: Artifact | None = None
-
-    @property
-    def is_artifact(self) -> bool:
-        return self.artifact is not None
-
-
-def data_input(spec: str, private: bool = True) -> DataInput:
-    """Resolve a ``--data`` spec. A synthq artifact (a synthetic set) is recorded as an artifact
-    input, and a stage that reads it inherits its releases (it is a release of the private data
-    it came from); anything else is recorded by a keyed digest when ``private``."""
-    from synthq.artifacts import data_input_record
-    from synthq.data.sources import resolve_source
-
-    candidate = Path(spec).expanduser()
-    if is_artifact(candidate):
-        artifact = open_artifact(candidate, stage=SYNTHETIC_STAGES)
-        return DataInput(spec, artifact.path, {**artifact.input_record(), "role": "data"}, artifact)
-    root = resolve_source(spec)
-    return DataInput(spec, root, data_input_record(root, name=spec, private=private))
-
-
-def public_documents_input(
-    root: Path, corpus: str, documents: Path | None, split: str | None
-) -> tuple[list[dict], list[str]]:
-    """What a stage that writes queries for public documents (generate, evolve) records: the
-    lineage of the public files it reads to choose them (the corpus, a ``--documents`` list, a
-    split's qrels; never the directory, which may hold private queries) and the assumptions the
-    choice rests on (the list, or the split's judged-document set, is public)."""
-    from synthq.artifacts import public_file_record
-    from synthq.data.synthetic import document_list_assumption, judged_set_assumption
-
-    records, assumptions = [public_file_record(root / "corpus.jsonl", corpus)], []
-    qrels = root / "qrels" / f"{split}.tsv"
-    if split is not None and qrels.is_file():  # a missing one is reported when documents are chosen
-        records.append(public_file_record(qrels, f"qrels {split}"))
-    if split is not None:
-        assumptions.append(judged_set_assumption(split))
-    if documents is not None:
-        records.append(public_file_record(Path(documents), "document list"))
-        assumptions.append(document_list_assumption(records[-1]))
-    return records, assumptions
 
 
 @dataclass

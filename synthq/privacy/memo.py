@@ -1,10 +1,10 @@
 """The accountant's answers remembered across commands, so that opening an artifact is instant.
 
 Every artifact's ε is *recomputed* from the mechanism parameters it records each time it is opened
-(:func:`synthq.privacy.guarantee.recomputed_epsilon`). The accountant lives in Opacus, whose import pulls in
-torch and scipy (about 4 s): ``synthq info`` and ``synthq ledger`` would spend it on every call.
-This module remembers each answer the accountant gave, keyed by everything the answer depends on
-(accountant, σ, δ, q, steps, Opacus' version), in synthq's state directory.
+(:func:`synthq.privacy.accounting.recomputed_epsilon`). The accountant lives in Opacus, whose import
+pulls in torch and scipy (about 4 s): ``synthq info`` and ``synthq ledger`` would spend it on every
+call. This module remembers each answer the accountant gave, keyed by everything the answer depends
+on (accountant, σ, δ, q, steps, Opacus' version), in synthq's state directory.
 
 It is a memo, not a record: an entry is the accountant's own output for exactly those inputs,
 so using it is recomputing. Each entry carries ``HMAC(key, inputs, answer)`` with the owner's

@@ -130,7 +130,7 @@ def training_units(pairs, root: Path, unit: str, max_queries: int | None, random
     one per query id, or one per user (``unit="user"``: user ids from the dataset at ``root``,
     each user bounded to ``max_queries`` queries chosen with ``randomness``'s secret key)."""
     from synthq.data.users import query_users
-    from synthq.dp.engine import PrivacyUnits
+    from synthq.dp.units import PrivacyUnits
 
     query_ids = [pairs.queries.id_at(int(row)) for row in pairs.query_rows]
     if unit == "query":

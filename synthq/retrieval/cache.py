@@ -33,7 +33,7 @@ from synthq.runtime.paths import cache_dir
 
 def weights_key(manifest: dict) -> str:
     """The cache identity of a retriever artifact: a hash of the sha256s its manifest records
-    for its files (weights, tokenizer, pooling), which :func:`synthq.artifacts.open_artifact`
+    for its files (weights, tokenizer, pooling), which :func:`synthq.artifacts.manifest.open_artifact`
     verified. Retraining to identical weights, or rewriting the manifest alone, still hits the
     cache. The model card (``README.md``) states the guarantee, not the weights, so it is left out."""
     files = sorted((k, v) for k, v in manifest.get("files", {}).items() if k != "README.md")

@@ -5,20 +5,27 @@ and seeds, evaluates all of them on the dev split, then evaluates on test only w
 :func:`select_best` picks: per method (``eval``'s method label: original / synthetic / direct DP
 mode, and encoder), the configuration (``variant``: the training config without seed and output
 path) with the highest dev score averaged over its seeds. Every seed of the chosen
-configuration goes on to test.
+configuration goes on to test (:func:`select_retrievers`, what ``eval --select-on`` keeps).
 
-Privacy: the dev queries are private data, and choosing among configurations by their dev
-score is a release that no accountant here counts (the paper tunes the same way). Tuning on a
-public dataset instead (e.g. a BEIR set, ``--select-on`` an evaluation of it) keeps the
-guarantee exact.
+Privacy: when the dev queries are private, choosing among configurations by their dev score is
+a release about them. Without a budget it is unaccounted (ε = ∞, as the paper tunes; every
+chosen row shows it, :func:`selection_label`); with ``total_epsilon`` it is report-noisy-max
+(:func:`selection_guarantee`). Tuning on a public dataset instead (e.g. a BEIR set,
+``--select-on`` an evaluation of it) keeps the guarantee exact.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from synthq.privacy.guarantee import format_epsilon
+from synthq.runtime.console import info
 from synthq.runtime.errors import DataError
+
+if TYPE_CHECKING:
+    from synthq.artifacts.manifest import Artifact
+    from synthq.privacy.guarantee import Guarantee
 
 # Training options that never change what is learned (or are shown elsewhere).
 NOT_SETTINGS = ("out", "force", "resume", "device", "seed", "data", "encoder", "dp", "epsilon", "delta")
@@ -205,3 +212,55 @@ def selection_markdown(
                 cells = [f"**{c}**" for c in cells]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Selection:
+    """What ``--select-on`` kept, and what choosing cost."""
+
+    retrievers: list[Artifact]
+    markdown: str
+    private_markdown: str | None  # candidates' dev scores of a private split (diagnostics only)
+    guarantee: Guarantee | None  # report-noisy-max's, or None
+    dev: Artifact
+    private: bool
+
+
+def select_retrievers(
+    retrievers: list[Artifact],
+    dev: Artifact,
+    rows: list[dict],
+    select_epsilon: float | None,
+    across_data: bool = False,
+) -> Selection:
+    """The retrievers :func:`select_best` picks on the dev evaluation ``dev`` (its ``rows``:
+    every seed of each method's best configuration); retrievers the dev evaluation did not score
+    are kept. On a dev evaluation that read private queries, ``select_epsilon`` makes the choice
+    report-noisy-max; without it the choice is an unaccounted release (ε = ∞)."""
+    private = dev.manifest.get("own_release") is not None
+    noisy = select_epsilon is not None and private
+    choices = select_best(rows, total_epsilon=select_epsilon if noisy else None, across_data=across_data)
+    on_dev = {r["model_id"] for r in rows}
+    chosen = set().union(*(c.model_ids for c in choices.values())) if choices else set()
+    kept = [
+        r
+        for r in retrievers
+        if f"artifact:{r.manifest_hash}" in chosen or f"artifact:{r.manifest_hash}" not in on_dev
+    ]
+    if not kept:
+        raise DataError(f"{dev.path}: selection kept none of the retrievers")
+    info(f"selected on {dev.path.name}: {', '.join(r.path.name for r in kept)}")
+    source = f"{dev.path.name} ({rows[0].get('split')})"
+    guarantee = selection_guarantee(choices, select_epsilon) if noisy else None
+    public_text = selection_markdown(choices, source=source, scores=not private, guarantee=guarantee)
+    private_text = selection_markdown(choices, source=source) if private else None
+    return Selection(kept, public_text, private_text, guarantee, dev, private)
+
+
+def selection_label(selection: Selection) -> dict:
+    """How a row's configuration was chosen, for every table beside its ε."""
+    if selection.guarantee is not None:
+        return {"how": "report-noisy-max on private dev", "epsilon": selection.guarantee.epsilon}
+    if selection.private:
+        return {"how": "on private dev, unaccounted", "epsilon": "inf"}
+    return {"how": "on dev data that is public or synthetic (no ε)", "epsilon": 0.0}

@@ -11,12 +11,12 @@ no-op, so a stage has one code path whatever the world size:
 * :func:`gather_rows` — concatenate every rank's rows (uneven counts allowed), optionally
   keeping the autograd graph so that in-batch negatives from other ranks pass gradients back;
 * :func:`broadcast` / :func:`gather_objects` — Python objects (decisions, logs, checkpoints);
-* rank-0 artifacts live in :func:`synthq.artifacts.artifact_on_main` (the artifact layer may
+* rank-0 artifacts live in :func:`synthq.artifacts.on_main.artifact_on_main` (the artifact layer may
   import this module, never the reverse): only rank 0 creates the artifact; the others get a
   scratch writer that is thrown away, and every rank leaves the block when rank 0 has finished.
 
 Privacy: DP stages draw their Poisson batch and their Gaussian noise from secret generators
-that rank 0 seeds and broadcasts (:class:`synthq.dp.engine.SecretRandomness`). Each rank clips
+that rank 0 seeds and broadcasts (:class:`synthq.dp.noise.SecretRandomness`). Each rank clips
 its own share of the batch; the clipped sums are all-reduced; every rank then adds the *same*
 noise vector once to that global sum. The update is therefore exactly the single-process update
 (noise once per logical step, not once per rank), the replicas stay identical without further

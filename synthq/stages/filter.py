@@ -30,13 +30,16 @@ import hashlib
 import time
 from pathlib import Path
 
-from synthq.artifacts import Artifact, create_artifact, current_input_hash, existing_result, open_artifact
-from synthq.config import FilterConfig
+from synthq.artifacts.create import create_artifact
+from synthq.artifacts.freshness import existing_result
+from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.artifacts.records import current_input_hash
+from synthq.config.generator import FilterConfig
 from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.data.pairs import document_text
 from synthq.models.resolve import resolve_device
-from synthq.privacy.ledger import model_input
+from synthq.privacy.inputs import model_input
 from synthq.runtime.errors import ArtifactError, DataError
 
 STAGE = "filter"

@@ -3,7 +3,7 @@
 Stage 1 of Carranza et al. (section 4; settings in 5.2.1): DP-Adam, clip 0.1, batch 1024,
 30 epochs, lr 1e-3, 384/128 tokens, δ = 1/(2n). The recipe: resolve the data and the starting
 model, let the DP engine plan the run (:class:`synthq.dp.engine.PrivacyPlan`: q, steps, σ for
-the target ε with the chosen accountant), train with :class:`synthq.dp.lm.GeneratorTraining`,
+the target ε with the chosen accountant), train with :class:`synthq.dp.generator_training.GeneratorTraining`,
 write the model. ``--epsilon inf`` trains the same way without clipping or noise (ε = ∞).
 
 Privacy unit: one query with all its pairs; sensitivity ``C``
@@ -28,34 +28,32 @@ from pathlib import Path
 
 import torch
 
-from synthq.artifacts import (
-    Artifact,
-    artifact_on_main,
-    check_resumable,
-    config_to_dict,
-    existing_result,
-    open_artifact,
-)
-from synthq.config import FinetuneConfig
+from synthq.artifacts.freshness import check_resumable, existing_result
+from synthq.artifacts.hashing import config_to_dict
+from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.artifacts.on_main import artifact_on_main
+from synthq.config.fields import DEFAULT_TOP_P
+from synthq.config.generator import FinetuneConfig
 from synthq.data.pairs import training_pairs
 from synthq.data.sources import load_source
-from synthq.dp.engine import (
-    PrivacyPlan,
+from synthq.dp.engine import PrivacyPlan, planned_steps
+from synthq.dp.generator_training import GeneratorTraining
+from synthq.dp.lm import PerQueryClipping
+from synthq.dp.noise import SecretRandomness
+from synthq.dp.units import (
     PrivacyUnits,
-    SecretRandomness,
     describe_units,
-    planned_steps,
     public_count_assumption,
     unit_details,
     unit_diagnostics,
 )
-from synthq.dp.lm import GeneratorTraining, PerQueryClipping, make_optimizer
 from synthq.models.generator import QueryGenerator, apply_lora
 from synthq.privacy.guarantee import Guarantee
-from synthq.privacy.ledger import data_input, model_input
+from synthq.privacy.inputs import data_input, model_input
 from synthq.privacy.units import training_units
 from synthq.runtime import distributed
 from synthq.runtime.console import info, progress, warn
+from synthq.runtime.optim import make_optimizer
 
 STAGE = "finetune-lm"
 CHECKPOINT = "state.pt"
@@ -229,7 +227,7 @@ def run(config: FinetuneConfig) -> Artifact:
         training.close()  # the saved model carries no clipping hooks
         generator.model.eval()
         if writer.primary:
-            generator.save(writer.dir, generation_defaults={"do_sample": True, "top_p": 0.8})
+            generator.save(writer.dir, generation_defaults={"do_sample": True, "top_p": DEFAULT_TOP_P})
         start.carry_into(writer)
         if data.artifact is not None:  # DP on a synthetic set: it is itself a release of D
             writer.inherit(data.artifact)

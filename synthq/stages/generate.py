@@ -27,16 +27,11 @@ import time
 from collections import ChainMap
 from pathlib import Path
 
-from synthq.artifacts import (
-    Artifact,
-    check_output_free,
-    config_fingerprint,
-    create_artifact,
-    existing_result,
-    find_up_to_date,
-    open_artifact,
-)
-from synthq.config import GenerateConfig
+from synthq.artifacts.create import create_artifact
+from synthq.artifacts.freshness import config_fingerprint, existing_result, find_up_to_date
+from synthq.artifacts.locking import check_output_free
+from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.config.generator import GenerateConfig
 from synthq.data.beir_io import read_corpus, read_qrels, read_queries
 from synthq.data.pairs import document_text
 from synthq.data.sources import resolve_source
@@ -47,7 +42,7 @@ from synthq.data.synthetic import (
 from synthq.data.tables import Corpus
 from synthq.models.generator import QueryGenerator
 from synthq.models.sampling import Request, length_sorted_batches, sample_with_retries
-from synthq.privacy.ledger import public_documents_input
+from synthq.privacy.inputs import public_documents_input
 from synthq.runtime import distributed
 from synthq.runtime.console import info, progress, warn
 from synthq.runtime.errors import ArtifactError, DataError, SynthqError

@@ -19,8 +19,11 @@ import math
 import statistics
 import time
 
-from synthq.artifacts import Artifact, create_artifact, data_input_record, existing_result, open_artifact
-from synthq.config import SimilarityConfig
+from synthq.artifacts.create import create_artifact
+from synthq.artifacts.freshness import existing_result
+from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.artifacts.records import data_input_record
+from synthq.config.evaluation import SimilarityConfig
 from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.data.beir_io import read_qrels, read_queries
 from synthq.data.sources import load_source, resolve_source

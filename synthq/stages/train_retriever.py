@@ -30,19 +30,18 @@ import time
 import torch
 import torch.nn.functional as F
 
-from synthq.artifacts import Artifact, artifact_on_main, existing_result, open_artifact
-from synthq.config import TrainRetrieverConfig
+from synthq.artifacts.freshness import existing_result
+from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.artifacts.on_main import artifact_on_main
+from synthq.config.retriever import TrainRetrieverConfig
 from synthq.data.pairs import Pair, first_pairs_per_document, training_pairs
 from synthq.data.sources import load_source
 from synthq.dp.contrastive import Example
-from synthq.dp.engine import (
-    PrivacyPlan,
+from synthq.dp.engine import PrivacyPlan, build_mechanism, check_units_fit, planned_steps
+from synthq.dp.noise import SecretRandomness
+from synthq.dp.units import (
     PrivacyUnits,
-    SecretRandomness,
-    build_mechanism,
-    check_units_fit,
     describe_units,
-    planned_steps,
     public_count_assumption,
     unit_details,
     unit_diagnostics,
@@ -55,12 +54,12 @@ from synthq.models.encoder import (
     training_loss,
 )
 from synthq.privacy.guarantee import Guarantee
-from synthq.privacy.ledger import data_input, model_input
+from synthq.privacy.inputs import data_input, model_input
 from synthq.privacy.units import training_units
 from synthq.runtime import distributed
 from synthq.runtime.console import info, progress, warn
 from synthq.runtime.errors import DataError, SynthqError
-from synthq.runtime.optim import adam
+from synthq.runtime.optim import make_optimizer
 
 STAGE = "train-retriever"
 
@@ -243,7 +242,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
     if config.freeze_embeddings and not freeze_token_embeddings(encoder):
         raise SynthqError(f"--freeze-embeddings: found no token-embedding matrix in {config.encoder}")
     parameters = [p for p in encoder.parameters() if p.requires_grad]
-    optimizer = adam(parameters, lr=config.lr, weight_decay=0.01, decoupled=True)
+    optimizer = make_optimizer("adamw", parameters, lr=config.lr, weight_decay=config.weight_decay)
     settings = _within_position_limit(config, encoder)  # what training uses; the artifact records config
 
     def encode(texts: list[str], side: str) -> torch.Tensor:

@@ -286,7 +286,7 @@ def logged(kind, key, build):
 store.cached_build = logged
 import synthq.data.beir_io as beir_io
 beir_io.cached_build = logged
-from synthq.data import load_beir_dir
+from synthq.data.beir_io import load_beir_dir
 dataset = load_beir_dir(sys.argv[1])
 print(len(dataset.corpus), sorted(dataset.corpus)[0], dataset.corpus.directory)
 """
@@ -326,7 +326,7 @@ def test_opening_a_cached_dataset_imports_neither_pandas_nor_datasets(cache, tin
     load_beir_dir(tiny_beir)  # build
     code = (
         "import sys\n"
-        "from synthq.data import load_beir_dir, training_pairs\n"
+        "from synthq.data.beir_io import load_beir_dir\nfrom synthq.data.pairs import training_pairs\n"
         "from synthq.data.summary import summarize\n"
         f"dataset = load_beir_dir({str(tiny_beir)!r})\n"
         "pairs = training_pairs(dataset, 'train')\n"

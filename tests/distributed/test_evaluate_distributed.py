@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from synthq.artifacts import open_artifact
-from synthq.config import EvalConfig
+from synthq.artifacts.manifest import open_artifact
+from synthq.config.evaluation import EvalConfig
 from synthq.privacy.guarantee import Guarantee
 from synthq.stages import evaluate
 from tests import helpers

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from synthq.artifacts import open_artifact
-from synthq.config import FinetuneConfig
+from synthq.artifacts.manifest import open_artifact
+from synthq.config.generator import FinetuneConfig
 from synthq.models.generator import QueryGenerator
 from synthq.stages import finetune_lm
 from tests import helpers

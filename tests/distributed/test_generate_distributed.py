@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from synthq.artifacts import open_artifact
-from synthq.config import GenerateConfig
+from synthq.artifacts.manifest import open_artifact
+from synthq.config.generator import GenerateConfig
 from synthq.stages import generate
 from tests import helpers
 from tests.distributed.launch import torchrun

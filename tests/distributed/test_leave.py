@@ -30,7 +30,7 @@ def test_leave_without_a_group_does_nothing():
 
 
 def test_the_cli_leaves_the_group_after_a_command_and_after_a_failure(tmp_path, monkeypatch):
-    from synthq import cli
+    from synthq.cli import errors as cli
 
     left = []
     monkeypatch.setattr(distributed, "leave", lambda completed=True: left.append(completed))

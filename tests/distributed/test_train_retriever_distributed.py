@@ -9,8 +9,8 @@ import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 
-from synthq.artifacts import open_artifact
-from synthq.config import TrainRetrieverConfig
+from synthq.artifacts.manifest import open_artifact
+from synthq.config.retriever import TrainRetrieverConfig
 from synthq.stages import train_retriever
 from tests import helpers
 from tests.distributed.launch import torchrun

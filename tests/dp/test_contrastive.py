@@ -11,7 +11,8 @@ from synthq.dp.clipping import clip
 from synthq.dp.clipping import norm as _norm
 from synthq.dp.contrastive import BatchClipping, GroupClipping, SampleClipping
 from synthq.dp.contrastive_per_group import PerGroupGradients, UnsupportedLayer
-from synthq.dp.engine import SecretRandomness, build_mechanism
+from synthq.dp.engine import build_mechanism
+from synthq.dp.noise import SecretRandomness
 from synthq.models.encoder import embed, in_batch_softmax_loss
 from synthq.runtime.errors import PrivacyError
 from tests.dp.conftest import EXAMPLES

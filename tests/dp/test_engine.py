@@ -10,14 +10,9 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from scipy import stats
 
 from synthq.dp.clipping import clip_and_sum
-from synthq.dp.engine import (
-    Mechanism,
-    PrivacyPlan,
-    PrivacyUnits,
-    SecretRandomness,
-    batch_cap,
-    poisson_units,
-)
+from synthq.dp.engine import Mechanism, PrivacyPlan
+from synthq.dp.noise import SecretRandomness
+from synthq.dp.units import PrivacyUnits, batch_cap, poisson_units
 from synthq.runtime.errors import PrivacyError
 
 
@@ -61,7 +56,7 @@ def test_noise_is_sigma_times_sensitivity_over_the_expected_batch():
 
 
 def test_noise_is_added_in_place_and_repeats_with_the_generator():
-    from synthq.dp.engine import add_noise
+    from synthq.dp.noise import add_noise
 
     tensors = [torch.ones(15_000), torch.zeros(50, 100)]
     noisy = add_noise(tensors, 0.5, torch.Generator().manual_seed(7))
@@ -74,7 +69,7 @@ def test_noise_is_added_in_place_and_repeats_with_the_generator():
 
 
 def test_noise_streams_cover_every_coordinate_once():
-    from synthq.dp.engine import _noise_spans
+    from synthq.dp.noise import _noise_spans
 
     sizes = [5, 0, 17, 1, 40]
     for streams in (1, 3, 8):
@@ -87,16 +82,16 @@ def test_noise_streams_cover_every_coordinate_once():
 
 
 def test_noise_does_not_depend_on_the_thread_count_and_reaches_strided_tensors(monkeypatch):
-    from synthq.dp import engine
+    from synthq.dp import noise
 
-    monkeypatch.setattr(engine, "NOISE_CHUNK", 1000)  # several chunks per stream and per tensor
+    monkeypatch.setattr(noise, "NOISE_CHUNK", 1000)  # several chunks per stream and per tensor
     threads = torch.get_num_threads()
 
     def noisy(num_threads):
         torch.set_num_threads(num_threads)
         try:
             strided = torch.zeros(300, 40).T  # not contiguous: its noise must still land in place
-            tensors = engine.add_noise([torch.zeros(7_001), strided], 1.0, torch.Generator().manual_seed(3))
+            tensors = noise.add_noise([torch.zeros(7_001), strided], 1.0, torch.Generator().manual_seed(3))
         finally:
             torch.set_num_threads(threads)
         assert tensors[1] is strided and not strided.is_contiguous()
@@ -106,9 +101,9 @@ def test_noise_does_not_depend_on_the_thread_count_and_reaches_strided_tensors(m
     assert torch.equal(one, two)
     assert (one != 0).all()
     assert stats.kstest(one.numpy(), "norm").pvalue > 1e-3
-    streams = engine.NOISE_STREAMS  # each stream its own seed: no span starts as another does
+    streams = noise.NOISE_STREAMS  # each stream its own seed: no span starts as another does
     starts = {tuple(one[one.numel() * s // streams :][:8].tolist()) for s in range(streams)}
-    assert len(starts) == engine.NOISE_STREAMS
+    assert len(starts) == noise.NOISE_STREAMS
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "prv"])

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from synthq.artifacts import create_artifact
-from synthq.config import EvalConfig
+from synthq.artifacts.create import create_artifact
+from synthq.config.evaluation import EvalConfig
 from synthq.privacy.guarantee import Guarantee
 from synthq.retrieval.selection import select_best, selection_markdown, varying_settings
 from synthq.runtime.errors import DataError

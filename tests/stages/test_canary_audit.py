@@ -13,7 +13,8 @@ import pytest
 from synthq.audit.canaries import SHAPES, make_canaries, make_one_run_canaries
 from synthq.audit.retriever import retriever_scores
 from synthq.audit.scoring import secret_scores
-from synthq.config import CanaryAuditConfig
+from synthq.audit.training_set import audit_delta, augmented_dataset, private_pairs
+from synthq.config.audit import CanaryAuditConfig
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.runtime.errors import SynthqError
 from synthq.stages import canary_audit
@@ -88,8 +89,8 @@ def test_each_included_canary_is_inserted_once(tmp_path, tiny_beir):
     dataset = load_beir_dir(tiny_beir)
     config = CanaryAuditConfig(data=str(tiny_beir), model="unused", out=tmp_path / "a", canaries=20)
     canaries = make_one_run_canaries(dataset, 20, seed=0)
-    private = canary_audit._private_pairs(dataset, config)
-    root = canary_audit._augmented_dataset(dataset, config, private, canaries, [], tmp_path / "data")
+    private = private_pairs(dataset, config)
+    root = augmented_dataset(dataset, config, private, canaries, [], tmp_path / "data")
     augmented = load_beir_dir(root)
     train = augmented.require_split("train")
     for canary in canaries:
@@ -98,9 +99,9 @@ def test_each_included_canary_is_inserted_once(tmp_path, tiny_beir):
         if canary.included:
             assert augmented.queries[copies[0]] == canary.secret
     assert sum(len(d) for d in train.values()) == len(private) + sum(c.included for c in canaries)
-    subset = canary_audit._private_pairs(dataset, config.model_copy(update={"private_pairs": 5}))
+    subset = private_pairs(dataset, config.model_copy(update={"private_pairs": 5}))
     assert len(subset) == 5 and set(subset) <= set(private)
-    assert subset == canary_audit._private_pairs(dataset, config.model_copy(update={"private_pairs": 5}))
+    assert subset == private_pairs(dataset, config.model_copy(update={"private_pairs": 5}))
 
 
 def test_too_many_canaries_are_refused(tmp_path, tiny_beir, tiny_causal_dir):
@@ -117,8 +118,8 @@ def test_too_many_canaries_are_refused(tmp_path, tiny_beir, tiny_causal_dir):
 
 def test_audit_delta_reads_command_line_text(tmp_path):
     config = CanaryAuditConfig(data="embedded", model="m", out=tmp_path, finetune={"delta": "1e-5"})
-    assert canary_audit.audit_delta(config, 100) == 1e-5
-    assert canary_audit.audit_delta(config.model_copy(update={"finetune": {}}), 100) == 1 / 200
+    assert audit_delta(config, 100) == 1e-5
+    assert audit_delta(config.model_copy(update={"finetune": {}}), 100) == 1 / 200
 
 
 def test_batch_size_is_an_alias_of_scoring_batch_size(tmp_path):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from synthq.artifacts import create_artifact
-from synthq.config import EvalConfig
+from synthq.artifacts.create import create_artifact
+from synthq.config.evaluation import EvalConfig
 from synthq.data.beir_io import load_beir_dir
 from synthq.privacy.guarantee import Guarantee
 from synthq.retrieval.metrics import METRICS
@@ -299,7 +299,7 @@ def test_bad_input(tmp_path, tiny_beir, retriever, tiny_encoder_dir):
 def test_cli_prints_metrics_with_epsilon(tmp_path, retriever, tiny_beir):
     from typer.testing import CliRunner
 
-    from synthq.cli import app
+    from synthq.cli.app import app
 
     runner = CliRunner()
     args = [
@@ -380,10 +380,10 @@ def test_generator_replicates_merge_like_seeds_and_compose(
     """Retrievers trained on sets from two independently trained generators of one recipe are
     one system (the tests resample them like seeds), and a number computed from both rests on two
     ε = 8 releases: the table prints their composition, never 8."""
-    from synthq.config import GenerateConfig
-    from synthq.reporting.tables import systems
+    from synthq.config.generator import GenerateConfig
+    from synthq.reporting.systems import systems
     from synthq.stages import generate, train_retriever
-    from tests.test_privacy_integrity import finetune, retriever_config
+    from tests.helpers import finetune, retriever_config
 
     retrievers = []
     for name in ("a", "b"):

@@ -12,10 +12,10 @@ import pytest
 import torch
 from scipy import optimize, stats
 
-from synthq.artifacts import open_artifact
-from synthq.config import EvolveConfig
+from synthq.artifacts.manifest import open_artifact
+from synthq.config.generator import EvolveConfig
 from synthq.data.beir_io import load_beir_dir
-from synthq.dp.engine import PrivacyPlan, PrivacyUnits
+from synthq.dp.engine import PrivacyPlan
 from synthq.dp.evolution import (
     NearestNeighbourVotes,
     joint_vectors,
@@ -23,9 +23,11 @@ from synthq.dp.evolution import (
     noisy_histogram,
     vote_histogram,
 )
+from synthq.dp.units import PrivacyUnits
 from synthq.privacy.ledger import dataset_totals, ledger_lines
 from synthq.stages import evaluate, evolve, train_retriever
-from tests.test_privacy_integrity import released_text, retriever_config
+from synthq.stages.evolve.population import Population, best_per_document, ranked_per_document
+from tests.helpers import released_text, retriever_config
 
 
 def test_removing_one_unit_moves_the_histogram_by_exactly_one_in_l2():
@@ -87,6 +89,21 @@ def test_noise_comes_from_the_given_stream():
     first = noisy_histogram(counts, 2.0, torch.Generator().manual_seed(1))
     second = noisy_histogram(counts, 2.0, torch.Generator().manual_seed(1))
     assert np.array_equal(first, second) and np.std(first) == pytest.approx(2.0, rel=0.1)
+
+
+def test_a_vote_ranks_each_documents_candidates_and_the_population_moves_on():
+    keys = [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    ranked = ranked_per_document(keys, np.array([1.0, 3.0, 2.0, 2.0]))
+    assert ranked == {"a": [(("a", 1), 3.0), (("a", 0), 1.0)], "b": [(("b", 0), 2.0), (("b", 1), 2.0)]}
+    first = Population.first({k: f"q{i}" for i, k in enumerate(keys)}, size=2)
+    voted = first.voted(1, np.array([0.0, 1.0, 1.0, 0.0]), ranked)
+    assert voted.rounds == [{"round": 1, "noisy_votes_of_winners": 5.0}] and first.rounds == []
+    assert voted.raw_counts == [[0.0, 1.0, 1.0, 0.0]]
+    varied = voted.varied(1, {("a", 1): "q1", ("a", 2): "new"}, added=1)
+    assert (varied.votes_done, varied.next_index, varied.rounds) == (1, 3, voted.rounds)
+    state = {**varied.state(), "population": [["a", 1, "q1"], ["a", 2, "new"]]}
+    assert Population.from_state(state) == varied
+    assert best_per_document(ranked, first.candidates, 1) == {("a", 1): "q1", ("b", 0): "q2"}
 
 
 def _config(tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir, name, **options) -> EvolveConfig:

@@ -8,13 +8,14 @@ import json
 
 import pytest
 
-from synthq.artifacts import open_artifact
-from synthq.config import EvalConfig, FilterConfig, GenerateConfig
+from synthq.artifacts.manifest import open_artifact
+from synthq.config.evaluation import EvalConfig
+from synthq.config.generator import FilterConfig, GenerateConfig
 from synthq.data.beir_io import load_beir_dir
 from synthq.runtime.errors import ArtifactError
 from synthq.stages import evaluate, generate, train_retriever
 from synthq.stages import filter as filter_stage
-from tests.test_privacy_integrity import finetune, retriever_config
+from tests.helpers import finetune, retriever_config
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,9 @@ import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from synthq.artifacts import create_artifact, open_artifact, partial_dir
-from synthq.config import GenerateConfig
+from synthq.artifacts.create import create_artifact, partial_dir
+from synthq.artifacts.manifest import open_artifact
+from synthq.config.generator import GenerateConfig
 from synthq.models import sampling
 from synthq.models.generator import QueryGenerator
 from synthq.models.sampling import (
@@ -380,7 +381,7 @@ def test_split_and_all_select_documents(tmp_path, causal_generator, tiny_beir):
 def test_cli_shards_and_merge(tmp_path, causal_generator, tiny_beir):
     from typer.testing import CliRunner
 
-    from synthq.cli import app
+    from synthq.cli.app import app
 
     runner = CliRunner()
     common = ["generate", "--generator", str(causal_generator.path), "--corpus", str(tiny_beir)]

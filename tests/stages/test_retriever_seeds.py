@@ -8,8 +8,9 @@ import json
 import torch
 from sentence_transformers import SentenceTransformer
 
-from synthq.config import EvalConfig, TrainRetrieverConfig
-from synthq.reporting.tables import systems
+from synthq.config.evaluation import EvalConfig
+from synthq.config.retriever import TrainRetrieverConfig
+from synthq.reporting.systems import systems
 from synthq.stages import evaluate, train_retriever
 
 

@@ -8,8 +8,9 @@ import math
 import pytest
 import sacrebleu
 
-from synthq.artifacts import create_artifact, open_artifact
-from synthq.config import SimilarityConfig
+from synthq.artifacts.create import create_artifact
+from synthq.artifacts.manifest import open_artifact
+from synthq.config.evaluation import SimilarityConfig
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.privacy.guarantee import Guarantee
 from synthq.runtime.errors import DataError

@@ -10,8 +10,9 @@ import torch
 from opacus.accountants import RDPAccountant
 from sentence_transformers import SentenceTransformer
 
-from synthq.artifacts import create_artifact, open_artifact
-from synthq.config import TrainRetrieverConfig
+from synthq.artifacts.create import create_artifact
+from synthq.artifacts.manifest import open_artifact
+from synthq.config.retriever import TrainRetrieverConfig
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.data.pairs import training_pairs
 from synthq.dp.contrastive_logit import logit_dp_constants
@@ -183,7 +184,7 @@ def test_first_pairs_per_document_keeps_file_order(tmp_path, tiny_beir):
 
 
 def test_queries_per_document_trains_on_the_one_query_subset(tmp_path, tiny_beir, tiny_encoder_dir):
-    from synthq.stages.evaluate import describe_method
+    from synthq.reporting.labels import describe_method
 
     synthetic = _synthetic_set(tmp_path, tiny_beir, 3)
     documents = len(load_beir_dir(tiny_beir).corpus)
@@ -267,7 +268,7 @@ def test_training_on_the_embedded_train_split_improves_dev_ndcg(tmp_path, tiny_e
 def test_command_line(tmp_path, tiny_beir, tiny_encoder_dir, capsys):
     from typer.testing import CliRunner
 
-    from synthq.cli import app
+    from synthq.cli.app import app
 
     runner = CliRunner()
     common = ["--data", str(tiny_beir), "--encoder", str(tiny_encoder_dir), "--batch-size", "4"]

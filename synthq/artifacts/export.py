@@ -1,0 +1,55 @@
+"""Export: a release copy of an artifact, without its private diagnostics, re-sealed.
+
+The copy holds exactly the payload files the manifest lists (and verifies); the private
+``diagnostics/`` part (ε = ∞) and anything the manifest does not list are left out.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from synthq.artifacts.create import partial_dir
+from synthq.artifacts.manifest import MANIFEST, Artifact, open_artifact, write_manifest
+from synthq.runtime.errors import ArtifactError
+
+
+def export_artifact(path: str | Path, out: str | Path) -> tuple[Artifact, list[str]]:
+    """A release copy of an artifact: exactly the payload files its manifest lists (and
+    verifies), and the manifest without the private ``diagnostics/`` part
+    (:attr:`~synthq.artifacts.writer.ArtifactWriter.diagnostics`). Returns the copy and the files
+    left out (private diagnostics and anything else in the directory that the manifest does not
+    list).
+
+    Written atomically like every artifact, re-sealed with this installation's key; the copy
+    records which artifact it came from. An artifact sealed under another key is refused: this
+    installation cannot vouch for its guarantee."""
+    source = open_artifact(path)
+    if not source.verified:
+        raise ArtifactError(f"{source.path}: {source.unverified_assumption}; export it where it was made")
+    out = Path(out)
+    if out.exists():
+        raise ArtifactError(f"{out}: already exists; choose a new directory for the release")
+    listed = source.manifest.get("files", {})
+    present = sorted(p.relative_to(source.path).as_posix() for p in source.path.rglob("*") if p.is_file())
+    left_out = [rel for rel in present if rel not in listed and rel != MANIFEST]
+    tmp = partial_dir(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for relative in listed:
+            target = tmp / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source.path / relative, target)
+        manifest = {
+            k: v
+            for k, v in source.manifest.items()
+            if k not in ("private_files", "private_files_note", "seal")
+        }
+        manifest["exported_from"] = source.manifest_hash
+        write_manifest(tmp, manifest)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return open_artifact(out), left_out

@@ -1,0 +1,132 @@
+"""Freshness: whether an existing artifact is up to date, may be resumed, or must be (re)written.
+
+What decides whether an artifact is up to date is its fingerprint: the config (minus volatile
+keys) and the manifest hashes of its inputs. :func:`existing_result`, what every stage calls
+first, reuses an up-to-date artifact (:func:`find_up_to_date`) so the stage can skip;
+:func:`is_still_up_to_date` lets a pipeline plan (``--dry-run``) without running anything;
+:func:`check_resumable` refuses to resume a checkpoint written with other settings or inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from synthq.artifacts.hashing import config_to_dict, json_default
+from synthq.artifacts.locking import check_output_free
+from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact
+from synthq.artifacts.process_state import this_process
+from synthq.artifacts.records import current_input_hash
+from synthq.runtime.errors import ArtifactError
+
+# Fields that never change what a stage computes, so they are left out of its fingerprint.
+VOLATILE_CONFIG_KEYS = frozenset({"out", "force", "resume"})
+
+
+def config_fingerprint(config: Any, inputs: list[dict]) -> str:
+    """What decides whether an existing artifact is up to date: the config (minus volatile keys)
+    and the manifest hashes of the inputs."""
+    relevant = {k: v for k, v in config_to_dict(config).items() if k not in VOLATILE_CONFIG_KEYS}
+    payload = {"config": relevant, "inputs": sorted(i["sha256"] for i in inputs)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=json_default).encode()).hexdigest()
+
+
+def check_resumable(path: Path, state: dict, config: Any, inputs: list[dict]) -> None:
+    """Refuse to resume from the private checkpoint ``state`` (its ``config`` and ``inputs`` as
+    JSON) when it was written with other settings or on inputs whose content has changed since:
+    the accounting of the work already done was for the data it read."""
+    saved_inputs = {
+        (r.get("role") or r.get("kind"), r["path"]): r["sha256"]
+        for r in json.loads(state.get("inputs", "[]"))
+    }
+    for record in inputs:
+        if saved_inputs.get((record.get("role") or record.get("kind"), record["path"])) != record["sha256"]:
+            raise ArtifactError(
+                f"{path}: cannot resume, the input {record['path']} changed since the interrupted run "
+                "read it; drop --resume to start over on the new data"
+            )
+    saved, now = json.loads(state["config"]), config_to_dict(config)
+    volatile = {"out", "force", "resume", "device"}
+    changed = sorted(k for k in set(saved) | set(now) if k not in volatile and saved.get(k) != now.get(k))
+    if changed:
+        raise ArtifactError(
+            f"{path}: cannot resume, the interrupted run used other settings ({', '.join(changed)}); "
+            "rerun with those settings, or drop --resume to start over"
+        )
+
+
+def find_up_to_date(out: str | Path, stage: str, config: Any, inputs: list[dict]) -> Artifact | None:
+    """The existing artifact at ``out`` if it was made by ``stage`` with the same config and
+    inputs (and still verifies); otherwise ``None``."""
+    out = Path(out)
+    if not is_artifact(out):
+        return None
+    try:
+        artifact = open_artifact(out, stage=stage)
+    except ArtifactError:
+        return None
+    if artifact.manifest.get("fingerprint") == config_fingerprint(config, inputs):
+        return artifact
+    return None
+
+
+def is_still_up_to_date(out: str | Path, stage: str, config: Any) -> bool:
+    """Whether ``out`` holds a ``stage`` artifact for ``config`` whose recorded inputs are
+    unchanged on disk. Needs no knowledge of how the stage finds its inputs, so pipelines can
+    plan (``--dry-run``) without running anything."""
+    out = Path(out)
+    if not is_artifact(out):
+        return False
+    try:
+        artifact = open_artifact(out, stage=stage)
+    except ArtifactError:
+        return False
+    inputs = []
+    for record in artifact.inputs:
+        now = current_input_hash(record)
+        if now is None:
+            return False
+        inputs.append({**record, "sha256": now})
+    return artifact.manifest.get("fingerprint") == config_fingerprint(config, inputs)
+
+
+def existing_result(stage: str, config: Any, inputs: list[dict]) -> Artifact | None:
+    """What every stage calls first: the up-to-date artifact to reuse (unless ``config.force``),
+    or ``None`` after checking that ``config.out`` may be written."""
+    out = Path(config.out)
+    if not getattr(config, "force", False):
+        artifact = find_up_to_date(out, stage, config, inputs)
+        if artifact is not None:
+            from synthq.runtime.console import debug
+
+            debug(f"up to date: {out} ({stage}); pass --force to redo it")
+            return artifact
+    check_output_free(out, force=getattr(config, "force", False), inputs=inputs)
+    this_process.seen[out.resolve()] = _manifest_state(out)
+    return None
+
+
+def _manifest_state(out: Path) -> tuple[int, int] | None:
+    try:
+        status = os.stat(Path(out) / MANIFEST)
+    except OSError:
+        return None
+    return (status.st_ino, status.st_mtime_ns)
+
+
+def refuse_if_finished_meanwhile(out: Path, stage: str, config: Any, inputs: list[dict]) -> None:
+    """Under the output lock: refuse to redo an output that another process finished, up to date
+    for this very config and inputs, since :func:`existing_result` looked (two runs of the same
+    pipeline started together). Re-running then reuses it."""
+    key = out.resolve()
+    if key not in this_process.seen or getattr(config, "force", False):
+        return
+    seen = this_process.seen.pop(key)
+    if _manifest_state(out) != seen and find_up_to_date(out, stage, config, inputs) is not None:
+        raise ArtifactError(
+            f"{out}: another process finished this artifact, up to date for the same config and "
+            "inputs, while this one was starting; nothing was redone — rerun to use it"
+        )

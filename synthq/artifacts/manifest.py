@@ -1,0 +1,177 @@
+"""The manifest: what a finished artifact is, opening it with verification, and writing it sealed.
+
+Every stage writes exactly one directory holding ``manifest.json``. :func:`open_artifact` checks
+its schema, stage and every payload hash, and recomputes the privacy guarantee from the releases
+it records (:func:`check_privacy`): a guarantee is never read, only recomputed.
+:func:`write_manifest` writes a manifest atomically, sealed with the owner's key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from synthq.artifacts.hashing import json_default, json_safe, sha256_file
+from synthq.config.registry import STAGES as STAGE_REGISTRY
+from synthq.privacy.accounting import check_recorded_epsilon
+from synthq.privacy.guarantee import Guarantee, compose_releases
+from synthq.privacy.keys import check_seal, key_id, seal
+from synthq.runtime.errors import ArtifactError
+
+# 2: guarantees recomputed from recorded releases, keyed private-data digests, sealed manifests.
+SCHEMA_VERSION = 2
+MANIFEST = "manifest.json"
+STAGES = tuple(STAGE_REGISTRY)  # the stage names, from the one registry of stages
+
+
+@dataclass
+class Artifact:
+    """A verified, finished artifact directory.
+
+    ``verified`` is False for a manifest sealed under another installation's key: its guarantee
+    is still recomputed from what it records, but an edit cannot be ruled out, and
+    :attr:`privacy` says so among its assumptions."""
+
+    path: Path
+    manifest: dict
+    verified: bool = True
+
+    @property
+    def stage(self) -> str:
+        return self.manifest["stage"]
+
+    @property
+    def config(self) -> dict:
+        return self.manifest.get("config", {})
+
+    @property
+    def privacy(self) -> Guarantee:
+        guarantee = Guarantee.from_manifest(self.manifest["privacy"])
+        return guarantee if self.verified else guarantee.assuming(self.unverified_assumption)
+
+    @property
+    def unverified_assumption(self) -> str:
+        stamp = self.manifest.get("seal", {})
+        return (
+            f"the manifest of {self.path} was not edited: it was sealed under another key "
+            f"(id {stamp.get('key_id')}; this installation's is {key_id()}), so synthq cannot verify it"
+        )
+
+    @property
+    def releases(self) -> list[dict]:
+        """Every read of private data behind this artifact, as recorded when it was written."""
+        return self.manifest.get("releases", [])
+
+    @property
+    def metrics(self) -> dict:
+        return self.manifest.get("metrics", {})
+
+    @property
+    def timings(self) -> dict:
+        return self.manifest.get("timings", {})
+
+    @property
+    def inputs(self) -> list[dict]:
+        return self.manifest.get("inputs", [])
+
+    @property
+    def manifest_hash(self) -> str:
+        return sha256_file(self.path / MANIFEST)
+
+    def input_record(self) -> dict:
+        return {"path": str(self.path), "kind": "artifact", "stage": self.stage, "sha256": self.manifest_hash}
+
+
+def _read_manifest(path: Path) -> dict:
+    manifest_path = path / MANIFEST
+    if not path.exists():
+        raise ArtifactError(f"{path}: no such artifact directory")
+    if not manifest_path.is_file():
+        raise ArtifactError(f"{path}: not an artifact (no {MANIFEST}); an interrupted run leaves none")
+    try:
+        return json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ArtifactError(f"{manifest_path}: corrupt manifest ({error})") from error
+
+
+def open_artifact(
+    path: str | Path, stage: str | Iterable[str] | None = None, verify: bool = True
+) -> Artifact:
+    """Open an artifact and check it is what the caller expects.
+
+    Raises :class:`ArtifactError` naming the path when the directory is missing, has no or a
+    corrupt manifest, an unknown schema, the wrong stage, or a payload file that is missing or
+    whose sha256 differs from the manifest's.
+    """
+    path = Path(path)
+    manifest = _read_manifest(path)
+    if manifest.get("schema") != SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{path}: unknown artifact schema {manifest.get('schema')!r} "
+            f"(this synthq reads {SCHEMA_VERSION}; re-run the stage that wrote it)"
+        )
+    verified = check_seal(manifest, str(path / MANIFEST))
+    if stage is not None:
+        wanted = (stage,) if isinstance(stage, str) else tuple(stage)
+        if manifest.get("stage") not in wanted:
+            raise ArtifactError(
+                f"{path}: is a {manifest.get('stage')!r} artifact, expected {' or '.join(map(repr, wanted))}"
+            )
+    if verify:
+        listed = {**manifest.get("files", {}), **manifest.get("private_files", {})}
+        for relative, expected in listed.items():
+            file_path = path / relative
+            if not file_path.is_file():
+                raise ArtifactError(f"{file_path}: payload file listed in the manifest is missing")
+            if sha256_file(file_path) != expected:
+                raise ArtifactError(f"{file_path}: payload file was altered or truncated (sha256 mismatch)")
+    check_privacy(manifest, path / MANIFEST)
+    return Artifact(path=path, manifest=manifest, verified=verified)
+
+
+def check_privacy(manifest: dict, where: Path) -> None:
+    """A guarantee is recomputed, never read: every recorded release's ε must be what its
+    mechanism parameters give, and the headline ``privacy`` (and ``own_privacy``) must be exactly
+    what :func:`synthq.privacy.guarantee.compose_releases` gives for the recorded releases."""
+    from synthq.runtime.errors import PrivacyError
+
+    releases = manifest.get("releases", [])
+    try:
+        for release in releases:
+            check_recorded_epsilon(Guarantee.from_manifest(release["guarantee"]), f"{where} (release)")
+        sharing = manifest.get("privacy", {}).get("details", {}).get("sharing", [[r["id"] for r in releases]])
+        covered = {key for group in sharing for key in group}
+        if covered != {r["id"] for r in releases}:
+            raise PrivacyError(f"{where}: the releases and the groups they are composed in disagree")
+        expected = compose_releases(releases, sharing, manifest.get("assumptions", []))
+        if json_safe(expected.model_dump(mode="json")) != manifest.get("privacy"):
+            raise PrivacyError(
+                f"{where}: the recorded guarantee is not what its releases give "
+                f"({expected.describe()}); the manifest was edited or is corrupt"
+            )
+        own = [r for r in releases if r["id"] == manifest.get("own_release")]
+        if manifest.get("own_privacy") != (own[0]["guarantee"] if own else None):
+            raise PrivacyError(f"{where}: own_privacy is not the artifact's own release")
+    except (PrivacyError, KeyError, TypeError, ValueError) as error:
+        if isinstance(error, PrivacyError):
+            raise ArtifactError(str(error)) from error
+        raise ArtifactError(f"{where}: malformed privacy record ({type(error).__name__}: {error})") from error
+
+
+def is_artifact(path: str | Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    """Write ``manifest.json`` atomically, sealed with the owner's key (:func:`synthq.privacy.keys.seal`)
+    over exactly what reads back from the file."""
+    text = json.dumps(json_safe(manifest), default=json_default, allow_nan=False)
+    sealed = json.loads(text)
+    sealed.pop("seal", None)
+    sealed["seal"] = seal(sealed)
+    manifest_tmp = directory / (MANIFEST + ".tmp")
+    manifest_tmp.write_text(json.dumps(sealed, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(manifest_tmp, directory / MANIFEST)

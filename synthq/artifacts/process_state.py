@@ -1,0 +1,49 @@
+"""The artifact layer's process-global state: the outputs this process saw, is writing, finished, failed.
+
+The one place holding mutable state of :mod:`synthq.artifacts`, in :data:`this_process`.
+:func:`synthq.artifacts.freshness.existing_result` notes what it saw at an output it lets a stage
+write; :func:`synthq.artifacts.create.create_artifact` notes what it is writing, has finished or
+has failed. The command line reads it through :func:`writes_so_far`, :func:`written_here` and
+:func:`output_in_trouble`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ProcessRecord:
+    """What this process has done with artifacts so far (one instance: :data:`this_process`)."""
+
+    # What existing_result saw at each output it let a stage write (the manifest's identity, or
+    # None), so that create_artifact can tell when another process finished that output in
+    # between: the lock is taken only when the stage starts writing, after its inputs are read.
+    seen: dict[Path, tuple[int, int] | None] = field(default_factory=dict)
+    written: list[Path] = field(default_factory=list)  # artifacts finished by this process, in order
+    writing: list[Path] = field(default_factory=list)  # outputs this process is writing now, innermost last
+    failed: list[Path] = field(default_factory=list)  # outputs whose write failed, last last
+
+
+this_process = ProcessRecord()
+
+
+def writes_so_far() -> int:
+    """A mark for :func:`written_here`: how many artifacts this process has finished."""
+    return len(this_process.written)
+
+
+def written_here(path: str | Path, since: int = 0) -> bool:
+    """Whether this process finished the artifact at ``path`` after the mark ``since`` (rather
+    than finding it up to date)."""
+    return Path(path).resolve() in this_process.written[since:]
+
+
+def output_in_trouble() -> Path | None:
+    """The artifact this process is writing (innermost) or, once the error has left it, the one
+    whose write failed last: for errors that carry no file name (a full disk reported by a
+    library) and are reported after the stage has unwound."""
+    if this_process.writing:
+        return this_process.writing[-1]
+    return this_process.failed[-1] if this_process.failed else None

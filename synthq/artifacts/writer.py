@@ -1,0 +1,133 @@
+"""The writer a stage fills inside ``create_artifact``: its payload, metrics and privacy record.
+
+A stage writes payload under :attr:`ArtifactWriter.dir`, private noiseless statistics into
+:attr:`ArtifactWriter.diagnostics` (ε = ∞, never part of a release), and says where it stands on
+privacy: its own read of private data (:meth:`ArtifactWriter.release`), what flows in from input
+artifacts (:meth:`ArtifactWriter.inherit`), the assumptions its guarantee relies on, or that it
+read no private data (:meth:`ArtifactWriter.public`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from synthq.artifacts.hashing import json_safe
+from synthq.artifacts.manifest import Artifact
+from synthq.privacy.guarantee import Guarantee, compose_releases
+
+CHECKPOINTS = "checkpoints"  # inside a partial artifact: what --resume continues from
+DIAGNOSTICS = "diagnostics"
+
+
+@dataclass
+class ArtifactWriter:
+    """Handed to a stage inside :func:`~synthq.artifacts.create.create_artifact`; the stage writes
+    payload under ``dir`` and fills ``privacy``, ``metrics`` and ``timings``."""
+
+    path: Path
+    dir: Path
+    stage: str
+    config: dict
+    inputs: list[dict]
+    fingerprint: str
+    metrics: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+    # Statistics computed from private data without noise (losses, batch sizes, timings of
+    # private batches): ε = ∞. Written to ``diagnostics/metrics.json``, listed apart from the
+    # payload, shown as private by ``synthq info`` and left out by ``synthq export``.
+    diagnostics: dict = field(default_factory=dict)
+    # True for stages whose run time depends on private data (DP training: the Poisson batch
+    # sizes): their timings are diagnostics too.
+    timings_are_private: bool = False
+    # Sub-directories of ``dir`` that hold resumable state and are removed before finishing.
+    scratch: list[str] = field(default_factory=lambda: [CHECKPOINTS])
+    # False on the ranks other than 0 of a torchrun job, whose writer is thrown away
+    # (synthq.artifacts.on_main): large saves may be skipped there.
+    primary: bool = True
+    # The privacy record (see the module's docstring of synthq.privacy.guarantee): every read of private
+    # data behind this artifact, what it assumes, and whether the stage said where it stands.
+    releases: list[dict] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+    own_release: dict | None = None
+    accounted: bool = False
+
+    def inherit(self, source: Artifact) -> None:
+        """``source``'s content flows into this artifact (post-processing, a starting model, a
+        dataset that is an artifact): its releases and assumptions come along."""
+        known = {r["id"] for r in self.releases}
+        self.releases += [r for r in source.releases if r["id"] not in known]
+        self.assume(*source.privacy.assumptions)
+
+    def assume(self, *assumptions: str | None) -> None:
+        """Facts the guarantee relies on that synthq cannot check (printed beside every ε)."""
+        self.assumptions = list(dict.fromkeys([*self.assumptions, *(a for a in assumptions if a)]))
+        self.accounted = True
+
+    def release(
+        self,
+        guarantee: Guarantee,
+        data: dict,
+        unit_ids: Sequence[str] = (),
+        unit_kind: str = "query",
+        units: dict | None = None,
+    ) -> dict:
+        """Record this artifact's own read of private data ``data`` (an input record): its
+        guarantee (ε = ∞ for a read without DP) and the keyed set of the units it read
+        (``unit_ids``, or ``units``: the record of a set another release already stored)."""
+        from synthq.privacy.units import register_private_data, store_unit_set
+
+        if units is None:
+            units = store_unit_set(unit_kind, list(unit_ids), also_in=self.dir / DIAGNOSTICS)
+        record = {
+            "id": secrets.token_hex(16),
+            "stage": self.stage,
+            "path": str(self.path),
+            "data": {key: data.get(key) for key in ("name", "sha256", "kind")},
+            "unit": guarantee.unit,
+            "units": units,
+            "guarantee": json_safe(guarantee.model_dump(mode="json")),
+        }
+        register_private_data(record["data"])
+        self.own_release = record
+        self.releases.append(record)
+        self.accounted = True
+        return record
+
+    def public(self) -> None:
+        """Say that this artifact read no private data and inherits nothing (ε = 0)."""
+        self.accounted = True
+
+    @property
+    def privacy(self) -> Guarantee:
+        """The headline guarantee the recorded releases give (what the manifest will carry)."""
+        from synthq.privacy.units import sharing_groups
+
+        return compose_releases(self.releases, sharing_groups(self.releases), self.assumptions)
+
+    @privacy.setter
+    def privacy(self, guarantee: Guarantee) -> None:
+        """Shorthand for stages outside synthq (and tests): a public guarantee states its
+        assumptions; any other is recorded as this artifact's release of one unnamed private
+        dataset with no unit set (so it composes with every other release, a bound)."""
+        if guarantee.mechanism == "public":
+            self.assume(*guarantee.assumptions)
+            return
+        data = {"name": "unnamed private data", "sha256": "hmac:unnamed", "kind": "data"}
+        self.release(guarantee, data, units={})
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        path = self.dir / CHECKPOINTS
+        path.mkdir(exist_ok=True)
+        return path
+
+    @property
+    def diagnostics_dir(self) -> Path:
+        """Where private diagnostic files go (ε = ∞; never part of a release)."""
+        path = self.dir / DIAGNOSTICS
+        path.mkdir(exist_ok=True)
+        return path

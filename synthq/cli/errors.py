@@ -1,0 +1,99 @@
+"""The entry point, :func:`main`: each failure a user can cause as one line and an exit status.
+
+Exit status: 0 success, 1 a file-system problem (permission, full disk), 2 a usage or input
+error (one line, no traceback), 130 interrupted. A bug keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+import warnings
+
+import typer
+from rich.markup import escape
+
+from synthq.cli.app import app
+from synthq.cli.options import Interrupted
+from synthq.runtime.console import console, verbosity
+from synthq.runtime.errors import SynthqError
+
+_DISK_ADVICE = {
+    errno.ENOSPC: "free some space or choose an --out on another disk, then rerun",
+    errno.EDQUOT: "free some of your quota or choose an --out elsewhere, then rerun",
+    errno.EACCES: "choose a writable --out (or fix the directory's permissions)",
+    errno.EPERM: "choose a writable --out (or fix the directory's permissions)",
+    errno.EROFS: "the file system is read-only; choose an --out elsewhere",
+}
+
+
+def _os_error_line(error: OSError) -> str:
+    from synthq.artifacts.process_state import output_in_trouble
+
+    trouble = output_in_trouble()
+    where = error.filename or (f"while writing {trouble}" if trouble is not None else "?")
+    advice = _DISK_ADVICE.get(error.errno, "check the path and rerun")
+    return f"{where}: {error.strerror or error}; {advice}"
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Library warnings as one synthq line (deprecations only with -v)."""
+    if issubclass(category, DeprecationWarning | FutureWarning) and verbosity() < 2:
+        return
+    first = str(message).strip().splitlines()[0] if str(message).strip() else category.__name__
+    console.print(f"[bold yellow]warning:[/] {escape(first)} [dim]({category.__name__})[/]", highlight=False)
+
+
+def _fail(message: str, status: int) -> None:
+    console.print(f"[bold red]synthq:[/] {escape(message)}", highlight=False)
+    sys.exit(status)
+
+
+def _run_app():
+    """The app, then the process group left (if a stage joined one) while the interpreter lives."""
+    from synthq.runtime import distributed
+
+    try:
+        status = app(standalone_mode=False, prog_name="synthq")
+    except BaseException:
+        distributed.leave(completed=False)
+        raise
+    distributed.leave(completed=True)
+    return status
+
+
+def main() -> None:
+    """Console entry point: every failure a user can cause prints one line, no traceback.
+
+    Exit status 2 for a usage or input error, 1 for a file-system problem, 130 for Ctrl-C."""
+    from pydantic import ValidationError
+
+    from synthq.config.loading import validation_message
+
+    warnings.showwarning = _one_line_warning
+    try:
+        status = _run_app()
+    except Interrupted as error:
+        _fail(str(error), 130)
+    except (KeyboardInterrupt, typer.Abort):
+        _fail("interrupted; rerun the command to start again", 130)
+    except SynthqError as error:
+        _fail(str(error), 2)
+    except ValidationError as error:
+        _fail(validation_message(error), 2)
+    except typer.Exit as exit_:
+        sys.exit(exit_.exit_code)
+    except OSError as error:
+        _fail(_os_error_line(error), 1)
+    except Exception as error:
+        if not (hasattr(error, "format_message") and hasattr(error, "exit_code")):
+            raise  # a bug: keep the traceback
+        # (typer's vendored) click usage errors: unknown option, missing argument, bad choice
+        context = getattr(error, "ctx", None)
+        command = context.command_path if context is not None else "synthq"
+        message = error.format_message().replace("Value error, ", "")
+        subcommand = command.removeprefix("synthq").strip()  # one "synthq:" prefix per line
+        where = f"{subcommand}: " if subcommand else ""
+        _fail(f"{where}{message} (see {command} --help)", error.exit_code)
+    if isinstance(status, int) and status:
+        sys.exit(status)

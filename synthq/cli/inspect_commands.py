@@ -1,0 +1,180 @@
+"""The commands that read artifacts and datasets without running a stage: info, ledger, key,
+export and ``data info``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from synthq.artifacts.manifest import open_artifact
+from synthq.privacy.guarantee import Guarantee, format_epsilon
+from synthq.runtime.console import console, result, warn
+from synthq.runtime.errors import SynthqError
+
+data_app = typer.Typer(help="Inspect datasets (BEIR directories and named sources).", no_args_is_help=True)
+
+
+def _lineage(inputs: list[dict], depth: int = 0, max_depth: int = 6) -> list[str]:
+    lines = []
+    for record in inputs:
+        label = record.get("stage") or record.get("kind", "?")
+        lines.append(f"{'  ' * depth}- {label}: {record['path']} (sha256 {record['sha256'][:12]})")
+        path = Path(record["path"])
+        if record.get("kind") == "artifact" and depth < max_depth and (path / "manifest.json").is_file():
+            try:
+                parent = open_artifact(path, verify=False)
+            except SynthqError:
+                continue
+            lines[-1] += f"  {parent.privacy.describe()}"
+            lines.extend(_lineage(parent.inputs, depth + 1, max_depth))
+    return lines
+
+
+def info_command(
+    path: Path = typer.Argument(..., metavar="DIR", help="An artifact directory written by a synthq stage."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+) -> None:
+    """Show an artifact: stage, privacy guarantee, input lineage, metrics and timings."""
+    artifact = open_artifact(path)
+    if as_json:
+        typer.echo(json.dumps(artifact.manifest, indent=2))
+        return
+    guarantee = artifact.privacy
+    result(f"[bold]{artifact.stage}[/] artifact at {artifact.path}")
+    if artifact.verified:
+        result("seal: verified with this installation's key; ε recomputed from its releases")
+    else:
+        result(f"[bold yellow]seal NOT verifiable[/]: {artifact.unverified_assumption}")
+    result(f"created {artifact.manifest.get('created')} by synthq {artifact.manifest.get('synthq')}")
+    result(
+        f"[bold]privacy[/]: ε = {format_epsilon(guarantee.epsilon)}, δ = {guarantee.delta:.3g}, "
+        f"{guarantee.per_unit}, mechanism = {guarantee.mechanism}, accountant = {guarantee.accountant}"
+    )
+    if guarantee.note:
+        result(f"  {guarantee.note}")
+    for assumption in guarantee.assumptions:
+        result(f"  [yellow]assuming[/]: {assumption}")
+    for key, value in guarantee.details.items():
+        result(f"  {key}: {value}")
+    for release in artifact.releases:
+        own = Guarantee.from_manifest(release["guarantee"])
+        units = release.get("units") or {}
+        result(
+            f"  release {release['id'][:8]} by {release['stage']} ({release['path']}) of "
+            f"{release['data'].get('name')}: {own.describe()}, {units.get('count', '?')} "
+            f"{units.get('kind', own.unit)} units",
+            markup=False,
+        )
+    private = artifact.manifest.get("private_files", {})
+    if private:
+        result(
+            f"[bold red]private diagnostics (ε = ∞)[/]: {', '.join(private)} — "
+            f"{artifact.manifest.get('private_files_note', '')}"
+        )
+    if artifact.inputs:
+        result("[bold]inputs[/]:")
+        for line in _lineage(artifact.inputs):
+            result(f"  {line}")
+    for title, values in (("metrics", artifact.metrics), ("timings", artifact.timings)):
+        if values:
+            result(f"[bold]{title}[/]:")
+            for key, value in values.items():
+                shown = json.dumps(value) if isinstance(value, dict | list) else value
+                result(f"  {key}: {shown}")
+
+
+def ledger_command(
+    paths: list[Path] = typer.Argument(
+        ..., metavar="DIR", help="Artifact directories (their inputs are followed too)."
+    ),
+) -> None:
+    """The privacy cost per private dataset of a set of artifacts: which are DP releases, what
+    each assumed, which read private data without DP (basic composition over the releases)."""
+    from synthq.privacy.ledger import ledger_lines
+
+    for line in ledger_lines(paths):
+        result(line, markup=False)
+
+
+def key_command(
+    export: Path | None = typer.Option(None, "--export", help="Copy the key to this new file (mode 0600)."),
+    import_from: Path | None = typer.Option(None, "--import", help="Install a key a colleague exported."),
+    replace: bool = typer.Option(False, "--replace", help="With --import: replace a different key."),
+) -> None:
+    """The owner's secret key: where it is, its public id, export and import for a team.
+
+    It keys the identifiers of private datasets (nobody without it can test a candidate dataset
+    against an artifact) and seals every manifest (an edited guarantee is refused)."""
+    from synthq.privacy import keys
+
+    if export is not None and import_from is not None:
+        raise SynthqError("give --export or --import, not both")
+    if import_from is not None:
+        typer.echo(f"installed key {keys.import_key(import_from, replace=replace)} at {keys.key_path()}")
+        return
+    if export is not None:
+        written = keys.export_key(export)
+        typer.echo(f"key {keys.key_id()} exported to {written}: keep it as secret as the data")
+        return
+    typer.echo(f"key {keys.key_id()} at {keys.key_path()}")
+
+
+def export_command(
+    path: Path = typer.Argument(..., metavar="DIR", help="An artifact directory."),
+    out: Path = typer.Option(..., "--out", help="Where to write the release copy (must not exist)."),
+) -> None:
+    """Copy an artifact for release, without its private diagnostics (losses and timings of
+    private batches, ε = ∞)."""
+    from synthq.artifacts.export import export_artifact
+
+    exported, left_out = export_artifact(path, out)
+    if left_out:
+        console.print(f"left out (not listed as release payload): {', '.join(left_out)}", markup=False)
+    result(
+        f"release copy written to {exported.path}: {exported.privacy.describe(with_assumptions=True)}",
+        markup=False,
+    )
+
+
+@data_app.command("info")
+def data_info_command(
+    source: str = typer.Argument(
+        ..., metavar="SOURCE", help="A BEIR directory, or embedded, msmarco, beir:NAME."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
+) -> None:
+    """Count documents, queries and judgements per split, and report validation problems."""
+    from synthq.data.sources import load_source
+    from synthq.data.summary import summarize
+
+    summary = summarize(load_source(source))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"{source}: {summary['documents']} documents, {summary['queries']} queries")
+    for column in ("split", "queries", "judgements", "documents judged", "avg rel/query"):
+        table.add_column(column, justify="right" if column != "split" else "left")
+    for split, row in summary["splits"].items():
+        table.add_row(
+            split,
+            str(row["queries"]),
+            str(row["judgements"]),
+            str(row["documents"]),
+            f"{row['judgements'] / max(row['queries'], 1):.2f}",
+        )
+    result(table)
+    for split, row in summary["splits"].items():
+        if "users" in row:
+            per = row["users"]["queries_per_user"]
+            result(
+                f"{split}: {row['users']['users']} users; queries per user min {per['min']}, "
+                f"median {per['median']:g}, p99 {per['p99']:g}, max {per['max']}"
+            )
+    for warning in summary["warnings"]:
+        warn(escape(warning))
+    if not summary["warnings"]:
+        result("[green]valid[/]: schema, ids and qrels are consistent")

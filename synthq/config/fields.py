@@ -1,0 +1,158 @@
+"""Field types and defaults shared by the stage configs, and :class:`StageConfig`, their base.
+
+Each default that several stages share is written here once (``DEFAULT_EPSILON``,
+``DEFAULT_PRIVACY_UNIT``, ``DEFAULT_TOP_P``, ``DEFAULT_MAX_QUERIES_PER_USER``), as is each
+field type's valid range and help text (``Epsilon``, ``Device``, ``SecretSeed``, ...). Per-field
+command-line settings go in ``Field(json_schema_extra=cli(...))`` (see :func:`cli`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
+
+# The paper's target ε: the default of every stage that spends privacy budget.
+DEFAULT_EPSILON = 8.0
+# The default privacy unit: one query with all of its pairs (``user`` needs user ids).
+DEFAULT_PRIVACY_UNIT = "query"
+# Nucleus sampling mass of the fine-tuned generator (paper: 0.8): generate's default, the leak
+# test's, and the one saved with a fine-tuned generator.
+DEFAULT_TOP_P = 0.8
+# Each user's rows are weighted 1/k, so K does not change the noise; it bounds a sampled user's
+# share of a batch (compute) and is the bound group privacy needs to relate the two units.
+DEFAULT_MAX_QUERIES_PER_USER = 8
+
+
+def cli(**settings: Any) -> dict:
+    """Command-line settings of a field, for ``Field(json_schema_extra=cli(...))``.
+
+    Keys: ``flag`` (the option's name instead of ``--field-name``), ``aliases`` (old names that
+    still work), ``argument`` (a positional argument), ``required`` (with ``argument``: the
+    command line itself refuses a missing argument), ``metavar`` (the value's name in the help
+    instead of ``TEXT``, ``INT``, ...), ``hidden`` (not an option), ``commas`` (False: a list
+    option whose values are not split on commas)."""
+    return {"cli": settings}
+
+
+def renamed_batch_size(name: str, default: int, description: str) -> Any:
+    """A batch-size field with its own name that still accepts the old ``batch_size`` key and
+    ``--batch-size`` flag."""
+    return Field(
+        default,
+        ge=1,
+        validation_alias=AliasChoices(name, "batch_size"),
+        description=description,
+        json_schema_extra=cli(aliases=["--batch-size"]),
+    )
+
+
+def _parse_epsilon(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("inf", "infinity", "∞", "none"):
+            return math.inf
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a number or inf") from None
+    return value
+
+
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def check_device(value: str) -> str:
+    """``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N``; CUDA only where this build sees a GPU."""
+    if not _DEVICE.fullmatch(value):
+        raise ValueError(f"{value!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
+    if value.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"{value!r} requested but this torch build sees no CUDA GPU; use --device cpu")
+        index = int(value.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"{value!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return value
+
+
+Accountant = Literal["rdp", "prv"]
+Device = Annotated[
+    str,
+    AfterValidator(check_device),
+    Field(description="Device: auto (a GPU if visible), cpu, cuda, cuda:N or mps."),
+]
+# ε > 0; "inf" (or ∞) means no privacy and no noise.
+Epsilon = Annotated[float, BeforeValidator(_parse_epsilon), Field(gt=0)]
+Seed = Annotated[int, Field(ge=0, description="Random seed.")]
+# DP runs: None (default) draws sampling and noise from the OS's secure randomness; a given seed
+# makes the run reproducible and is recorded as an assumption of the guarantee.
+SecretSeed = Annotated[
+    int | None,
+    Field(
+        ge=0,
+        description="Seed for a bit-reproducible run. Default: DP sampling and noise come from the OS's "
+        "secure randomness; a given seed is recorded in the guarantee as an assumption (an adversary "
+        "who knows it can replay the noise).",
+    ),
+]
+Limit = Annotated[int | None, Field(ge=1, description="Use only the first N items (quick runs).")]
+PrivacyUnitName = Annotated[
+    Literal["query", "user"],
+    Field(
+        description="What the guarantee protects: one query with all its pairs, or one user with all "
+        "of their queries (needs user ids: metadata.user_id in queries.jsonl, or users.tsv)."
+    ),
+]
+MaxQueriesPerUser = Annotated[
+    int,
+    Field(
+        ge=1,
+        description="--privacy-unit user: keep at most K queries of each user, chosen with secret "
+        "randomness (a user's weighted rows contribute at most C together whatever K is).",
+    ),
+]
+Probability = Annotated[float, Field(gt=0, le=1)]
+PublicCorpus = Annotated[
+    str, Field(description="Public documents: a BEIR directory or source name (embedded, beir:NAME).")
+]
+DocumentList = Annotated[
+    Path | None,
+    Field(description="A public list of document ids (one per line) to write queries for; default: all."),
+]
+Resume = Annotated[bool, Field(description="Continue an interrupted run from its last checkpoint.")]
+
+
+def refuse_limit_with_dp(limit: int | None, private: bool) -> None:
+    """``--limit`` keeps a prefix of the private data chosen after looking at it, with n (and δ)
+    taken from the prefix: not a selection a DP guarantee covers."""
+    if limit is not None and private:
+        raise ValueError(
+            "--limit cannot be used with DP: it keeps a prefix of the private data and takes n and δ "
+            "from it; use a DP-sampled subset or a separate dataset"
+        )
+
+
+class StageConfig(BaseModel):
+    """Fields every stage has.
+
+    These models are the single source of truth for every option: the command line derives its
+    options from the fields (name, default, help text, allowed values and valid range; see
+    :mod:`synthq.cli.options`), and pipelines build the same objects from YAML. Each field carries
+    its valid range, so a bad value is refused before any work starts. Every field that changes
+    what a stage computes is part of the artifact's fingerprint (see :mod:`synthq.artifacts`);
+    ``out``, ``force`` and ``resume`` are not.
+    """
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+    out: Path = Field(description="Artifact directory to write.")
+    force: bool = Field(
+        False, description="Redo the stage even if an up-to-date artifact exists (replaces only artifacts)."
+    )
+    # Only stages that checkpoint offer --resume (they redeclare it as ``Resume``).
+    resume: bool = Field(False, json_schema_extra=cli(hidden=True))

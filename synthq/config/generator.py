@@ -1,0 +1,201 @@
+"""Configs of the stages that write synthetic queries: finetune-lm, generate, evolve and filter."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from synthq.config.fields import (
+    DEFAULT_EPSILON,
+    DEFAULT_MAX_QUERIES_PER_USER,
+    DEFAULT_PRIVACY_UNIT,
+    DEFAULT_TOP_P,
+    Accountant,
+    Device,
+    DocumentList,
+    Epsilon,
+    Limit,
+    MaxQueriesPerUser,
+    PrivacyUnitName,
+    Probability,
+    PublicCorpus,
+    Resume,
+    SecretSeed,
+    Seed,
+    StageConfig,
+    refuse_limit_with_dp,
+    renamed_batch_size,
+)
+
+
+class FinetuneConfig(StageConfig):
+    """``synthq finetune-lm``: (document → query) fine-tuning with DP-SGD/DP-Adam."""
+
+    data: str = Field(
+        description="Private pairs: a BEIR directory or source name (embedded, msmarco, beir:NAME)."
+    )
+    split: str = Field("train", description="qrels split whose (query, document) pairs are trained on.")
+    model: str = Field(description="Hub id (google-t5/t5-base), local directory, or alias (smollm2-135m).")
+    epsilon: Epsilon = Field(DEFAULT_EPSILON, description="Target ε; inf trains without noise or clipping.")
+    delta: float | None = Field(None, gt=0, lt=1, description="δ; default 1/(2n).")
+    clip_norm: float = Field(0.1, gt=0, description="Per-example clipping norm C (paper: 0.1).")
+    accountant: Accountant = Field("rdp", description="Privacy accountant: rdp (Opacus RDP) or prv.")
+    optimizer: Literal["adam", "adafactor", "sgd"] = Field(
+        "adam", description="adam (DP-Adam), adafactor or sgd."
+    )
+    lr: float = Field(1e-3, gt=0, description="Learning rate (paper: 1e-3).")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    epochs: float = Field(3.0, gt=0, description="Epochs (paper: 30).")
+    max_steps: int | None = Field(
+        None, ge=1, description="Cap on logical steps (overrides epochs when smaller)."
+    )
+    batch_size: int = Field(
+        1024,
+        ge=1,
+        description="Expected batch, in queries; Poisson rate q = batch / training queries (paper: 1024).",
+    )
+    physical_batch_size: int = Field(8, ge=1, description="Micro-batch that fits in memory.")
+    max_source_length: int = Field(384, ge=1, description="Document tokens kept.")
+    max_target_length: int = Field(128, ge=1, description="Query tokens kept.")
+    grad_sample_mode: Literal["auto", "ghost", "hooks", "vmap"] = Field(
+        "auto",
+        description="Per-example clipping: ghost (Opacus ghost norms, tied weights exact), hooks "
+        "(Opacus per-example gradients), vmap (torch.func, any architecture); auto = ghost where possible.",
+    )
+    lora_rank: int = Field(0, ge=0, description="0 = full fine-tuning; >0 trains LoRA adapters of this rank.")
+    lora_alpha: float | None = Field(None, gt=0, description="LoRA alpha (default 2 × rank).")
+    checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every N logical steps.")
+    privacy_unit: PrivacyUnitName = DEFAULT_PRIVACY_UNIT
+    max_queries_per_user: MaxQueriesPerUser = DEFAULT_MAX_QUERIES_PER_USER
+    seed: SecretSeed = None
+    device: Device = "auto"
+    limit: Limit = None
+    resume: Resume = False
+
+    @model_validator(mode="after")
+    def _limit_without_dp(self) -> FinetuneConfig:
+        refuse_limit_with_dp(self.limit, math.isfinite(self.epsilon))
+        return self
+
+
+class GenerateConfig(StageConfig):
+    """``synthq generate``: nucleus-sample synthetic queries for public documents."""
+
+    generator: Path = Field(description="A finetune-lm artifact.")
+    corpus: PublicCorpus = "embedded"
+    documents: DocumentList = None
+    split: str | None = Field(
+        None,
+        description="Generate only for the documents judged in this qrels split. Which documents a "
+        "private split judges can itself be private: this is recorded as the assumption that the "
+        "judged-document set is public (the paper's MS MARCO setting). Default: the whole corpus.",
+    )
+    num_queries: int = Field(1, ge=1, description="Queries per document.")
+    top_p: Probability = Field(DEFAULT_TOP_P, description="Nucleus sampling mass, in (0, 1] (paper: 0.8).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (> 0).")
+    max_new_tokens: int = Field(32, ge=1, description="Longest query, in tokens.")
+    generation_batch_size: int = renamed_batch_size(
+        "generation_batch_size", 16, "Documents per generation batch."
+    )
+    max_resample: int = Field(3, ge=0, description="Retries for empty or degenerate queries.")
+    shard: str | None = Field(None, description="i/n: generate only the i-th of n document shards.")
+    seed: Seed = 0
+    device: Device = "auto"
+    limit: Limit = None
+    resume: Resume = False
+
+    @field_validator("shard")
+    @classmethod
+    def _shard_in_range(cls, value: str | None) -> str | None:
+        if value is not None:
+            if not re.fullmatch(r"\d+/\d+", value):
+                raise ValueError(f"must look like i/n (e.g. 0/4), got {value!r}")
+            index, count = (int(x) for x in value.split("/"))
+            if not 0 <= index < count:
+                raise ValueError(f"{value}: need 0 <= i < n")
+        return value
+
+
+class EvolveConfig(StageConfig):
+    """``synthq evolve``: DP synthetic queries by Private Evolution (a public model, no training)."""
+
+    data: str = Field(
+        description="Private pairs that vote: a BEIR directory or source name (embedded, msmarco, beir:NAME)."
+    )
+    split: str = Field("train", description="qrels split whose (query, document) pairs vote.")
+    corpus: PublicCorpus = "embedded"
+    documents: DocumentList = None
+    judged_split: str | None = Field(
+        None,
+        description="Write queries only for the documents judged in this qrels split of --corpus, "
+        "recorded as the assumption that this set is public (as generate --split).",
+    )
+    model: str = Field(
+        "smollm2-135m",
+        description="Public generator that writes and varies queries: alias, local directory or hub id "
+        "(assumed public; a synthq artifact brings its own guarantee).",
+    )
+    embedder: str = Field(
+        "minilm-l6", description="Public sentence encoder of the votes' nearest-neighbour search."
+    )
+    epsilon: Epsilon = Field(DEFAULT_EPSILON, description="Target ε over all iterations.")
+    delta: float | None = Field(None, gt=0, lt=1, description="δ; default 1/(2n).")
+    accountant: Accountant = Field("prv", description="Privacy accountant: prv (exact here) or rdp.")
+    iterations: int = Field(2, ge=1, description="Vote-and-vary rounds T (each one Gaussian mechanism).")
+    population: int = Field(
+        3, ge=2, description="Candidate queries per document in every round (the winner and its variations)."
+    )
+    queries_per_document: int = Field(1, ge=1, description="Queries kept per document after the last vote.")
+    top_p: Probability = Field(0.9, description="Nucleus sampling mass of the public model, in (0, 1].")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (> 0).")
+    max_new_tokens: int = Field(20, ge=1, description="Longest query, in tokens.")
+    max_source_length: int = Field(96, ge=1, description="Document tokens in a prompt.")
+    generation_batch_size: int = Field(96, ge=1, description="Prompts per generation batch.")
+    encode_batch_size: int = Field(64, ge=1, description="Texts per embedding batch.")
+    privacy_unit: PrivacyUnitName = DEFAULT_PRIVACY_UNIT
+    max_queries_per_user: MaxQueriesPerUser = DEFAULT_MAX_QUERIES_PER_USER
+    resume: Resume = False
+    generation_seed: Seed = 0
+    seed: SecretSeed = None
+    device: Device = "auto"
+
+    @model_validator(mode="after")
+    def _keep_at_most_the_population(self) -> EvolveConfig:
+        if self.queries_per_document > self.population:
+            raise ValueError(
+                f"--queries-per-document {self.queries_per_document} is more than the --population "
+                f"{self.population} each document has"
+            )
+        return self
+
+
+FilterMethod = Literal["consistency", "likelihood", "none"]
+
+
+class FilterConfig(StageConfig):
+    """``synthq filter``: keep the better synthetic queries and hold documents out for tuning
+    (post-processing of the generator: no ε)."""
+
+    synthetic: Path = Field(description="A generate (or filter) artifact.")
+    method: FilterMethod = Field(
+        "consistency",
+        description="consistency: keep a query when a retriever finds its own document in the top K; "
+        "likelihood: keep each document's most likely queries under the set's generator; none: keep all.",
+    )
+    retriever: str = Field(
+        "minilm-l6",
+        description="consistency: the retriever (encoder alias, directory, hub id, a train-retriever "
+        "artifact, or bm25).",
+    )
+    top_k: int = Field(3, ge=1, description="consistency: how high the query's own document must rank.")
+    keep: int = Field(1, ge=1, description="likelihood: queries kept per document.")
+    holdout_documents: int = Field(
+        0, ge=0, description="Move the queries of N documents (public hash of their ids) to a dev split."
+    )
+    encode_batch_size: int = Field(64, ge=1, description="consistency: texts per encoding batch.")
+    scoring_batch_size: int = Field(16, ge=1, description="likelihood: queries per scoring batch.")
+    device: Device = "auto"

@@ -1,0 +1,82 @@
+"""One training step of a query generator without DP, and the result every training step reports.
+
+The non-private step (ε = ∞) minimises the same per-sequence loss as the DP clipping engines
+(:mod:`synthq.models.sequence_loss`), averaged over the batch, with no clipping and no noise. The
+DP step (:class:`synthq.dp.lm.DPStep`) reports its losses, tokens and gradient norms through the
+same :class:`StepResult`, gathered over every rank of a ``torchrun`` job by :func:`gather_result`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from synthq.models.generator import QueryGenerator
+from synthq.models.sequence_loss import model_inputs, per_sequence_loss
+from synthq.runtime import distributed
+
+MakeBatch = Callable[[list[int]], dict]
+
+
+@dataclass
+class StepResult:
+    """What one logical step saw: the mean per-sequence loss, the number of examples, the number
+    of target tokens and the mean per-example gradient norm (``nan`` when not computed)."""
+
+    loss: float
+    examples: int
+    tokens: int
+    mean_grad_norm: float
+
+
+def non_private_step(
+    generator: QueryGenerator,
+    optimizer: torch.optim.Optimizer,
+    make_batch: MakeBatch,
+    indices: list[int],
+    physical_batch_size: int,
+) -> StepResult:
+    """The ε = ∞ step: the same per-sequence loss, averaged over the batch, no clipping or noise.
+    Under torchrun each rank takes its share of ``indices`` and the gradients are summed."""
+    device = next(generator.model.parameters()).device
+    losses, tokens = [], 0
+    local = distributed.shard(indices)
+    for start in range(0, len(local), physical_batch_size):
+        chunk = local[start : start + physical_batch_size]
+        batch = {k: v.to(device) for k, v in make_batch(chunk).items()}
+        tokens += int((batch["labels"] != -100).sum())
+        logits = generator.model(**model_inputs(generator.kind, batch)).logits
+        loss = per_sequence_loss(generator.kind, logits, batch["labels"])
+        (loss.sum() / len(indices)).backward()
+        losses.append(loss.detach())
+    trainable = [p for p in generator.model.parameters() if p.requires_grad]
+    for parameter in trainable:
+        if parameter.grad is None:  # a rank whose share was empty
+            parameter.grad = torch.zeros_like(parameter)
+    distributed.all_reduce_sum([p.grad for p in trainable])
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return gather_result(len(indices), losses, [], tokens)
+
+
+def gather_result(
+    examples: int, losses: list[torch.Tensor], norms: list[torch.Tensor], tokens: int
+) -> StepResult:
+    """Losses, gradient norms and tokens of every rank's share, gathered in one collective."""
+    mine = (
+        torch.cat(losses).tolist() if losses else [],
+        torch.cat(norms).tolist() if norms else [],
+        tokens,
+    )
+    shares = distributed.gather_objects(mine)
+    all_losses = [value for share in shares for value in share[0]]
+    all_norms = [value for share in shares for value in share[1]]
+    return StepResult(
+        loss=sum(all_losses) / len(all_losses) if all_losses else math.nan,
+        examples=examples,
+        tokens=sum(share[2] for share in shares),
+        mean_grad_norm=sum(all_norms) / len(all_norms) if all_norms else math.nan,
+    )

@@ -1,0 +1,73 @@
+"""Results of several evaluations published together: their rows merged, and the guarantee of the whole.
+
+``report`` publishes the results of every model in every evaluation it is given: each
+(dataset, split, model) appears once, and :func:`combined_guarantee` counts each DP release behind
+them once and composes independent ones.
+"""
+
+from __future__ import annotations
+
+from synthq.artifacts.manifest import Artifact
+from synthq.privacy.guarantee import Guarantee, compose_all
+from synthq.reporting.eval_files import read_rows
+
+
+def merge_rows(evals: list[Artifact]) -> tuple[list[dict], list[tuple[str, Guarantee]]]:
+    """The rows of all evaluations, each (dataset, split, model) once, and the (hash, guarantee)
+    of every model whose results they publish. Two different models with the same name get
+    their hash appended so the tables never mix them up."""
+    rows, seen, names, sources = [], set(), {}, []
+    for artifact in evals:
+        for row in read_rows(artifact.path):
+            model = row.get("model_id") or row["retriever"]
+            key = (row["dataset"], row.get("split"), model)
+            if key in seen:
+                continue
+            seen.add(key)
+            if names.setdefault(row["retriever"], model) != model:
+                row = {**row, "retriever": f"{row['retriever']} [{model.split(':')[-1][:8]}]"}
+            rows.append(row)
+            if "privacy" in row:
+                sources.append((model, Guarantee.from_manifest(row["privacy"])))
+            else:  # results written before rows carried their guarantee: the eval's own
+                sources.append((artifact.manifest_hash, artifact.privacy))
+    return rows, sources
+
+
+def combined_guarantee(sources: list[tuple[str, Guarantee]]) -> Guarantee:
+    """The guarantee of one artifact that publishes results of several models.
+
+    Args:
+        sources: ``(manifest hash, guarantee)`` of every model whose results are published.
+
+    Each DP release of the private data is counted once: models that post-process the same
+    release (retrievers trained on synthetic data from one generator, whose ``derived_from``
+    starts with that generator) share its guarantee, and a model with its own accountant (direct
+    DP) is its own release. Releasing results of several independent releases of the same data
+    composes (basic composition: ε and δ add). With a single release this is exactly that
+    release's guarantee, i.e. the largest ε of the models; taking the largest ε when there are
+    several independent releases would understate the loss. Public models add nothing; one
+    non-private model makes the whole artifact ε = ∞. The unit is the weakest of the releases'
+    (:func:`synthq.privacy.guarantee.compose_all`), and the parts are kept so ε is recomputed on open.
+    """
+    derived = sorted({h for key, g in sources for h in [*g.derived_from, key] if g.mechanism != "public"})
+    private = [(key, g) for key, g in sources if g.mechanism != "public" and g.epsilon > 0]
+    if not private:
+        return Guarantee.public("results of public models (BM25, untrained encoders) on public data only")
+    if any(not g.is_private for _, g in private):
+        non_private = Guarantee.non_private("includes results of a model trained on private data without DP")
+        return non_private.model_copy(update={"derived_from": derived})
+    releases: dict[str, Guarantee] = {}
+    for key, g in private:
+        release = g.derived_from[0] if g.derived_from else key
+        # Within one release every model is its post-processing; the largest recorded ε is kept
+        # so that a model that composed extra accounting on top is never understated.
+        if release not in releases or g.epsilon > releases[release].epsilon:
+            releases[release] = g
+    if len(releases) == 1:
+        (only,) = releases.values()
+        return only.model_copy(
+            update={"derived_from": derived, "mechanism": f"{only.mechanism}+post-processing"}
+        )
+    combined = compose_all(list(releases.values()), f"basic composition of {len(releases)} DP releases")
+    return combined.model_copy(update={"derived_from": derived})

@@ -1,0 +1,86 @@
+"""The sealed guarantee: an edited ε, any edited field of the privacy record, a consistent edit
+without the key, or an edited accountant memo is refused or recomputed on open."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from synthq.artifacts.manifest import open_artifact
+from synthq.cli.app import app
+from synthq.runtime.errors import ArtifactError
+from tests.helpers import finetune
+
+EDITS = {
+    "epsilon": lambda m: m["privacy"].update(epsilon=0.5),
+    "delta": lambda m: m["privacy"].update(delta=1e-9),
+    "mechanism": lambda m: m["privacy"].update(mechanism="public", epsilon=0.0),
+    "details": lambda m: m["releases"][0]["guarantee"]["details"].update(noise_multiplier=50.0),
+    "unit count": lambda m: m["releases"][0]["units"].update(count=1_000_000),
+    "private flag": lambda m: m["inputs"][0].pop("private"),
+    "own_privacy": lambda m: m["own_privacy"].update(epsilon=0.1),
+    "releases": lambda m: m.update(releases=[]),
+}
+
+
+def test_an_edited_epsilon_is_refused(tmp_path, tiny_beir, tiny_causal_dir):
+    artifact = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", epsilon=8.0, max_steps=2)
+    manifest = json.loads((artifact.path / "manifest.json").read_text())
+    manifest["privacy"]["epsilon"] = 0.5
+    (artifact.path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="edited"):
+        open_artifact(artifact.path)
+    inf = finetune(tmp_path, tiny_beir, tiny_causal_dir, "inf", epsilon="inf", max_steps=1)
+    manifest = json.loads((inf.path / "manifest.json").read_text())
+    manifest["privacy"]["epsilon"] = 1.0
+    (inf.path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="edited"):
+        open_artifact(inf.path)
+
+
+@pytest.mark.parametrize("field", list(EDITS))
+def test_every_edit_of_the_guarantee_is_refused(tmp_path, tiny_beir, tiny_causal_dir, field):
+    artifact = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", epsilon=8.0, max_steps=1)
+    manifest = json.loads((artifact.path / "manifest.json").read_text())
+    EDITS[field](manifest)
+    (artifact.path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="edited"):
+        open_artifact(artifact.path)
+    assert CliRunner().invoke(app, ["info", str(artifact.path)]).exit_code != 0
+    assert CliRunner().invoke(app, ["ledger", str(artifact.path)]).exit_code != 0
+
+
+def test_a_consistent_edit_without_the_key_is_still_refused(tmp_path, tiny_beir, tiny_causal_dir):
+    """Re-sealing needs the key; recomputation catches an ε that its releases do not give even
+    when the seal is dropped in favour of a forged foreign one."""
+    artifact = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", epsilon=8.0, max_steps=1)
+    manifest = json.loads((artifact.path / "manifest.json").read_text())
+    manifest["privacy"]["epsilon"] = 0.5
+    manifest["seal"]["key_id"] = "0" * 16  # pretend another installation wrote it
+    (artifact.path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="not what its releases give"):
+        open_artifact(artifact.path)
+
+
+def test_an_edited_accountant_memo_is_recomputed(tmp_path):
+    from synthq.privacy import keys
+    from synthq.privacy import memo as accountant_memo
+
+    calls = []
+
+    def compute(*parameters):
+        calls.append(parameters)
+        return 3.25
+
+    assert accountant_memo.remembered(compute, 1.0, 1e-5, 0.1, 10, "rdp") == 3.25
+    assert accountant_memo.remembered(compute, 1.0, 1e-5, 0.1, 10, "rdp") == 3.25 and len(calls) == 1
+    memo = keys.state_dir() / accountant_memo.MEMO_FILE
+    entries = json.loads(memo.read_text())
+    for entry in entries.values():
+        entry["epsilon"] = 0.01  # an adversary lowering the answer without the key
+    memo.write_text(json.dumps(entries))
+    accountant_memo._loaded.clear()
+    assert accountant_memo.remembered(compute, 1.0, 1e-5, 0.1, 10, "rdp") == 3.25 and len(calls) == 2
+

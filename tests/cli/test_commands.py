@@ -1,0 +1,69 @@
+"""The CLI shell: help, info on an artifact, data info, and error exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from synthq.artifacts.create import create_artifact
+from synthq.cli.app import app
+from synthq.privacy.guarantee import Guarantee
+
+runner = CliRunner()
+
+
+def test_help_lists_commands():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    assert "info" in result.output and "data" in result.output
+
+
+def test_positional_arguments_read_as_unix_usage():
+    """``DIR...`` in the usage and the list, never typer's ``{DIR}...`` or ``<list[Path]>``."""
+    expected = (("ledger", "[OPTIONS] DIR..."), ("export", "[OPTIONS] DIR"), ("search", "QUERY..."))
+    for command, usage in expected:
+        result = runner.invoke(app, [command, "--help"], terminal_width=120)
+        assert result.exit_code == 0, result.output
+        first = result.output.strip().splitlines()[0]
+        assert first.startswith(f"Usage: synthq {command}") and first.endswith(usage), first
+        assert "<list[" not in result.output and "{" not in result.output
+        assert f"  {usage.split()[-1]}  " in result.output  # the argument's own help line
+
+
+def test_info_prints_guarantee_and_lineage(tmp_path, tiny_beir):
+    from synthq.artifacts.records import data_input_record
+
+    out = tmp_path / "gen"
+    with create_artifact(out, "finetune-lm", {"epsilon": 8}, [data_input_record(tiny_beir)]) as writer:
+        (writer.dir / "x.txt").write_text("x")
+        writer.privacy = Guarantee(
+            epsilon=7.93, delta=1e-5, mechanism="dp-adam", accountant="rdp", details={"noise_multiplier": 0.9}
+        )
+        writer.metrics["final_loss"] = 1.25
+    result = runner.invoke(app, ["info", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "ε = 7.93" in result.output and "rdp" in result.output
+    assert "noise_multiplier: 0.9" in result.output and "final_loss: 1.25" in result.output
+    assert str(tiny_beir) in result.output
+    as_json = runner.invoke(app, ["info", str(out), "--json"])
+    assert json.loads(as_json.output)["privacy"]["epsilon"] == 7.93
+
+
+def test_data_info(tiny_beir):
+    result = runner.invoke(app, ["data", "info", str(tiny_beir), "--json"])
+    assert result.exit_code == 0
+    summary = json.loads(result.output)
+    assert summary["documents"] == 12 and summary["splits"]["test"]["queries"] == 4
+
+
+def test_user_errors_exit_2_with_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", "from synthq.cli import main; main()", "info", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert "no such artifact directory" in result.stderr and "Traceback" not in result.stderr

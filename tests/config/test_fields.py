@@ -1,0 +1,97 @@
+"""Shared field types and defaults: each default written once and used by every stage that has it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from synthq.config.audit import CanaryAuditConfig
+from synthq.config.fields import (
+    DEFAULT_EPSILON,
+    DEFAULT_PRIVACY_UNIT,
+    DEFAULT_TOP_P,
+    StageConfig,
+    check_device,
+)
+from synthq.config.generator import EvolveConfig, FinetuneConfig, GenerateConfig
+from synthq.config.registry import STAGES, stage_entry
+from synthq.config.retriever import TrainRetrieverConfig
+from synthq.config.search import SearchConfig
+from synthq.runtime.errors import SynthqError
+
+
+def test_the_papers_defaults():
+    assert (DEFAULT_EPSILON, DEFAULT_PRIVACY_UNIT, DEFAULT_TOP_P) == (8.0, "query", 0.8)
+
+
+@pytest.mark.parametrize(
+    "config_class", [FinetuneConfig, EvolveConfig, TrainRetrieverConfig, CanaryAuditConfig]
+)
+def test_every_stage_spending_budget_shares_the_default_epsilon_and_unit(config_class):
+    fields = config_class.model_fields
+    if "epsilons" in fields:  # the audit's list: non-private, then the default
+        epsilon = fields["epsilons"].get_default(call_default_factory=True)[-1]
+    else:
+        epsilon = fields["epsilon"].default
+    assert epsilon == DEFAULT_EPSILON
+    assert fields["privacy_unit"].default == DEFAULT_PRIVACY_UNIT
+
+
+def test_the_generators_top_p_is_one_default():
+    assert GenerateConfig.model_fields["top_p"].default == DEFAULT_TOP_P
+    assert CanaryAuditConfig.model_fields["top_p"].default == DEFAULT_TOP_P
+    assert EvolveConfig.model_fields["top_p"].default == 0.9  # the public model's own, not the generator's
+
+
+def test_epsilon_text():
+    for text in ("inf", "Infinity", "∞", " none "):
+        assert math.isinf(FinetuneConfig(out="o", data="d", model="m", epsilon=text).epsilon)
+    assert FinetuneConfig(out="o", data="d", model="m", epsilon="2.5").epsilon == 2.5
+    for bad in ("abc", 0, -1):
+        with pytest.raises(ValidationError, match="epsilon"):
+            FinetuneConfig(out="o", data="d", model="m", epsilon=bad)
+
+
+def test_device_names():
+    for name in ("auto", "cpu", "mps"):
+        assert check_device(name) == name
+    for bad in ("gpu", "cuda:x", "cpu:0"):
+        with pytest.raises(ValueError, match="not a device"):
+            check_device(bad)
+
+
+def test_retriever_weight_decay_is_an_option_with_the_old_default():
+    assert TrainRetrieverConfig(out="o", data="d").weight_decay == 0.01
+    assert TrainRetrieverConfig(out="o", data="d", weight_decay=0).weight_decay == 0
+    with pytest.raises(ValidationError, match="weight_decay"):
+        TrainRetrieverConfig(out="o", data="d", weight_decay=-0.1)
+
+
+def test_limit_is_refused_with_dp():
+    with pytest.raises(ValidationError, match="--limit cannot be used with DP"):
+        FinetuneConfig(out="o", data="d", model="m", limit=5)
+    assert FinetuneConfig(out="o", data="d", model="m", limit=5, epsilon="inf").limit == 5
+    with pytest.raises(ValidationError, match="--limit cannot be used with DP"):
+        TrainRetrieverConfig(out="o", data="d", dp="batch", limit=5)
+
+
+def test_registry_names_a_stage_config_and_module_per_stage():
+    for name, entry in STAGES.items():
+        assert issubclass(entry.config_type(), StageConfig)
+        assert entry.module.startswith("synthq.stages.")
+        assert f"``synthq {name}``" in entry.config_type().__doc__
+    with pytest.raises(SynthqError, match="unknown stage 'nope'"):
+        stage_entry("nope")
+
+
+def test_search_config():
+    config = SearchConfig(query=["boil", "an egg"], retriever="r")
+    assert config.queries() == ["boil an egg"] and config.top_k == 10 and config.corpus == "embedded"
+    assert SearchConfig(query=["boil", "an egg"], retriever="r", each=True).queries() == ["boil", "an egg"]
+    valid = {"query": ["q"], "retriever": "r"}
+    for bad in ({"query": []}, {"retriever": None}, {"top_k": 0}, {"device": "gpu"}, {"x": 1}):
+        bad = {k: v for k, v in {**valid, **bad}.items() if v is not None}
+        with pytest.raises(ValidationError):
+            SearchConfig(**bad)

@@ -1,0 +1,242 @@
+"""The accountants: calibration and ε checked against Opacus directly, pinned ε values, and the
+recomputation that refuses an edited ε."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opacus.accountants import RDPAccountant, create_accountant
+from opacus.accountants.utils import get_noise_multiplier
+
+from synthq.privacy.accounting import (
+    MIN_NOISE_MULTIPLIER,
+    check_recorded_epsilon,
+    default_delta,
+    epsilon_for,
+    noise_multiplier_for,
+    recomputed_epsilon,
+    validate_budget,
+)
+from synthq.privacy.guarantee import Guarantee, compose_all
+from synthq.runtime.errors import PrivacyError
+
+
+def test_noise_multiplier_matches_opacus_and_reaches_target():
+    calibration = noise_multiplier_for(8.0, 1e-5, sample_rate=0.01, steps=500)
+    expected = get_noise_multiplier(
+        target_epsilon=8.0,
+        target_delta=1e-5,
+        sample_rate=0.01,
+        steps=500,
+        accountant="rdp",
+        epsilon_tolerance=0.01,
+    )
+    # synthq's bounded search (log-σ bisection) and Opacus' land within the same ε tolerance
+    assert calibration.noise_multiplier == pytest.approx(expected, rel=1e-3)
+    assert calibration.epsilon <= 8.0
+    assert calibration.epsilon > 8.0 - 0.05  # not wastefully noisy
+    independent = RDPAccountant()
+    independent.history = [(calibration.noise_multiplier, 0.01, 500)]
+    assert calibration.epsilon == pytest.approx(independent.get_epsilon(delta=1e-5))
+
+
+def test_epsilon_is_monotone():
+    sigmas = [0.6, 0.8, 1.0, 1.5, 3.0]
+    epsilons = [epsilon_for(s, 1e-5, 0.02, 300).epsilon for s in sigmas]
+    assert epsilons == sorted(epsilons, reverse=True)
+    steps = [50, 100, 400]
+    by_steps = [epsilon_for(1.0, 1e-5, 0.02, n).epsilon for n in steps]
+    assert by_steps == sorted(by_steps)
+    targets = [1.0, 3.0, 8.0, 16.0]
+    noises = [noise_multiplier_for(t, 1e-5, 0.02, 300).noise_multiplier for t in targets]
+    assert noises == sorted(noises, reverse=True)
+
+
+def test_prv_agrees_roughly_with_rdp_and_falls_back_when_it_fails():
+    prv = epsilon_for(1.0, 1e-5, 0.01, 200, accountant="prv")
+    rdp = epsilon_for(1.0, 1e-5, 0.01, 200, accountant="rdp")
+    assert prv.accountant == "prv"
+    assert prv.epsilon <= rdp.epsilon * 1.05  # PRV is tighter than RDP
+    # enormous ε: PRV would exhaust memory, so RDP answers and says why
+    huge = epsilon_for(0.3, 1e-5, 0.5, 2000, accountant="prv")
+    assert huge.accountant == "rdp" and "beyond PRV" in huge.fallback_reason
+    assert huge.epsilon == pytest.approx(epsilon_for(0.3, 1e-5, 0.5, 2000).epsilon)
+
+
+def test_prv_calibration_needs_less_noise_than_rdp():
+    prv = noise_multiplier_for(8.0, 1e-5, 0.01, 200, accountant="prv")
+    rdp = noise_multiplier_for(8.0, 1e-5, 0.01, 200, accountant="rdp")
+    assert prv.accountant == "prv" and prv.epsilon <= 8.0
+    assert prv.noise_multiplier < rdp.noise_multiplier
+    assert prv.epsilon == pytest.approx(epsilon_for(prv.noise_multiplier, 1e-5, 0.01, 200, "prv").epsilon)
+
+
+def test_non_private_noise_is_zero():
+    calibration = noise_multiplier_for(math.inf, 1e-5, 0.1, 10)
+    assert calibration.noise_multiplier == 0 and math.isinf(calibration.epsilon)
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "delta", "message"),
+    [
+        (0.0, 1e-5, "ε must be > 0"),
+        (-1.0, 1e-5, "ε must be > 0"),
+        (1.0, 1.0, "δ must be in"),
+        (1.0, 0.0, "δ"),
+    ],
+)
+def test_impossible_budgets_are_rejected(epsilon, delta, message):
+    with pytest.raises(PrivacyError, match=message):
+        validate_budget(epsilon, delta)
+
+
+def test_bad_sampling_rate_and_steps_and_accountant():
+    with pytest.raises(PrivacyError, match="sampling rate"):
+        epsilon_for(1.0, 1e-5, 1.5, 10)
+    with pytest.raises(PrivacyError, match="sampling rate"):
+        noise_multiplier_for(8.0, 1e-5, 0.0, 10)
+    with pytest.raises(PrivacyError, match="steps"):
+        epsilon_for(1.0, 1e-5, 0.1, 0)
+    with pytest.raises(PrivacyError, match="accountant"):
+        epsilon_for(1.0, 1e-5, 0.1, 10, accountant="gdp-typo")
+
+
+def test_unreachable_epsilon_is_a_clear_error():
+    with pytest.raises(PrivacyError, match="cannot be reached"):
+        noise_multiplier_for(1e-4, 1e-10, 1.0, 100000)
+
+
+def test_delta_not_below_one_over_n_is_refused():
+    with pytest.raises(PrivacyError, match="not below 1/n"):
+        validate_budget(8.0, 0.01, num_examples=1000)
+    with pytest.raises(PrivacyError, match="not below 1/n"):
+        validate_budget(8.0, 1 / 1000, num_examples=1000)
+    validate_budget(8.0, 1 / 2000, num_examples=1000)
+    assert default_delta(1000) == pytest.approx(1 / 2000)
+    with pytest.raises(PrivacyError):
+        default_delta(0)
+
+
+# Pinned values: the accountants' answers for fixed inputs, computed once with Opacus 1.x (as
+# installed when these were written). An Opacus (or numpy/scipy) change that moves ε fails here
+# first, before it silently changes every recorded ε: re-pin only after checking the new numbers.
+# (σ, q, steps, δ) -> {accountant: ε}
+PINNED_EPSILONS = [
+    ((1.0, 0.01, 1000, 1e-5), {"rdp": 2.1013652716430564, "prv": 1.838371637017295}),
+    ((0.8, 0.05, 200, 1e-6), {"rdp": 9.905257248336731, "prv": 8.87615791801311}),
+    ((2.0, 0.1, 500, 1e-5), {"rdp": 6.034322441891099, "prv": 5.565770873458627}),
+    ((1.5, 1.0, 10, 1e-3), {"rdp": 9.012422358217766, "prv": 8.137329246482881}),  # full batch
+]
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+@pytest.mark.parametrize(("inputs", "expected"), PINNED_EPSILONS)
+def test_epsilon_is_pinned(inputs, expected, accountant):
+    sigma, sample_rate, steps, delta = inputs
+    calibration = epsilon_for(sigma, delta, sample_rate, steps, accountant)
+    assert calibration.accountant == accountant and calibration.fallback_reason == ""
+    assert calibration.noise_multiplier == sigma
+    assert calibration.epsilon == pytest.approx(expected[accountant], rel=1e-6)
+
+
+# (target ε, δ, q, steps, accountant) -> (σ, ε reached)
+PINNED_CALIBRATIONS = [
+    ((8.0, 1e-5, 0.01, 500, "rdp"), (0.5727902350169012, 7.99465619431207)),
+    ((2.0, 1e-6, 0.004, 2000, "rdp"), (0.8876508790587374, 1.9905929020999251)),
+    ((2.0, 1e-6, 0.004, 2000, "prv"), (0.8061673022701424, 1.9962140944122302)),
+]
+
+
+@pytest.mark.parametrize(("inputs", "expected"), PINNED_CALIBRATIONS)
+def test_noise_multiplier_is_pinned(inputs, expected):
+    target, delta, sample_rate, steps, accountant = inputs
+    calibration = noise_multiplier_for(target, delta, sample_rate, steps, accountant)
+    assert calibration.accountant == accountant
+    assert calibration.noise_multiplier == pytest.approx(expected[0], rel=1e-6)
+    assert calibration.epsilon == pytest.approx(expected[1], rel=1e-6)
+    assert target - 0.01 <= calibration.epsilon <= target  # within the default tolerance, from below
+
+
+# PRV calibrates by repeated PRV calls (seconds each at thousands of steps): its run is marked slow.
+@pytest.mark.parametrize(
+    ("accountant", "max_examples"), [("rdp", 25), pytest.param("prv", 10, marks=pytest.mark.slow)]
+)
+def test_calibration_never_overshoots_the_target(accountant, max_examples):
+    """For any budget, the calibrated σ gives ε ≤ the target under the accountant that reports
+    it (an independent Opacus call), or the budget is refused as meaningless because even the
+    least noise synthq adds already meets it."""
+
+    @settings(max_examples=max_examples, deadline=None, database=None)
+    @given(
+        target=st.floats(0.5, 20.0),
+        log_sample_rate=st.floats(-3.0, 0.0),
+        steps=st.integers(1, 2000),
+        log_delta=st.floats(-8.0, -3.0),
+    )
+    def check(target, log_sample_rate, steps, log_delta):
+        sample_rate, delta = 10**log_sample_rate, 10**log_delta
+        try:
+            calibration = noise_multiplier_for(target, delta, sample_rate, steps, accountant)
+        except PrivacyError as error:
+            assert "beyond any meaningful guarantee" in str(error)
+            assert epsilon_for(MIN_NOISE_MULTIPLIER, delta, sample_rate, steps).epsilon <= target
+            return
+        independent = create_accountant(mechanism=calibration.accountant)
+        independent.history = [(calibration.noise_multiplier, sample_rate, steps)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Opacus' "optimal order" warning: a valid, looser bound
+            epsilon = max(0.0, float(independent.get_epsilon(delta=delta)))
+        assert epsilon == pytest.approx(calibration.epsilon, rel=1e-9, abs=1e-12)
+        assert calibration.epsilon <= target
+
+    check()
+
+
+def dp_guarantee(sigma: float, sample_rate: float, steps: int, delta: float, **changes) -> Guarantee:
+    """A guarantee as a DP stage records it: ε with the parameters that reproduce it."""
+    epsilon = epsilon_for(sigma, delta, sample_rate, steps).epsilon
+    fields = {
+        "epsilon": epsilon,
+        "delta": delta,
+        "unit": "query",
+        "mechanism": "dp-adam",
+        "accountant": "rdp",
+        "details": {"noise_multiplier": sigma, "sample_rate": sample_rate, "steps": steps},
+    }
+    return Guarantee(**{**fields, **changes})
+
+
+def test_a_recorded_epsilon_is_recomputed_from_its_parameters():
+    recorded = dp_guarantee(1.0, 0.01, 1000, 1e-5)
+    assert recomputed_epsilon(recorded) == pytest.approx(2.1013652716430564, rel=1e-6)
+    check_recorded_epsilon(recorded, "a manifest")  # consistent: accepted
+    edited = recorded.model_copy(update={"epsilon": 1.0})
+    with pytest.raises(PrivacyError, match="recorded ε = 1 does not match"):
+        check_recorded_epsilon(edited, "a manifest")
+    # the accountant's δ is the one recorded in the details when the headline δ differs
+    at_other_delta = recorded.model_copy(
+        update={"delta": 1e-3, "details": {**recorded.details, "accountant_delta": 1e-5}}
+    )
+    assert recomputed_epsilon(at_other_delta) == pytest.approx(recorded.epsilon, rel=1e-9)
+
+
+def test_recomputation_of_composed_selected_public_and_non_private_guarantees():
+    first, second = dp_guarantee(1.0, 0.01, 100, 1e-5), dp_guarantee(2.0, 0.1, 500, 1e-5)
+    composed = compose_all([first, second], "two runs")
+    assert recomputed_epsilon(composed) == pytest.approx(first.epsilon + second.epsilon, rel=1e-9)
+    check_recorded_epsilon(composed, "composed")
+    with pytest.raises(PrivacyError, match="does not match"):
+        check_recorded_epsilon(composed.model_copy(update={"epsilon": first.epsilon}), "composed")
+    selection = Guarantee(
+        epsilon=1.5, mechanism="report-noisy-max", details={"epsilon_per_selection": 0.5, "selections": 3}
+    )
+    assert recomputed_epsilon(selection) == 1.5
+    assert recomputed_epsilon(Guarantee.public()) == 0.0
+    assert math.isinf(recomputed_epsilon(Guarantee.non_private("no DP")))
+    # nothing to recompute from: accepted as recorded (no parameters, or an unknown accountant)
+    assert recomputed_epsilon(Guarantee(epsilon=3.0, mechanism="dp-adam")) is None
+    assert recomputed_epsilon(dp_guarantee(1.0, 0.01, 100, 1e-5, accountant="gdp")) is None

@@ -1,0 +1,101 @@
+"""Private splits: scores of a private split are ε = ∞ for any encoder, a selection on a private dev
+split is accounted (report-noisy-max has sensitivity one), and --limit is refused with DP."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from synthq.cli.app import app
+from synthq.config.evaluation import EvalConfig
+from synthq.config.generator import FinetuneConfig
+from synthq.config.retriever import TrainRetrieverConfig
+from synthq.retrieval.selection import Candidate, selection_utility
+from synthq.stages import evaluate, train_retriever
+from tests.helpers import private_copy, retriever_config
+
+
+def test_eval_on_a_private_split_is_infinite_even_for_a_public_encoder(tmp_path, tiny_beir, tiny_encoder_dir):
+    data = private_copy(tmp_path, tiny_beir)
+    result = evaluate.run(
+        EvalConfig(
+            out=tmp_path / "ev", datasets=[str(data)], split="train", untrained=[str(tiny_encoder_dir)]
+        )
+    )
+    rows = json.loads((result.path / "results.json").read_text())
+    assert math.isinf(result.privacy.epsilon) and all(math.isinf(float(r["epsilon"])) for r in rows)
+    assert result.manifest["own_privacy"]["mechanism"] == "none"
+    public = evaluate.run(
+        EvalConfig(out=tmp_path / "ev-test", datasets=[str(data)], untrained=[str(tiny_encoder_dir)])
+    )
+    assert public.privacy.epsilon == 0
+
+
+def test_selection_on_a_private_dev_split_is_accounted(tmp_path, tiny_beir, tiny_encoder_dir):
+    data = private_copy(tmp_path, tiny_beir)
+    retrievers = [
+        train_retriever.run(
+            retriever_config(tmp_path / f"dp-{lr}", data, tiny_encoder_dir, dp="batch", epsilon=4, lr=lr)
+        )
+        for lr in (1e-5, 1e-3)
+    ]
+    paths = [str(r.path) for r in retrievers]
+    dev = evaluate.run(EvalConfig(out=tmp_path / "dev", retrievers=paths, datasets=[str(data)], split="dev"))
+    assert math.isinf(dev.privacy.epsilon)  # scores of private dev queries
+    unaccounted = evaluate.run(
+        EvalConfig(out=tmp_path / "test", retrievers=paths, datasets=[str(data)], select_on=str(dev.path))
+    )
+    rows = [
+        r for r in json.loads((unaccounted.path / "results.json").read_text()) if r["kind"] == "retriever"
+    ]
+    assert math.isinf(unaccounted.privacy.epsilon)
+    assert rows and all(r["selection"]["how"] == "on private dev, unaccounted" for r in rows)
+    assert "dev ndcg@10" not in (unaccounted.path / "selection.md").read_text()  # private scores stay out
+    noisy = evaluate.run(
+        EvalConfig(
+            out=tmp_path / "test-noisy",
+            retrievers=paths,
+            datasets=[str(data)],
+            select_on=str(dev.path),
+            select_epsilon=1.0,
+        )  # fmt: skip
+    )
+    (kept,) = [r for r in json.loads((noisy.path / "results.json").read_text()) if r["kind"] == "retriever"]
+    selection = [r for r in noisy.releases if r["guarantee"]["mechanism"] == "report-noisy-max"]
+    assert len(selection) == 1 and selection[0]["guarantee"]["epsilon"] == pytest.approx(1.0)
+    # dev queries are other units than the training queries: per unit, ε = max(4, 1), not 4 + 1
+    assert float(kept["epsilon"]) == pytest.approx(kept["model_epsilon"]) == pytest.approx(4.0, abs=0.05)
+    assert noisy.privacy.epsilon == pytest.approx(kept["model_epsilon"])
+
+
+def test_report_noisy_max_utility_has_sensitivity_one_and_is_monotone():
+    per_query = {"a": [0.2, 1.0, 0.0, 0.7], "b": [0.9, 0.1, 0.5, 0.5], "c": [1.0, 1.0, 1.0, 0.0]}
+
+    def utilities(drop: int | None) -> dict[str, float]:
+        out = {}
+        for name, scores in per_query.items():
+            kept = [s for i, s in enumerate(scores) if i != drop]
+            row = {"queries": len(kept), "metrics": {"ndcg@10": sum(kept) / len(kept)}}
+            out[name] = selection_utility(Candidate(name, [row], row["metrics"]["ndcg@10"]))
+        return out
+
+    full = utilities(None)
+    for drop in range(4):  # brute force over neighbouring dev sets
+        changes = [full[k] - v for k, v in utilities(drop).items()]
+        assert all(-1e-9 <= c <= 1 + 1e-9 for c in changes)
+
+
+def test_limit_is_refused_with_dp(tiny_beir):
+    with pytest.raises(ValidationError, match="--limit cannot be used with DP"):
+        FinetuneConfig(data=str(tiny_beir), model="x", out="o", limit=5, epsilon=8)
+    with pytest.raises(ValidationError, match="--limit cannot be used with DP"):
+        TrainRetrieverConfig(data=str(tiny_beir), out="o", limit=5, dp="group")
+    assert FinetuneConfig(data=str(tiny_beir), model="x", out="o", limit=5, epsilon="inf").limit == 5
+    result = CliRunner().invoke(app, ["finetune-lm", "--data", str(tiny_beir), "--model", "x", "--out",
+                                      "o", "--limit", "5"])  # fmt: skip
+    assert result.exit_code != 0 and "--limit cannot be used with DP" in result.output + str(result.exception)
+

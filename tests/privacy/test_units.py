@@ -1,0 +1,94 @@
+"""Unit sets: stored and read back by their sha256, and which releases share privacy units."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from synthq.privacy.keys import key_id, state_dir, unit_digests
+from synthq.privacy.units import (
+    REGISTRY,
+    UNITS_DIR,
+    load_unit_set,
+    register_private_data,
+    registered_private_data,
+    sharing_groups,
+    store_unit_set,
+)
+
+
+def test_a_unit_set_is_stored_and_read_back_by_its_sha256(tmp_path):
+    record = store_unit_set("query", ["q2", "q1", "q2"], also_in=tmp_path / "art" / "diagnostics")
+    data = unit_digests("query", ["q1", "q2"])
+    assert record == {
+        "kind": "query",
+        "count": 2,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "key_id": key_id(),
+    }
+    kept = state_dir(UNITS_DIR) / f"{record['sha256']}.bin"
+    assert kept.read_bytes() == data and (tmp_path / "art" / "diagnostics" / "units.bin").read_bytes() == data
+    assert load_unit_set(record) == data
+    kept.unlink()  # the state directory lost it: the releasing artifact's diagnostics still hold it
+    assert load_unit_set(record) is None
+    assert load_unit_set(record, str(tmp_path / "art")) == data
+    (tmp_path / "art" / "diagnostics" / "units.bin").write_bytes(data[:8])  # altered: not this set
+    assert load_unit_set(record, str(tmp_path / "art")) is None
+    assert load_unit_set(None) is None and load_unit_set({}) is None
+
+
+def test_sharing_groups_on_a_chain_of_overlapping_releases():
+    a = {"id": "a", "units": store_unit_set("query", ["q1", "q2"])}
+    b = {"id": "b", "units": store_unit_set("query", ["q2", "q3"])}
+    c = {"id": "c", "units": store_unit_set("query", ["q3", "q4"])}
+    # no unit is in all three: a unit in q2 counts a and b, one in q3 counts b and c
+    assert sharing_groups([a, b, c]) == [["a", "b"], ["b", "c"]]
+    empty = {"id": "e", "units": store_unit_set("query", [])}
+    assert sharing_groups([a, empty]) == [["a"], ["e"]]  # a release with no units still counts once
+    assert sharing_groups([a]) == [["a"]] and sharing_groups([]) == []
+    same = {"id": "s", "units": store_unit_set("query", ["q4", "q3"])}
+    assert sharing_groups([c, same]) == [["c", "s"]]
+
+
+def test_sharing_groups_are_exact_on_disjoint_and_shared_units():
+    a = {"id": "a", "units": store_unit_set("query", ["q1", "q2", "q3"])}
+    b = {"id": "b", "units": store_unit_set("query", ["q3", "q4"])}
+    c = {"id": "c", "units": store_unit_set("query", ["q9"])}
+    assert sharing_groups([a, b, c]) == [["a", "b"], ["c"]]
+    lost = {"id": "d", "units": {"kind": "query", "count": 2, "sha256": "0" * 64}}
+    assert sharing_groups([a, c, lost]) == [["a", "d"], ["c", "d"]]  # unknown set: assumed shared
+    user = {"id": "u", "units": store_unit_set("user", ["alice"])}
+    assert sharing_groups([a, user]) == [["a", "u"]]  # users hold queries: never assumed apart
+
+
+def test_a_unit_set_digested_under_another_key_is_assumed_shared(tmp_path, monkeypatch):
+    """A colleague's artifact on a shared disk carries its unit set in diagnostics, digested under
+    their key: it can never intersect ours, so it must count as unknown (shared), not disjoint."""
+    colleague = tmp_path / "colleague-state"
+    monkeypatch.setenv("SYNTHQ_STATE", str(colleague))
+    theirs = {
+        "id": "theirs",
+        "units": store_unit_set("query", ["q1", "q2"], also_in=tmp_path / "art" / "diagnostics"),
+    }
+    theirs["path"] = str(tmp_path / "art")
+    monkeypatch.setenv("SYNTHQ_STATE", str(tmp_path / "my-state"))
+    ours = {"id": "ours", "units": store_unit_set("query", ["q1", "q2"])}
+    other = {"id": "other", "units": store_unit_set("query", ["q9"])}
+    assert theirs["units"]["key_id"] != ours["units"]["key_id"]
+    assert sharing_groups([theirs, ours, other]) == [["other", "theirs"], ["ours", "theirs"]]
+
+
+def test_private_data_is_registered_once_by_its_keyed_digest(tmp_path, monkeypatch):
+    monkeypatch.setenv("SYNTHQ_STATE", str(tmp_path / "state"))
+    assert registered_private_data() == frozenset()
+    register_private_data({"sha256": "hmac:aaa", "name": "train", "kind": "data"})
+    register_private_data({"sha256": "hmac:aaa", "name": "train again", "kind": "data"})
+    register_private_data({"sha256": "bbb", "kind": "artifact"})  # an artifact is not a dataset
+    register_private_data({"name": "no digest"})
+    registry = state_dir() / REGISTRY
+    assert [json.loads(line) for line in registry.read_text().splitlines()] == [
+        {"sha256": "hmac:aaa", "name": "train"}
+    ]
+    with open(registry, "a", encoding="utf-8") as handle:
+        handle.write('{"sha256": "hmac:ccc", "na')  # a torn last line from a killed process
+    assert registered_private_data() == frozenset({"hmac:aaa"})
