@@ -20,15 +20,15 @@ def test_retriever_weight_decay_reaches_the_optimizer(tmp_path, tiny_beir, tiny_
 
     seen = []
 
-    def adam(parameters, lr, weight_decay=0.0, decoupled=False):
-        seen.append((lr, weight_decay, decoupled))
+    def make_optimizer(name, parameters, lr, weight_decay=0.0):
+        seen.append((name, lr, weight_decay))
         raise Stop
 
-    monkeypatch.setattr(train_retriever, "adam", adam)
+    monkeypatch.setattr(train_retriever, "make_optimizer", make_optimizer)
     base = ["train-retriever", "--data", str(tiny_beir), "--encoder", str(tiny_encoder_dir),
             "--out", str(tmp_path / "r"), "--batch-size", "4", "--max-steps", "1", "--seed", "0"]  # fmt: skip
     for extra in ([], ["--weight-decay", "0.05"]):
         result = runner.invoke(app, base + extra)
         assert isinstance(result.exception, Stop), result.output
-    assert seen == [(2e-5, 0.01, True), (2e-5, 0.05, True)]
+    assert seen == [("adamw", 2e-5, 0.01), ("adamw", 2e-5, 0.05)]
     assert not (tmp_path / "r").exists()
