@@ -37,7 +37,7 @@ def _isolated_state_for_the_session(tmp_path_factory):
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Each test session gets its own cache, except for converted packaged models (slow to redo)."""
     monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path_factory.getbasetemp() / "synthq-cache"))
-    # the owner's key, unit sets and private-data registry: one per test session, never the user's
+    # the owner's key, unit sets and accountant memo: one per test session, never the user's
     monkeypatch.setenv("SYNTHQ_STATE", str(tmp_path_factory.getbasetemp() / "synthq-state"))
 
 

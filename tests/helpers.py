@@ -275,6 +275,9 @@ def run_main(argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
     """``synthq ARGV`` in this process through the real entry point; (exit status, stderr+stdout)."""
     monkeypatch.setattr(sys, "argv", ["synthq", *argv])
     monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() replaces it
+    from synthq.runtime import console
+
+    monkeypatch.setitem(console._state, "verbosity", console._state["verbosity"])  # -q must not leak
     capsys.readouterr()
     try:
         main()

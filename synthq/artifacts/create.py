@@ -3,8 +3,9 @@
 :func:`create_artifact` hands the stage an :class:`~synthq.artifacts.writer.ArtifactWriter` on a
 hidden sibling ``.<name>.partial``, under the output lock, and renames it into place only when the
 stage succeeded; on any failure the partial directory is deleted, or kept for ``--resume``.
-Finishing writes the private diagnostics, the model card, the payload hashes and the sealed
-manifest, whose guarantee is composed from the recorded releases.
+Finishing writes the private diagnostics, the model card, the payload hashes (diagnostics by keyed
+digests, :func:`synthq.privacy.digests.artifact_digest`) and the sealed manifest, whose guarantee
+is composed from the recorded releases.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import Any
 
 from synthq import __version__
 from synthq.artifacts.freshness import config_fingerprint, refuse_if_finished_meanwhile
-from synthq.artifacts.hashing import config_to_dict, json_default, json_safe, sha256_file
+from synthq.artifacts.hashing import config_to_dict, json_default, json_safe
 from synthq.artifacts.locking import check_output_free, output_lock
 from synthq.artifacts.manifest import MANIFEST, SCHEMA_VERSION, STAGES, write_manifest
 from synthq.artifacts.process_state import this_process
 from synthq.artifacts.writer import CHECKPOINTS, DIAGNOSTICS, ArtifactWriter
+from synthq.privacy.digests import artifact_digest
 from synthq.privacy.guarantee import compose_releases
 from synthq.runtime.errors import ArtifactError
 
@@ -158,10 +160,15 @@ def _finish(writer: ArtifactWriter) -> None:
         **writer.extra,
     }
     write_model_card(writer.dir, manifest)
+    # Payload files are released: their plain sha256 tells nothing new. Diagnostics are private
+    # (ε = ∞): listed by keyed digests only (a plain sha256 of un-noised dev scores would let anyone
+    # test a hypothesised dev set against it), which the owner still verifies on open.
+    files = [p for p in sorted(writer.dir.rglob("*")) if p.is_file() and p.name != MANIFEST]
     hashes = {
-        p.relative_to(writer.dir).as_posix(): sha256_file(p)
-        for p in sorted(writer.dir.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
+        p.relative_to(writer.dir).as_posix(): artifact_digest(
+            p, private=p.relative_to(writer.dir).parts[0] == DIAGNOSTICS
+        )
+        for p in files
     }
     private = {k: v for k, v in hashes.items() if k.startswith(DIAGNOSTICS + "/")}
     manifest["files"] = {k: v for k, v in hashes.items() if k not in private}

@@ -27,7 +27,7 @@ def export_artifact(path: str | Path, out: str | Path) -> tuple[Artifact, list[s
     installation cannot vouch for its guarantee."""
     source = open_artifact(path)
     if not source.verified:
-        raise ArtifactError(f"{source.path}: {source.unverified_assumption}; export it where it was made")
+        raise ArtifactError(f"{source.path}: {source.unverified_reason}; export it where it was made")
     out = Path(out)
     if out.exists():
         raise ArtifactError(f"{out}: already exists; choose a new directory for the release")

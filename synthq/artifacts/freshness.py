@@ -21,9 +21,17 @@ from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_arti
 from synthq.artifacts.process_state import this_process
 from synthq.artifacts.records import current_input_hash
 from synthq.runtime.errors import ArtifactError
+from synthq.runtime.paths import recorded_location, recorded_path
 
 # Fields that never change what a stage computes, so they are left out of its fingerprint.
 VOLATILE_CONFIG_KEYS = frozenset({"out", "force", "resume"})
+
+
+def input_location(artifact: Artifact, record: dict) -> Path:
+    """Where an input that ``artifact`` recorded is now, from any working directory (absolute as
+    recorded; an older relative record against the directory its command ran in, see
+    :func:`synthq.runtime.paths.recorded_location`)."""
+    return recorded_location(record["path"], artifact.path, artifact.config.get("out"))
 
 
 def config_fingerprint(config: Any, inputs: list[dict]) -> str:
@@ -38,12 +46,13 @@ def check_resumable(path: Path, state: dict, config: Any, inputs: list[dict]) ->
     """Refuse to resume from the private checkpoint ``state`` (its ``config`` and ``inputs`` as
     JSON) when it was written with other settings or on inputs whose content has changed since:
     the accounting of the work already done was for the data it read."""
-    saved_inputs = {
-        (r.get("role") or r.get("kind"), r["path"]): r["sha256"]
+    saved_inputs = {  # by resolved path: a resume from another directory names the same inputs
+        (r.get("role") or r.get("kind"), recorded_path(r["path"])): r["sha256"]
         for r in json.loads(state.get("inputs", "[]"))
     }
     for record in inputs:
-        if saved_inputs.get((record.get("role") or record.get("kind"), record["path"])) != record["sha256"]:
+        key = (record.get("role") or record.get("kind"), recorded_path(record["path"]))
+        if saved_inputs.get(key) != record["sha256"]:
             raise ArtifactError(
                 f"{path}: cannot resume, the input {record['path']} changed since the interrupted run "
                 "read it; drop --resume to start over on the new data"
@@ -86,7 +95,7 @@ def is_still_up_to_date(out: str | Path, stage: str, config: Any) -> bool:
         return False
     inputs = []
     for record in artifact.inputs:
-        now = current_input_hash(record)
+        now = current_input_hash({**record, "path": str(input_location(artifact, record))})
         if now is None:
             return False
         inputs.append({**record, "sha256": now})
@@ -105,8 +114,41 @@ def existing_result(stage: str, config: Any, inputs: list[dict]) -> Artifact | N
             debug(f"up to date: {out} ({stage}); pass --force to redo it")
             return artifact
     check_output_free(out, force=getattr(config, "force", False), inputs=inputs)
+    _refuse_to_discard_silently(out, config)
     this_process.seen[out.resolve()] = _manifest_state(out)
     return None
+
+
+def interrupted_checkpoint(out: str | Path) -> Path | None:
+    """The checkpoints an interrupted run (Ctrl-C, SIGTERM, kill -9, a crash) left for ``out``,
+    if any: what ``--resume`` continues from."""
+    from synthq.artifacts.create import partial_dir  # create imports this module
+    from synthq.artifacts.writer import CHECKPOINTS
+
+    checkpoints = partial_dir(Path(out)) / CHECKPOINTS
+    if not checkpoints.is_dir():
+        return None
+    whole = [p for p in checkpoints.iterdir() if not p.name.endswith(".tmp")]  # .tmp: cut off mid-write
+    return checkpoints if whole else None
+
+
+def _refuse_to_discard_silently(out: Path, config: Any) -> None:
+    """A run without ``--resume`` would start from step 0 and delete an interrupted run's
+    checkpoint: only with ``--force`` (said in one line); otherwise ask which is meant."""
+    if getattr(config, "resume", False) or "resume" not in type(config).model_fields:
+        return
+    checkpoints = interrupted_checkpoint(out)
+    if checkpoints is None:
+        return
+    if getattr(config, "force", False):
+        from synthq.runtime.console import info
+
+        info(f"{out}: discarding the interrupted run's checkpoint in {checkpoints.parent} (--force)")
+        return
+    raise ArtifactError(
+        f"{out}: an interrupted run left a checkpoint in {checkpoints.parent}; rerun with --resume to "
+        "continue it, or with --force to discard it and start over"
+    )
 
 
 def _manifest_state(out: Path) -> tuple[int, int] | None:

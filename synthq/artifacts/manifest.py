@@ -17,8 +17,9 @@ from pathlib import Path
 from synthq.artifacts.hashing import json_default, json_safe, sha256_file
 from synthq.config.registry import STAGES as STAGE_REGISTRY
 from synthq.privacy.accounting import check_recorded_epsilon
+from synthq.privacy.digests import is_keyed
 from synthq.privacy.guarantee import Guarantee, compose_releases
-from synthq.privacy.keys import check_seal, key_id, seal
+from synthq.privacy.keys import check_seal, key_id, private_data_digest, seal
 from synthq.runtime.errors import ArtifactError
 
 # 2: guarantees recomputed from recorded releases, keyed private-data digests, sealed manifests.
@@ -53,12 +54,19 @@ class Artifact:
         return guarantee if self.verified else guarantee.assuming(self.unverified_assumption)
 
     @property
-    def unverified_assumption(self) -> str:
+    def unverified_reason(self) -> str:
+        """What is known about a foreign seal, and only that: whether the manifest was edited is
+        not known either way."""
         stamp = self.manifest.get("seal", {})
         return (
-            f"the manifest of {self.path} was not edited: it was sealed under another key "
-            f"(id {stamp.get('key_id')}; this installation's is {key_id()}), so synthq cannot verify it"
+            f"sealed under another key (id {stamp.get('key_id')}; this installation's is {key_id()}): "
+            "synthq cannot check whether it was edited"
         )
+
+    @property
+    def unverified_assumption(self) -> str:
+        """The assumption an unverifiable manifest adds to its guarantee, worded as an assumption."""
+        return f"the manifest of {self.path} is unedited ({self.unverified_reason})"
 
     @property
     def releases(self) -> list[dict]:
@@ -82,7 +90,12 @@ class Artifact:
         return sha256_file(self.path / MANIFEST)
 
     def input_record(self) -> dict:
-        return {"path": str(self.path), "kind": "artifact", "stage": self.stage, "sha256": self.manifest_hash}
+        return {
+            "path": str(Path(self.path).resolve()),  # found again from any working directory
+            "kind": "artifact",
+            "stage": self.stage,
+            "sha256": self.manifest_hash,
+        }
 
 
 def _read_manifest(path: Path) -> dict:
@@ -126,7 +139,12 @@ def open_artifact(
             file_path = path / relative
             if not file_path.is_file():
                 raise ArtifactError(f"{file_path}: payload file listed in the manifest is missing")
-            if sha256_file(file_path) != expected:
+            if is_keyed(expected):  # private diagnostics: a keyed digest (synthq.privacy.digests),
+                # verifiable under the key that sealed the manifest only
+                altered = verified and private_data_digest(sha256_file(file_path)) != expected
+            else:
+                altered = sha256_file(file_path) != expected
+            if altered:
                 raise ArtifactError(f"{file_path}: payload file was altered or truncated (sha256 mismatch)")
     check_privacy(manifest, path / MANIFEST)
     return Artifact(path=path, manifest=manifest, verified=verified)

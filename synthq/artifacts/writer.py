@@ -17,6 +17,7 @@ from pathlib import Path
 from synthq.artifacts.hashing import json_safe
 from synthq.artifacts.manifest import Artifact
 from synthq.privacy.guarantee import Guarantee, compose_releases
+from synthq.runtime.paths import recorded_path
 
 CHECKPOINTS = "checkpoints"  # inside a partial artifact: what --resume continues from
 DIAGNOSTICS = "diagnostics"
@@ -55,6 +56,11 @@ class ArtifactWriter:
     own_release: dict | None = None
     accounted: bool = False
 
+    def __post_init__(self) -> None:
+        # Paths recorded absolute and resolved, so that the ledger and the freshness checks are
+        # right from any working directory (synthq.runtime.paths.recorded_path).
+        self.inputs = [{**record, "path": recorded_path(record["path"])} for record in self.inputs]
+
     def inherit(self, source: Artifact) -> None:
         """``source``'s content flows into this artifact (post-processing, a starting model, a
         dataset that is an artifact): its releases and assumptions come along."""
@@ -78,20 +84,22 @@ class ArtifactWriter:
         """Record this artifact's own read of private data ``data`` (an input record): its
         guarantee (ε = ∞ for a read without DP) and the keyed set of the units it read
         (``unit_ids``, or ``units``: the record of a set another release already stored)."""
-        from synthq.privacy.units import register_private_data, store_unit_set
+        from synthq.privacy.units import store_unit_set
 
         if units is None:
             units = store_unit_set(unit_kind, list(unit_ids), also_in=self.dir / DIAGNOSTICS)
         record = {
             "id": secrets.token_hex(16),
             "stage": self.stage,
-            "path": str(self.path),
-            "data": {key: data.get(key) for key in ("name", "sha256", "kind")},
+            "path": str(Path(self.path).resolve()),
+            "data": {
+                **{key: data.get(key) for key in ("name", "sha256", "kind")},
+                **({"identity": data["identity"]} if data.get("identity") else {}),  # the ledger's grouping
+            },
             "unit": guarantee.unit,
             "units": units,
             "guarantee": json_safe(guarantee.model_dump(mode="json")),
         }
-        register_private_data(record["data"])
         self.own_release = record
         self.releases.append(record)
         self.accounted = True

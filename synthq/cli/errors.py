@@ -1,12 +1,15 @@
 """The entry point, :func:`main`: each failure a user can cause as one line and an exit status.
 
 Exit status: 0 success, 1 a file-system problem (permission, full disk), 2 a usage or input
-error (one line, no traceback), 130 interrupted. A bug keeps its traceback.
+error (one line, no traceback), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM, handled as
+Ctrl-C: the lock released, a resumable stage's checkpoint kept, one line). A bug keeps its
+traceback.
 """
 
 from __future__ import annotations
 
 import errno
+import signal
 import sys
 import warnings
 
@@ -16,7 +19,7 @@ from rich.markup import escape
 from synthq.cli.app import app
 from synthq.cli.options import Interrupted
 from synthq.runtime.console import console, verbosity
-from synthq.runtime.errors import SynthqError
+from synthq.runtime.errors import SynthqError, os_error_behind
 
 _DISK_ADVICE = {
     errno.ENOSPC: "free some space or choose an --out on another disk, then rerun",
@@ -44,6 +47,36 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     console.print(f"[bold yellow]warning:[/] {escape(first)} [dim]({category.__name__})[/]", highlight=False)
 
 
+class _Terminated:
+    """SIGTERM received: raised as a KeyboardInterrupt, so that everything Ctrl-C cleans up
+    (output locks, partial artifacts, process groups) is cleaned up the same way."""
+
+    received = False
+
+    @classmethod
+    def handler(cls, signum, frame) -> None:
+        if not cls.received:  # a second SIGTERM during the clean-up does not interrupt it
+            cls.received = True
+            raise KeyboardInterrupt
+
+
+def _handle_sigterm():
+    """Install the SIGTERM handler; the previous handler (None off the main thread, where
+    signals cannot be handled)."""
+    _Terminated.received = False
+    try:
+        return signal.signal(signal.SIGTERM, _Terminated.handler)
+    except ValueError:
+        return None
+
+
+def _interrupted(message: str) -> None:
+    """Ctrl-C (130) or SIGTERM (143): one line, the command's own advice on what to do next."""
+    if _Terminated.received:
+        _fail(f"terminated (SIGTERM){message.removeprefix('interrupted')}", 128 + signal.SIGTERM)
+    _fail(message, 130)
+
+
 def _fail(message: str, status: int) -> None:
     console.print(f"[bold red]synthq:[/] {escape(message)}", highlight=False)
     sys.exit(status)
@@ -65,18 +98,28 @@ def _run_app():
 def main() -> None:
     """Console entry point: every failure a user can cause prints one line, no traceback.
 
-    Exit status 2 for a usage or input error, 1 for a file-system problem, 130 for Ctrl-C."""
+    Exit status 2 for a usage or input error, 1 for a file-system problem, 130 for Ctrl-C, 143
+    for SIGTERM."""
+    warnings.showwarning = _one_line_warning
+    previous = _handle_sigterm()
+    try:
+        _main()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main() -> None:
     from pydantic import ValidationError
 
     from synthq.config.loading import validation_message
 
-    warnings.showwarning = _one_line_warning
     try:
         status = _run_app()
     except Interrupted as error:
-        _fail(str(error), 130)
+        _interrupted(str(error))
     except (KeyboardInterrupt, typer.Abort):
-        _fail("interrupted; rerun the command to start again", 130)
+        _interrupted("interrupted; rerun the command to start again")
     except SynthqError as error:
         _fail(str(error), 2)
     except ValidationError as error:
@@ -86,6 +129,8 @@ def main() -> None:
     except OSError as error:
         _fail(_os_error_line(error), 1)
     except Exception as error:
+        if (behind := os_error_behind(error)) is not None:  # a full disk inside torch / safetensors
+            _fail(_os_error_line(behind), 1)
         if not (hasattr(error, "format_message") and hasattr(error, "exit_code")):
             raise  # a bug: keep the traceback
         # (typer's vendored) click usage errors: unknown option, missing argument, bad choice

@@ -48,7 +48,7 @@ def info_command(
     if artifact.verified:
         result("seal: verified with this installation's key; ε recomputed from its releases")
     else:
-        result(f"[bold yellow]seal NOT verifiable[/]: {artifact.unverified_assumption}")
+        result(f"[bold yellow]seal NOT verifiable[/]: {artifact.path}: {artifact.unverified_reason}")
     result(f"created {artifact.manifest.get('created')} by synthq {artifact.manifest.get('synthq')}")
     result(
         f"[bold]privacy[/]: ε = {format_epsilon(guarantee.epsilon)}, δ = {guarantee.delta:.3g}, "

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from synthq.cli.options import Interrupted, OptionError
 from synthq.runtime.console import console, result
@@ -33,6 +34,7 @@ def run_command(
 ) -> None:
     """Run a whole pipeline: every stage through its public run, skipping up-to-date artifacts."""
     from synthq.pipeline.check import check_expected
+    from synthq.pipeline.inputs import missing_inputs
     from synthq.pipeline.plan import plan_pipeline
     from synthq.pipeline.progress import describe_plan
     from synthq.pipeline.run import run_plan
@@ -47,8 +49,14 @@ def run_command(
     plan = plan_pipeline(pipeline, overrides or [], force or [])
     for line in describe_plan(plan):
         console.print(line)
+    missing = missing_inputs(plan)
     if dry_run:
+        for line in missing:
+            console.print(escape(f"missing input: {line}"), highlight=False)
         return
+    if missing:  # refused now rather than when that stage is reached, perhaps hours in
+        more = f" (and {len(missing) - 1} more; see --dry-run)" if len(missing) > 1 else ""
+        raise OptionError(f"pipeline {plan.name!r}: {missing[0]}{more}; nothing was run")
     try:
         run_plan(plan)
     except KeyboardInterrupt:

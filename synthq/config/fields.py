@@ -137,6 +137,13 @@ def refuse_limit_with_dp(limit: int | None, private: bool) -> None:
         )
 
 
+def _named_path(value: Any) -> Any:
+    """An output path must name something: ``""`` would be the current directory."""
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("is empty; name the artifact directory to write")
+    return value
+
+
 class StageConfig(BaseModel):
     """Fields every stage has.
 
@@ -150,7 +157,7 @@ class StageConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
-    out: Path = Field(description="Artifact directory to write.")
+    out: Annotated[Path, BeforeValidator(_named_path)] = Field(description="Artifact directory to write.")
     force: bool = Field(
         False, description="Redo the stage even if an up-to-date artifact exists (replaces only artifacts)."
     )

@@ -4,7 +4,8 @@ BEIR directories are the exchange format; reading one parses each file once, in 
 pass, into an Arrow cache keyed by the file's sha256 (:mod:`synthq.data.store`) and returns
 lazy mappings over it (:mod:`synthq.data.tables`). The pass validates as it goes and raises
 :class:`~synthq.runtime.errors.DataError` with the file and line of the first problem: non-UTF-8 bytes,
-malformed JSON, a missing or duplicate ``_id``, empty text, a malformed qrels row; loading a
+malformed JSON, a missing or duplicate ``_id``, a non-string ``_id``/``title``/``text`` (its JSON
+type named), empty text, a malformed qrels row; loading a
 directory then checks that the qrels name only known query and document ids.
 """
 
@@ -75,10 +76,24 @@ def _iter_jsonl(lines: Iterable[bytes], path: Path) -> Iterator[tuple[int, dict]
         yield number, record
 
 
+_JSON_TYPES = {bool: "true/false", int: "a number", float: "a number", list: "a list", dict: "an object"}
+
+
+def _string_field(record: dict, name: str, path: Path, number: int) -> str:
+    """``record[name]`` as a string: absent or null is "", any other non-string JSON value is
+    refused (never stored as its Python repr, never called empty)."""
+    value = record.get(name)
+    if value is None or isinstance(value, str):
+        return value or ""
+    kind = _JSON_TYPES.get(type(value), type(value).__name__)
+    # the type only, never the value: a private query's words do not belong in a log
+    raise DataError(f"{name!r} is {kind}, expected a JSON string", path, number)
+
+
 def _record_id(record: dict, path: Path, number: int, seen: set[str]) -> str:
     if "_id" not in record:
         raise DataError("missing '_id'", path, number)
-    record_id = str(record["_id"]).strip()
+    record_id = _string_field(record, "_id", path, number).strip()
     if not record_id:
         raise DataError("empty '_id'", path, number)
     if record_id in seen:
@@ -132,8 +147,8 @@ def _parse_jsonl(lines: HashingReader, out: Path, schema: pa.Schema, values) -> 
 
 def _parse_corpus(lines: HashingReader, out: Path) -> None:
     def values(record: dict, doc_id: str, number: int) -> tuple[str, str]:
-        text = str(record.get("text") or "").strip()
-        title = str(record.get("title") or "").strip()
+        text = _string_field(record, "text", lines.path, number).strip()
+        title = _string_field(record, "title", lines.path, number).strip()
         if not text and not title:
             raise DataError(f"document {doc_id!r} has empty text", lines.path, number)
         return title, text
@@ -144,14 +159,16 @@ def _parse_corpus(lines: HashingReader, out: Path) -> None:
 
 def _parse_queries(lines: HashingReader, out: Path) -> None:
     def values(record: dict, query_id: str, number: int) -> tuple[str]:
-        text = str(record.get("text") or "").strip()
+        text = _string_field(record, "text", lines.path, number).strip()
         if not text:
             raise DataError(f"query {query_id!r} has empty text", lines.path, number)
         metadata = record.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise DataError(f"query {query_id!r}: 'metadata' is not a JSON object", lines.path, number)
         user = metadata.get("user_id")
-        user = "" if user is None else str(user).strip()
+        if isinstance(user, int | float) and not isinstance(user, bool):
+            user = str(user)  # numeric user ids are common and unambiguous
+        user = _string_field({"metadata.user_id": user}, "metadata.user_id", lines.path, number).strip()
         return text, user, number
 
     _parse_jsonl(lines, out, QUERIES_SCHEMA, values)

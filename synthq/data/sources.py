@@ -13,6 +13,10 @@ the unzipped directory by hand.
 (``irds:msmarco-passage/dev/small``, ``irds:beir/scifact/test``): its documents, queries and
 judgements are streamed once into a BEIR directory in the cache, whose qrels split is the id's
 ``train`` / ``dev`` / ``test`` part (``test`` when it names none), and read like any other.
+
+Which splits are public: those fetched benchmarks are (:func:`public_benchmark`); any directory the
+user gives declares its public splits in ``privacy.json`` (:func:`declared_splits`, strictly
+validated), and every split it does not declare public is private (:mod:`synthq.privacy.splits`).
 """
 
 from __future__ import annotations
@@ -288,21 +292,67 @@ def load_source(spec: str, splits: list[str] | None = None) -> BeirDataset:
 
 
 SPLIT_DECLARATION = "privacy.json"
+# What a privacy.json may hold: the two lists, and free text for people.
+_DECLARATION_LISTS = ("private_splits", "public_splits")
+_DECLARATION_NOTES = ("note", "notes", "comment", "description")
+
+
+def public_benchmark(spec: str) -> bool:
+    """Whether ``spec`` names a published benchmark synthq fetches itself (``msmarco``,
+    ``beir:NAME``, a bare BEIR name that is not a local directory, ``irds:ID``): public data,
+    every split of it. Any directory the user gives — ``embedded`` included, which plays a private
+    log — is not: its splits are private unless its ``privacy.json`` declares them public."""
+    if spec.startswith(("beir:", IRDS_PREFIX)):
+        return True
+    return spec in BEIR_DATASETS and not Path(spec).expanduser().is_dir()
+
+
+def qrels_splits(root: Path) -> set[str]:
+    """The judged splits of a dataset (``qrels/<split>.tsv``), over its sub-datasets."""
+    parts = [root] if (Path(root) / "qrels").is_dir() else _subsets(Path(root))
+    return {p.stem for part in parts for p in (Path(part) / "qrels").glob("*.tsv")}
 
 
 def declared_splits(root: Path) -> dict[str, str]:
     """``split -> "private" | "public"`` as a dataset declares it in ``privacy.json``
-    (``{"private_splits": [...], "public_splits": [...]}``); empty when it declares nothing."""
+    (``{"private_splits": [...], "public_splits": [...]}``); empty when it declares nothing.
+
+    A declaration that is not exactly that — another key (``"public_split"``), a string instead of
+    a list, a split that is not one of the dataset's qrels splits (``"dve"``), a split in both
+    lists — is refused: a typo must never decide what is public."""
     path = Path(root) / SPLIT_DECLARATION
     if not path.is_file():
         return {}
     try:
         declared = json.loads(path.read_text(encoding="utf-8"))
-        private, public = declared.get("private_splits", []), declared.get("public_splits", [])
-    except (ValueError, AttributeError) as error:
+    except (ValueError, UnicodeDecodeError) as error:
         raise DataError(f"unreadable split declaration ({error})", path) from error
-    if set(private) & set(public):
+    if not isinstance(declared, dict):
+        expected = '{"private_splits": [...], "public_splits": [...]}'
+        raise DataError(f"not a split declaration: expected {expected}", path)
+    unknown_keys = sorted(set(declared) - {*_DECLARATION_LISTS, *_DECLARATION_NOTES})
+    if unknown_keys:
         raise DataError(
-            f"splits declared both private and public: {sorted(set(private) & set(public))}", path
+            f"unknown key {unknown_keys[0]!r} in the split declaration "
+            "(expected private_splits, public_splits)",
+            path,
+        )
+    lists = {}
+    for key in _DECLARATION_LISTS:
+        value = declared.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+            raise DataError(f"{key} must be a list of split names, not {json.dumps(value)}", path)
+        lists[key] = value
+    private, public = lists["private_splits"], lists["public_splits"]
+    if set(private) & set(public):
+        both = sorted(set(private) & set(public))
+        raise DataError(f"splits declared both private and public: {both}", path)
+    splits = qrels_splits(Path(root))
+    unknown = [s for s in [*private, *public] if s not in splits]
+    if unknown:
+        raise DataError(
+            f"split {unknown[0]!r} is not a split of this dataset (its qrels splits: "
+            f"{', '.join(sorted(splits)) or 'none'})",
+            path,
         )
     return {**{s: "public" for s in public}, **{s: "private" for s in private}}

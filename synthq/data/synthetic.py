@@ -21,8 +21,15 @@ from synthq.runtime.errors import DataError, SynthqError
 def judged_set_assumption(split: str) -> str:
     return (
         f"the set of documents judged in split {split!r} is public (documents were selected by it; "
-        "its queries were never read)"
+        "its queries, and which query judged which document, were never read nor recorded)"
     )
+
+
+def judged_documents(qrels_path: Path) -> list[str]:
+    """The documents a qrels file judges relevant (score > 0), sorted: the set ``--split`` reads
+    (only this set is assumed public, never the pairing of queries and documents)."""
+    qrels = read_qrels(Path(qrels_path))
+    return sorted({d for docs in qrels.values() for d, rel in docs.items() if rel > 0})
 
 
 def document_list_assumption(record: dict) -> str:
@@ -59,8 +66,7 @@ def public_documents(root: Path, documents: Path | None, split: str | None) -> t
     qrels_path = root / "qrels" / f"{split}.tsv"
     if not qrels_path.is_file():
         raise DataError(f"no qrels for split {split!r}", qrels_path)
-    qrels = read_qrels(qrels_path)
-    ids = sorted({d for docs in qrels.values() for d, rel in docs.items() if rel > 0})
+    ids = judged_documents(qrels_path)
     missing = [d for d in ids if d not in corpus]
     if missing:
         raise DataError(f"split {split!r} names unknown document id {missing[0]!r}", qrels_path)

@@ -43,7 +43,13 @@ import torch
 
 from synthq.dp.noise import SecretRandomness, add_noise
 from synthq.dp.units import PrivacyUnits, batch_cap, poisson_units
-from synthq.privacy.accounting import default_delta, epsilon_for, noise_multiplier_for, validate_budget
+from synthq.privacy.accounting import (
+    default_delta,
+    epsilon_for,
+    noise_multiplier_for,
+    per_query,
+    validate_budget,
+)
 from synthq.privacy.guarantee import UNIT_NOTES, Guarantee
 from synthq.runtime.errors import PrivacyError
 
@@ -61,6 +67,9 @@ class Mechanism(abc.ABC):
     name: ClassVar[str] = ""
     needs_batch_cap: ClassVar[bool] = False
     sensitivity_rule: ClassVar[str] = ""
+    # How a user-level run's guarantee is derived per query (one of
+    # synthq.privacy.accounting.PER_QUERY_RULES): group privacy of 2 unless the mechanism proves less.
+    per_query_rule: ClassVar[str] = "group-of-2"
 
     @abc.abstractmethod
     def sensitivity(self, batch_cap: int | None) -> float:
@@ -143,6 +152,7 @@ class PrivacyPlan:
     mechanism: str
     fallback_reason: str = ""
     unit: str = "query"
+    per_query_rule: str = "group-of-2"
 
     @classmethod
     def create(
@@ -180,6 +190,7 @@ class PrivacyPlan:
             mechanism=mechanism.name,
             fallback_reason=calibration.fallback_reason,
             unit=unit,
+            per_query_rule=mechanism.per_query_rule,
         )
 
     @classmethod
@@ -237,7 +248,7 @@ class PrivacyPlan:
         """The guarantee of the run after ``steps_done`` (default: all planned) steps."""
         steps = self.steps if steps_done is None else steps_done
         final = epsilon_for(self.noise_multiplier, self.delta, self.sample_rate, steps, self.accountant)
-        return Guarantee(
+        guarantee = Guarantee(
             epsilon=final.epsilon,
             delta=self.delta,
             unit=self.unit,
@@ -266,6 +277,14 @@ class PrivacyPlan:
             ),
             assumptions=list(dict.fromkeys(a for a in assumptions if a)),
         )
+        if self.unit != "user":
+            return guarantee
+        # A user-level release also states what it guarantees per query, derived for that neighbour
+        # (recomputed on open like ε; used when it composes with query-level releases).
+        derived = per_query(guarantee, self.per_query_rule)
+        if derived is None:
+            raise PrivacyError(f"no per-query guarantee for {mechanism} by {self.per_query_rule}")
+        return guarantee.model_copy(update={"details": {**guarantee.details, "per_query": derived}})
 
 
 def check_units_fit(units: PrivacyUnits, mechanism_name: str, supports_multi_row_units: bool) -> None:

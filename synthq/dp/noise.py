@@ -67,6 +67,17 @@ class SecretRandomness:
         digest = hmac.new(self.key, message, hashlib.sha256).digest()
         return int.from_bytes(digest[:8], "big") % modulo
 
+    def seed_torch(self, rank: int = 0) -> None:
+        """Seed torch's global generator, which dropout draws from, for the training loop: from the
+        reproducible seed (``seed + rank``) when one is asked for, else from the secret key (an HMAC
+        of the rank), never from torch's process default. Each torchrun rank gets its own masks.
+        (DP does not rest on dropout being secret: every per-unit gradient is clipped whatever the
+        masks. But the masks are part of the run, and the run's randomness is this object's.)"""
+        if self.seed is not None:
+            torch.manual_seed(self.seed + rank)
+        else:
+            torch.manual_seed(self.keyed_choice(2**63, "torch-global-generator", rank))
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {
             "sampling": self.sampling.get_state(),

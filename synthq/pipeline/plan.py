@@ -67,6 +67,7 @@ class PlannedStage:
     depends_on: list[str] = field(default_factory=list)
     expect_seconds: float | None = None
     up_to_date: bool = False
+    forced: bool = False  # by the user (--force NAME or all), not only stale: never resumed
 
     @property
     def out(self) -> Path:
@@ -151,6 +152,7 @@ def _concrete_stages(
                     config=config,
                     depends_on=sorted(set(used)),
                     expect_seconds=entry.get("expect_seconds"),
+                    forced=options["force"],
                 )
             )
     return planned, known

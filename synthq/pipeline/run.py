@@ -54,11 +54,14 @@ def run_plan(plan: Plan) -> dict[str, Path]:
 def _run_stage(plan: Plan, stage: PlannedStage, run: Callable, code: dict[str, tuple[int, int]]):
     """``run(stage.config)``; a failure becomes one error naming the stage (and a code change
     made meanwhile, its likely cause)."""
+    config = _continuing(stage)
     try:
-        return run(stage.config)
+        return run(config)
     except KeyboardInterrupt:
         raise
     except Exception as error:
+        if config is not stage.config:  # e.g. the interrupted run used other settings
+            error = f"{error} (continuing an interrupted run; --force {stage.name} starts it over)"
         if changed := _code_changed(code):
             raise SynthqError(
                 f"pipeline {plan.name!r} stopped at stage {stage.name!r} ({stage.stage}): {error}. "
@@ -69,6 +72,22 @@ def _run_stage(plan: Plan, stage: PlannedStage, run: Callable, code: dict[str, t
             f"pipeline {plan.name!r} stopped at stage {stage.name!r} ({stage.stage}): {error}. "
             "Artifacts of earlier stages are intact; rerun the same command to resume."
         ) from error
+
+
+def _continuing(stage: PlannedStage):
+    """The stage's config, resuming the checkpoint an interrupted run of it left (a rerun of the
+    same pipeline continues, as its interruption message promises; ``--force STAGE`` starts over).
+    A stale stage's config carries ``force`` (the pipeline owns its outputs); only the user's
+    ``--force`` means starting over."""
+    from synthq.artifacts.freshness import interrupted_checkpoint
+
+    config = stage.config
+    if "resume" not in type(config).model_fields or config.resume or stage.forced:
+        return config
+    if (checkpoints := interrupted_checkpoint(config.out)) is None:
+        return config
+    info(escape(f"{stage.name}: continuing the interrupted run from {checkpoints.parent}"))
+    return config.model_copy(update={"resume": True})
 
 
 def _summarise(

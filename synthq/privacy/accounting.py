@@ -26,6 +26,14 @@ from synthq.runtime.errors import PrivacyError
 ACCOUNTANTS = ("rdp", "prv")
 
 
+# The largest δ synthq accepts at all: (ε, δ)-DP is allowed to publish a unit's data outright with
+# probability δ, so above one in ten the statement means nothing whatever ε says (one
+# private query trained at the default δ = 1/(2n) = 0.5 and printed "ε=8.00 δ=5.0e-01"). With the
+# default δ = 1/(2n) it needs at least 5 privacy units; the embedded data and the test fixtures
+# (17 queries, 9 users) are above it.
+MAX_DELTA = 0.1
+
+
 def default_delta(num_examples: int) -> float:
     """δ = 1/(2n): comfortably below the 1/n at which (ε, δ)-DP stops meaning anything."""
     if num_examples <= 0:
@@ -34,14 +42,25 @@ def default_delta(num_examples: int) -> float:
 
 
 def validate_budget(epsilon: float, delta: float, num_examples: int | None = None) -> None:
-    """Reject impossible budgets, and δ ≥ 1/n (meaningless: "publish one unit in full" satisfies
-    it), with a clear error."""
+    """Reject impossible budgets and meaningless ones, with a one-line error.
+
+    The rule: δ must be in (0, 1), below 1/n (at δ ≥ 1/n "publish one unit in full" satisfies the
+    definition) and at most :data:`MAX_DELTA` (a guarantee that may fail one time in ten is none).
+    So a private split of fewer than 5 units is refused at the default δ = 1/(2n)."""
     if not (epsilon > 0):
         raise PrivacyError(f"ε must be > 0 (use 'inf' for non-private training), got {epsilon}")
     if math.isinf(epsilon):
         return
     if not (0 < delta < 1):
         raise PrivacyError(f"δ must be in (0, 1), got {delta}")
+    if delta > MAX_DELTA:
+        units = f" (n = {num_examples} privacy units)" if num_examples else ""
+        raise PrivacyError(
+            f"δ={delta:g}{units} is above {MAX_DELTA:g}: a guarantee that may publish a unit's data "
+            "outright with probability δ means nothing; train on at least "
+            f"{math.ceil(1 / (2 * MAX_DELTA))} privacy units (at the default δ = 1/(2n)) or pass a "
+            "smaller --delta"
+        )
     if num_examples and delta >= 1.0 / num_examples:
         raise PrivacyError(
             f"δ={delta:g} is not below 1/n = {1 / num_examples:g} (n = {num_examples} privacy units): "
@@ -219,7 +238,8 @@ def recomputed_epsilon(guarantee: Guarantee) -> float | None:
     if guarantee.mechanism == "report-noisy-max":  # pure ε per selection, basic composition
         return float(details["epsilon_per_selection"]) * int(details["selections"])
     if "components" in details:
-        parts = [recomputed_epsilon(Guarantee.from_manifest(c)) for c in details["components"]]
+        components = [Guarantee.from_manifest(c) for c in details["components"]]
+        parts = [_component_epsilon(c, guarantee.unit) for c in components]
         return None if any(p is None for p in parts) else sum(parts)
     needed = ("noise_multiplier", "sample_rate", "steps")
     if not all(k in details for k in needed) or guarantee.accountant not in ACCOUNTANTS:
@@ -232,6 +252,18 @@ def recomputed_epsilon(guarantee: Guarantee) -> float | None:
         int(details["steps"]),
         guarantee.accountant,
     )
+
+
+def _component_epsilon(component: Guarantee, unit: str) -> float | None:
+    """A composed part's ε at the composition's unit: a private user-level part composed at a weaker
+    unit counts at its per-query ε, derived again here (∞ when it records no rule)."""
+    if unit == "user" or component.unit != "user" or not component.is_private:
+        return recomputed_epsilon(component)
+    recorded = (component.details or {}).get("per_query")
+    if not recorded:
+        return math.inf
+    derived = per_query(component, recorded.get("rule", ""))
+    return None if derived is None else float(derived["epsilon"])
 
 
 @functools.lru_cache(maxsize=256)
@@ -247,13 +279,89 @@ def _accountant_epsilon(
     return epsilon_for(noise_multiplier, delta, sample_rate, steps, accountant).epsilon
 
 
+def _same(expected: float, recorded: float) -> bool:
+    return expected == recorded or math.isclose(expected, recorded, rel_tol=1e-6, abs_tol=1e-9)
+
+
 def check_recorded_epsilon(guarantee: Guarantee, where: str) -> None:
-    """Refuse a guarantee whose ε differs from what its recorded parameters give."""
+    """Refuse a guarantee whose ε differs from what its recorded parameters give, and a user-level
+    release whose per-query guarantee (``details.per_query``) is not what :func:`per_query` derives."""
     expected = recomputed_epsilon(guarantee)
-    if expected is not None and not (
-        expected == guarantee.epsilon or math.isclose(expected, guarantee.epsilon, rel_tol=1e-6, abs_tol=1e-9)
-    ):
+    if expected is not None and not _same(expected, guarantee.epsilon):
         raise PrivacyError(
             f"{where}: the recorded ε = {guarantee.epsilon:g} does not match its mechanism's "
             f"parameters (the accountant gives {expected:g}); the manifest was edited or is corrupt"
         )
+    recorded = (guarantee.details or {}).get("per_query")
+    if recorded is None:
+        return
+    derived = per_query(guarantee, recorded.get("rule", ""))
+    if derived is None or not (
+        _same(float(derived["epsilon"]), float(recorded.get("epsilon", math.nan)))
+        and _same(float(derived["delta"]), float(recorded.get("delta", math.nan)))
+        and derived["rule"] == recorded.get("rule")
+    ):
+        shown = "does not apply" if derived is None else f"derives {derived['epsilon']:g}"
+        raise PrivacyError(
+            f"{where}: the recorded per-query ε = {recorded.get('epsilon')} of a user-level release "
+            f"does not match its mechanism's parameters (the rule {recorded.get('rule')!r} {shown}); "
+            "the manifest was edited or is corrupt"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# A user-level guarantee seen per query (or per pair): derived for that neighbour, never assumed
+
+# The rules by which a user-level release's per-query guarantee is derived (details.per_query.rule).
+# "gaussian-substitution": Private Evolution's votes (no subsampling, q = 1): any change inside one
+#   user's data moves that user's vote between two unit vectors with non-negative entries, so by
+#   at most √2 (‖a − b‖² = 2 − 2⟨a, b⟩ ≤ 2); removing the user's last query moves it by 1. The
+#   per-query ε is the Gaussian mechanism's at sensitivity √2 with the same noise: the accountant
+#   at noise multiplier σ/√2, q = 1, the same T and δ (exact up to PRV's discretisation).
+# "group-of-2": DP-SGD on users (Poisson-sampled, clipped so a user adds at most C). Removing one
+#   of a user's queries is NOT the removal of a unit: with weights 1/k the user's other rows are
+#   reweighted, and with --max-queries-per-user K a dropped query may be promoted into the kept K.
+#   Either way the user's contribution is *replaced*, whether or not K truncated anything (which
+#   is private and not asked). A replacement D → D' is two add/remove steps D → D∖{u} → D', so
+#   group privacy of 2 over the add/remove guarantee bounds it: if M is (ε₁, δ₁)- and
+#   (ε₂, δ₂)-DP for add/remove neighbours, it is (ε₁ + ε₂, δ₁ + e^{ε₁} δ₂)-DP for D, D'. synthq
+#   takes δ₁ = δ/2 and δ₂ = δ/(2 e^{ε₁}), so the per-query guarantee keeps the release's δ, and
+#   computes ε₁, ε₂ with Opacus' RDP accountant, whose bound on the sampled Gaussian holds in both
+#   directions (adding and removing a unit; Mironov, Talwar and Zhang 2019), for the release's
+#   own σ, q and T. It is a sound upper bound, not tight (a numerical PLD of the substitution pair
+#   gives less: 8.00 → 8.98 at q = 0.4, T = 2, where this bound is larger).
+PER_QUERY_RULES = ("gaussian-substitution", "group-of-2")
+SUBSTITUTION_SENSITIVITY = math.sqrt(2.0)
+
+
+def per_query(guarantee: Guarantee, rule: str) -> dict | None:
+    """The per-query (and per-pair) guarantee of a private user-level release, derived by ``rule``
+    (see :data:`PER_QUERY_RULES`) from the σ, q, T and δ it records; ``None`` when it records no
+    mechanism parameters or the rule does not apply to it (the release then counts as ε = ∞ at
+    the query unit, :func:`synthq.privacy.guarantee.compose_releases`)."""
+    details = guarantee.details or {}
+    needed = ("noise_multiplier", "sample_rate", "steps")
+    if guarantee.unit != "user" or not guarantee.is_private or not all(k in details for k in needed):
+        return None
+    sigma, rate = float(details["noise_multiplier"]), float(details["sample_rate"])
+    steps = int(details["steps"])
+    delta = float(details.get("accountant_delta", guarantee.delta))
+    if rule == "gaussian-substitution" and rate == 1.0 and guarantee.accountant in ACCOUNTANTS:
+        epsilon = _cached_epsilon(sigma / SUBSTITUTION_SENSITIVITY, delta, 1.0, steps, guarantee.accountant)
+        note = (
+            "per query: any change inside one user's data moves the user's unit vote by at most √2, "
+            "so the Gaussian mechanism at sensitivity √2 with the same noise"
+        )
+    elif rule == "group-of-2":
+        first = _cached_epsilon(sigma, delta / 2, rate, steps, "rdp")
+        rest = delta / (2 * math.exp(first)) if first < 700 else 0.0
+        second = _cached_epsilon(sigma, rest, rate, steps, "rdp") if rest > 0 else math.inf
+        epsilon = first + second
+        note = (
+            "per query: removing one query of a user replaces the user's clipped contribution (weights "
+            "1/k; a query dropped by K may take its place), bounded by group privacy of 2 over the "
+            "add/remove guarantee (RDP, δ split in two)"
+        )
+    else:
+        return None
+    return {"rule": rule, "epsilon": epsilon, "delta": delta, "note": note}

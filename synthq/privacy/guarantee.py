@@ -17,9 +17,17 @@ pairs together) is protected; this is what the DP stages guarantee by default, b
 sample and clip by query id (:mod:`synthq.dp.engine`). ``user`` (``--privacy-unit user``) — all
 the queries one person wrote, each user bounded to K queries (``max_queries_per_user`` in the
 details) and sampled and clipped as one unit. ``example`` — one (query, document) pair; for data
-where a query has several relevant documents it is weaker than ``query``. A user-level ε implies
-the same ε per query; a query-level ε says only k·ε about a user with k queries (group privacy),
-so releases of different units compose as the weakest unit, never as the stronger.
+where a query has several relevant documents it is weaker than ``query``.
+
+A user-level ε is **not** the same ε per query: removing one of a user's queries reweights the
+user's other queries (weights 1/k) and, with K, may promote a dropped query into the kept K — a
+*replacement* of the user's contribution, not the removal of a unit. So every private user-level
+release records its own per-query guarantee, derived for that neighbour
+(:func:`synthq.privacy.accounting.per_query`: the Gaussian at sensitivity √2 for Private
+Evolution, group privacy of 2 for DP-SGD) and recomputed when the artifact is opened; it also
+holds per (query, document) pair. A query-level ε says only k·ε about a user with k queries
+(group privacy), so releases of different units compose as the weakest unit, never as the
+stronger, each user-level release counting at its derived per-query ε (:func:`compose_releases`).
 
 A guarantee also lists its ``assumptions``: facts the ε relies on that the code cannot check
 (a starting model that is assumed public, a judged-document set that is assumed public, a
@@ -155,7 +163,9 @@ def compose_all(guarantees: list[Guarantee], mechanism: str) -> Guarantee:
 
     Public parts (ε = 0) add only their assumptions; an ε = ∞ part makes the result ∞. The
     weaker unit wins (``example`` is weaker than ``query``: protecting one query with all its
-    pairs implies protecting each pair, not the other way round); ``derived_from`` and
+    pairs implies protecting each pair, not the other way round), and at a unit weaker than the
+    user a user-level part counts at its derived per-query ε (:func:`per_query_view`; ∞ when it
+    records none); ``derived_from`` and
     assumptions are the union. ``details.components`` keeps each part so the sum is recomputed
     when the artifact is opened."""
     assumptions = list(dict.fromkeys(a for g in guarantees for a in g.assumptions))
@@ -164,13 +174,15 @@ def compose_all(guarantees: list[Guarantee], mechanism: str) -> Guarantee:
     if len(parts) < 2:
         only = parts[0] if parts else guarantees[-1]
         return only.model_copy(update={"assumptions": assumptions, "derived_from": derived})
-    if not all(g.is_private for g in parts):
-        infinite = next(g for g in parts if not g.is_private)
+    unit = weakest_unit([g.unit for g in parts])
+    # at a weaker unit than the user, a user-level part counts at its derived per-query ε
+    counted = [per_query_view(g) for g in parts] if unit != "user" else parts
+    if not all(g.is_private for g in counted):
+        infinite = next(g for g in counted if not g.is_private)
         return infinite.model_copy(update={"assumptions": assumptions, "derived_from": derived})
-    unit = "example" if any(g.unit == "example" for g in parts) else "query"
     return Guarantee(
-        epsilon=sum(g.epsilon for g in parts),
-        delta=sum(g.delta for g in parts),
+        epsilon=sum(g.epsilon for g in counted),
+        delta=sum(g.delta for g in counted),
         unit=unit,
         mechanism=mechanism,
         accountant="basic-composition",
@@ -184,6 +196,25 @@ def compose_all(guarantees: list[Guarantee], mechanism: str) -> Guarantee:
 def release_guarantee(release: dict) -> Guarantee:
     """The guarantee a recorded release (a manifest's ``releases`` entry) states."""
     return Guarantee.from_manifest(release["guarantee"])
+
+
+def per_query_view(guarantee: Guarantee) -> Guarantee:
+    """A release as seen per query (and per pair): a private user-level release at the per-query
+    (ε, δ) it records (``details.per_query``, derived and recomputed by
+    :func:`synthq.privacy.accounting.per_query`); ε = ∞ when it records none (fail closed: it was
+    never derived). Every other release unchanged."""
+    if guarantee.unit != "user" or not guarantee.is_private:
+        return guarantee
+    derived = (guarantee.details or {}).get("per_query")
+    if not derived:
+        return guarantee.model_copy(
+            update={
+                "epsilon": math.inf, "delta": 0.0, "mechanism": "none", "unit": "query",
+                "note": "a user-level release with no derived per-query guarantee counts as ε = ∞ per query",
+            }
+        )  # fmt: skip
+    epsilon, delta = float(derived["epsilon"]), float(derived["delta"])
+    return guarantee.model_copy(update={"epsilon": epsilon, "delta": delta, "unit": "query"})
 
 
 def compose_releases(releases: list[dict], sharing: list[list[str]], assumptions: list[str]) -> Guarantee:
@@ -212,6 +243,11 @@ def compose_releases(releases: list[dict], sharing: list[list[str]], assumptions
     parts = {key: release_guarantee(r) for key, r in by_id.items()}
     unit = weakest_unit([g.unit for g in parts.values()])
     details = {"releases": sorted(by_id), "sharing": [sorted(group) for group in sharing]}
+    kinds = {g.unit for g in parts.values()}
+    if unit != "user" and "user" in kinds:  # user-level releases count at their derived per-query ε
+        users = sorted(key for key, g in parts.items() if g.unit == "user")
+        parts = {key: per_query_view(g) for key, g in parts.items()}
+        details["per_query"] = {key: parts[key].epsilon for key in users if parts[key].is_private}
     if not all(g.is_private for g in parts.values()):
         reasons = list(dict.fromkeys(g.note for g in parts.values() if not g.is_private and g.note))
         return Guarantee(
@@ -222,13 +258,13 @@ def compose_releases(releases: list[dict], sharing: list[list[str]], assumptions
         (only,) = parts.values()
         return only.model_copy(update={"assumptions": merged, "details": {**only.details, **details}})
     totals = [(sum(parts[r].epsilon for r in group), sum(parts[r].delta for r in group)) for group in sharing]
-    kinds = {g.unit for g in parts.values()}
     if unit == "user":  # every release protects users: the loosest bound K is the statement's
         bounds = [g.details.get("max_queries_per_user") for g in parts.values()]
         details["max_queries_per_user"] = max(bounds) if all(bounds) else None
     mixed = (
         f"; releases of different units ({', '.join(sorted(kinds, key=UNIT_STRENGTH.index))}) compose only "
         f"as the weakest, {unit} (a user-level total would need group privacy over each user's queries)"
+        + ("; a user-level release counts at its per-query ε, derived for that neighbour" * ("user" in kinds))
         if len(kinds) > 1
         else ""
     )

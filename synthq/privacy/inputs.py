@@ -92,13 +92,14 @@ def data_input(spec: str, private: bool = True) -> DataInput:
     input, and a stage that reads it inherits its releases (it is a release of the private data
     it came from); anything else is recorded by a keyed digest when ``private``."""
     from synthq.artifacts.records import data_input_record
-    from synthq.data.sources import resolve_source
+    from synthq.data.sources import declared_splits, resolve_source
 
     candidate = Path(spec).expanduser()
     if is_artifact(candidate):
         artifact = open_artifact(candidate, stage=SYNTHETIC_STAGES)
         return DataInput(spec, artifact.path, {**artifact.input_record(), "role": "data"}, artifact)
     root = resolve_source(spec)
+    declared_splits(root)  # a malformed or misspelt privacy.json is refused before any work
     return DataInput(spec, root, data_input_record(root, name=spec, private=private))
 
 
@@ -106,16 +107,18 @@ def public_documents_input(
     root: Path, corpus: str, documents: Path | None, split: str | None
 ) -> tuple[list[dict], list[str]]:
     """What a stage that writes queries for public documents (generate, evolve) records: the
-    lineage of the public files it reads to choose them (the corpus, a ``--documents`` list, a
-    split's qrels; never the directory, which may hold private queries) and the assumptions the
-    choice rests on (the list, or the split's judged-document set, is public)."""
+    lineage of the public files it reads to choose them (the corpus, a ``--documents`` list, the
+    *set* of documents a split judges — never its qrels file, whose (query, document) pairing is
+    private, and never the directory, which holds private queries) and the assumptions the choice
+    rests on (the list, or the split's judged-document set, is public)."""
     from synthq.artifacts.records import public_file_record
     from synthq.data.synthetic import document_list_assumption, judged_set_assumption
+    from synthq.privacy.digests import judged_set_record
 
     records, assumptions = [public_file_record(root / "corpus.jsonl", corpus)], []
     qrels = root / "qrels" / f"{split}.tsv"
     if split is not None and qrels.is_file():  # a missing one is reported when documents are chosen
-        records.append(public_file_record(qrels, f"qrels {split}"))
+        records.append(judged_set_record(qrels, split))
     if split is not None:
         assumptions.append(judged_set_assumption(split))
     if documents is not None:

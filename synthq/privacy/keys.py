@@ -37,7 +37,7 @@ SEAL_FIELD = "seal"
 
 
 def state_dir(*parts: str) -> Path:
-    """synthq's state directory (the key, private unit sets, the private-data registry)."""
+    """synthq's state directory (the key, private unit sets, the accountant memo)."""
     root = os.environ.get("SYNTHQ_STATE")
     if not root:
         xdg = os.environ.get("XDG_STATE_HOME")

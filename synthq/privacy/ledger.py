@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from synthq.artifacts.freshness import input_location
 from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact
 from synthq.artifacts.records import current_input_hash
 from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
@@ -56,15 +57,16 @@ def _changed_since(artifact: Artifact, seen: set[str]) -> list[str]:
     identifier recorded when they were read."""
     notes = []
     for record in artifact.inputs:
-        now = current_input_hash(record)
-        label = f"{record.get('stage') or record.get('kind')} {record['path']}"
+        where = input_location(artifact, record)  # right from any working directory
+        now = current_input_hash({**record, "path": str(where)})
+        label = f"{record.get('stage') or record.get('kind')} {where}"
         if now != record["sha256"]:
             state = "is gone" if now is None else "changed since"
             notes.append(f"{label} {state} {artifact.path} read it (the recorded releases still count)")
             continue
-        if record.get("kind") == "artifact" and record["path"] not in seen:
-            seen.add(record["path"])
-            notes += _changed_since(open_artifact(record["path"]), seen)
+        if record.get("kind") == "artifact" and str(where.resolve()) not in seen:
+            seen.add(str(where.resolve()))
+            notes += _changed_since(open_artifact(where), seen)
     return notes
 
 
@@ -78,7 +80,10 @@ def ledger(paths: list[str | Path]) -> Ledger:
     datasets: dict[str, DatasetCost] = {}
     for release in releases:
         data = release["data"]
-        cost = datasets.setdefault(data["sha256"], DatasetCost(data.get("name") or "?", data["sha256"], []))
+        # grouped by the dataset's keyed identity (its query ids, synthq.privacy.digests), which an
+        # unrelated edit of the directory does not change; older records by their directory digest
+        key = data.get("identity") or data["sha256"]
+        cost = datasets.setdefault(key, DatasetCost(data.get("name") or "?", key, []))
         cost.releases.append(release)
     seen: set[str] = set()
     changed = list(dict.fromkeys(note for a in artifacts for note in _changed_since(a, seen)))

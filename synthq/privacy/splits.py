@@ -6,9 +6,23 @@ releases (:func:`synthq.privacy.guarantee.compose_releases`, per unit):
 * the retriever's releases (post-processing: a retriever trained on a synthetic set carries the
   generator's ε); BM25 and untrained public encoders carry none;
 * a dataset that is a synthq artifact (a synthetic set) brings its releases to every score on it;
-* **a private split** — any split of a dataset this installation has read as private, or that
-  the dataset's ``privacy.json`` declares private, unless it declares it public — is a read of
-  private queries without noise: ε = ∞ for its scores, whatever the retriever.
+* **a private split** is a read of private queries without noise: ε = ∞ for its scores, whatever
+  the retriever.
+
+**Fail closed.** A split of a dataset the user gives (a directory, ``embedded`` included) is
+private unless the dataset's ``privacy.json`` declares it public
+(:func:`synthq.data.sources.declared_splits`, which refuses a misspelt split name); only a
+published benchmark synthq fetches itself (``msmarco``, ``beir:NAME``, ``irds:ID``,
+:func:`synthq.data.sources.public_benchmark`) is public without a declaration (and even then a
+split it declares private is private). "Private" never depends on a digest matching: no edit of the
+directory (a privacy.json added, a users.tsv, a typo fixed in the corpus), no other key, no other
+installation turns a private split public.
+
+What an eval records of the data it reads (:mod:`synthq.privacy.digests`): a private split, the
+keyed digest of the dataset directory and its keyed identity; a public split (declared, or of a
+public benchmark), only what that read reads — the corpus, ``qrels/<split>.tsv`` and that split's
+queries — by a plain digest (public by the declaration), so the released manifest of a public-split
+eval is the same for D and for D minus one private query or user of another split.
 """
 
 from __future__ import annotations
@@ -16,12 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from synthq.artifacts.hashing import sha256_tree
 from synthq.artifacts.manifest import Artifact, is_artifact, open_artifact
-from synthq.data.sources import declared_splits
+from synthq.data.sources import SPLIT_DECLARATION, dataset_parts, declared_splits, public_benchmark
+from synthq.privacy.digests import data_record, public_split_record
 from synthq.privacy.guarantee import Guarantee, compose_releases
-from synthq.privacy.keys import private_data_digest
-from synthq.privacy.units import registered_private_data, sharing_groups
+from synthq.privacy.units import sharing_groups
 
 
 @dataclass
@@ -36,32 +49,47 @@ class EvalData:
     assumption: str | None = None
 
 
-def known_private_data(models: list[Artifact]) -> set[str]:
-    """The keyed digests of every dataset known to be private: read by a release behind one of
-    ``models``, or registered as private by this installation."""
-    return {r["data"]["sha256"] for a in models for r in a.releases} | set(registered_private_data())
+def split_is_private(spec: str, root: Path, split: str) -> bool:
+    """Fail closed: private unless declared public, or a public benchmark not declaring it private.
+
+    A set of sub-datasets (CQADupStack's layout) is read by its own ``privacy.json`` and each
+    part's: a split any of them declares private is private; without a declaration at the top, it
+    is public only when every part declares it public."""
+    parts = [part for _, part in dataset_parts(root) if Path(part) != Path(root)]
+    states = [declared_splits(part).get(split) for part in parts]
+    if "private" in states:
+        return True
+    state = declared_splits(root).get(split)
+    if state is not None:
+        return state == "private"
+    if parts and all(s == "public" for s in states):
+        return False
+    return not public_benchmark(spec)
 
 
-def eval_data(spec: str, root: Path, split: str, known_private: set[str]) -> EvalData:
+def eval_data(spec: str, root: Path, split: str) -> EvalData:
     """Classify one dataset's split: a synthq artifact (inherits), a private split (ε = ∞ to read
-    without noise), or public (a declared-public split of a private dataset says so)."""
+    without noise), or public (a declared-public split of a user's dataset says so)."""
     if is_artifact(root):
         artifact = open_artifact(root)
         return EvalData(spec, root, artifact.input_record(), False, artifact)
-    plain = sha256_tree(root)
-    keyed = private_data_digest(plain)
-    declared = declared_splits(root)
-    state = declared.get(split)
-    has_private = keyed in known_private or "private" in declared.values()
-    private = state == "private" or (state is None and keyed in known_private)
-    record = {"path": str(root), "kind": "data", "name": spec, "sha256": keyed if has_private else plain}
+    private = split_is_private(spec, root, split)
+    benchmark = public_benchmark(spec)
+    assumption = None
     if private:
-        record["private"] = True
-    assumption = (
-        f"split {split!r} of {spec} is public: declared so in its {root / 'privacy.json'}"
-        if state == "public" and has_private
-        else None
-    )
+        # a read of private queries: the keyed digest of the directory, and the dataset's identity
+        record = data_record(root, spec, private=True)
+    else:
+        # a read of a public split depends on that split only (corpus, its qrels, its queries):
+        # plain digest, identical for D and D minus one private unit of another split
+        record = public_split_record(root, spec, split)
+        if record is None:  # the split's files are missing (the read fails): named as before
+            record = data_record(root, spec, private=not benchmark)
+            record.pop("private", None)
+            record.pop("identity", None)
+        if not benchmark:
+            where = Path(root) / SPLIT_DECLARATION
+            assumption = f"split {split!r} of {spec} is public: declared so in its {where}"
     return EvalData(spec, root, record, private, assumption=assumption)
 
 

@@ -94,37 +94,6 @@ def sharing_groups(releases: list[dict]) -> list[list[str]]:
     return sorted(sorted(g) for g in maximal)
 
 
-REGISTRY = "private-data.jsonl"
-
-
-def register_private_data(data: dict) -> None:
-    """Remember that a dataset (by its keyed digest) was read as private, so that a later
-    ``eval`` or ``similarity`` on any split of it is accounted as a read of private data."""
-    import json
-
-    digest = data.get("sha256")
-    if not digest or data.get("kind") == "artifact" or digest in registered_private_data():
-        return
-    with open(state_dir() / REGISTRY, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps({"sha256": digest, "name": data.get("name")}) + "\n")
-
-
-def registered_private_data() -> frozenset[str]:
-    """Keyed digests of every dataset this installation has read as private."""
-    import json
-
-    path = state_dir() / REGISTRY
-    if not path.is_file():
-        return frozenset()
-    digests = set()
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            digests.add(json.loads(line)["sha256"])
-        except (ValueError, KeyError, TypeError):
-            continue  # a torn last line from a killed process
-    return frozenset(digests)
-
-
 def training_units(pairs, root: Path, unit: str, max_queries: int | None, randomness):
     """The privacy units of a private training set of pairs (a :class:`~synthq.data.pairs.PairList`):
     one per query id, or one per user (``unit="user"``: user ids from the dataset at ``root``,

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from synthq.artifacts.writer import DIAGNOSTICS
 from synthq.retrieval.metrics import mean_metrics, query_means
 from synthq.runtime.errors import ArtifactError
 
@@ -55,15 +56,19 @@ def row_metrics(parts: dict[str, dict[str, dict[str, float]]]) -> dict:
 
 
 def read_per_query(directory: Path) -> dict:
-    """An evaluation's ``per_query.json`` (``{dataset: {retriever: {metric: {query: v}}}}``);
-    empty for evaluations written before per-query scores were kept."""
-    path = Path(directory) / PER_QUERY_FILE
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise ArtifactError(f"{path}: unreadable per-query scores ({error})") from error
+    """An evaluation's per-query scores (``{dataset: {retriever: {metric: {query: v}}}}``): the
+    released ``per_query.json`` of public splits merged with the private ``diagnostics/`` copy of
+    private splits (present only in the owner's artifact, not in an export); empty for
+    evaluations written before per-query scores were kept."""
+    scores: dict = {}
+    for path in (Path(directory) / PER_QUERY_FILE, Path(directory) / DIAGNOSTICS / PER_QUERY_FILE):
+        if not path.is_file():
+            continue
+        try:
+            scores.update(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError) as error:
+            raise ArtifactError(f"{path}: unreadable per-query scores ({error})") from error
+    return scores
 
 
 def attach_per_query(rows: list[dict], scores: dict) -> list[dict]:

@@ -10,28 +10,58 @@ from __future__ import annotations
 from synthq.artifacts.manifest import Artifact
 from synthq.privacy.guarantee import Guarantee, compose_all
 from synthq.reporting.eval_files import read_rows
+from synthq.reporting.row_privacy import merged_releases, row_privacy
 
 
 def merge_rows(evals: list[Artifact]) -> tuple[list[dict], list[tuple[str, Guarantee]]]:
-    """The rows of all evaluations, each (dataset, split, model) once, and the (hash, guarantee)
-    of every model whose results they publish. Two different models with the same name get
-    their hash appended so the tables never mix them up."""
-    rows, seen, names, sources = [], set(), {}, []
-    for artifact in evals:
-        for row in read_rows(artifact.path):
+    """The rows of all evaluations, each (dataset, split, model) once (:func:`merge_row_lists`),
+    and the (hash, guarantee) of every model whose results they publish."""
+    row_lists = [read_rows(artifact.path) for artifact in evals]
+    sources = []
+    for artifact, rows in zip(evals, row_lists, strict=True):
+        for row in rows:
             model = row.get("model_id") or row["retriever"]
-            key = (row["dataset"], row.get("split"), model)
-            if key in seen:
-                continue
-            seen.add(key)
-            if names.setdefault(row["retriever"], model) != model:
-                row = {**row, "retriever": f"{row['retriever']} [{model.split(':')[-1][:8]}]"}
-            rows.append(row)
             if "privacy" in row:
                 sources.append((model, Guarantee.from_manifest(row["privacy"])))
             else:  # results written before rows carried their guarantee: the eval's own
                 sources.append((artifact.manifest_hash, artifact.privacy))
-    return rows, sources
+    return merge_row_lists(row_lists), sources
+
+
+def merge_row_lists(row_lists: list[list[dict]]) -> list[dict]:
+    """Rows of several evaluations, each (dataset, split, model) once, shown the same whatever
+    the order the evaluations are given in: a model evaluated in several of them carries the
+    union of their releases (:func:`synthq.reporting.row_privacy.merged_releases`; a choice on
+    private dev queries made in one of them stays with it) and every way it was chosen; its
+    metrics are the first evaluation's (the same model on the same data). Two different models
+    with the same name get their hash appended so the tables never mix them up."""
+    groups: dict[tuple, list[dict]] = {}
+    for rows in row_lists:
+        for row in rows:
+            model = row.get("model_id") or row["retriever"]
+            groups.setdefault((row["dataset"], row.get("split"), model), []).append(row)
+    merged, names = [], {}
+    for (_, _, model), occurrences in groups.items():
+        row = dict(occurrences[0])
+        if len(occurrences) > 1:
+            row["releases"] = merged_releases(occurrences)
+            row["assumptions"] = list(
+                dict.fromkeys(a for r in occurrences for a in r.get("assumptions") or [])
+            )
+            privacy = row_privacy(occurrences)
+            row["privacy"] = privacy.scores.model_dump(mode="json")
+            row["epsilon"] = privacy.scores.epsilon
+            selections = [r["selection"] for r in occurrences if r.get("selection")]
+            if selections:
+                hows = sorted({s["how"] for s in selections})
+                row["selection"] = {
+                    "how": "; ".join(hows),
+                    "epsilon": max(float(s["epsilon"]) for s in selections),
+                }
+        if names.setdefault(row["retriever"], model) != model:
+            row["retriever"] = f"{row['retriever']} [{model.split(':')[-1][:8]}]"
+        merged.append(row)
+    return merged
 
 
 def combined_guarantee(sources: list[tuple[str, Guarantee]]) -> Guarantee:

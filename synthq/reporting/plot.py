@@ -1,11 +1,17 @@
-"""The privacy-utility plot: a metric against ε with 95 % intervals, one panel per dataset."""
+"""The privacy-utility plot: a metric against the model's ε with 95 % intervals, one panel per dataset.
+
+Each model is placed at its own guarantee (what releasing it costs,
+:func:`synthq.reporting.epsilon.shown_epsilon`), computed from its releases by the same function as
+the tables'. When the plotted scores cost more (scores of private queries: ε = ∞) the axis says so.
+"""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from synthq.reporting.epsilon import is_public, same_epsilon, shown_epsilon
+from synthq.privacy.guarantee import format_epsilon
+from synthq.reporting.epsilon import is_public, privacy_of, same_epsilon, scores_differ, shown_epsilon
 from synthq.reporting.systems import datasets_of, systems
 from synthq.reporting.tables import DISPLAY, RESAMPLING_SEED
 from synthq.retrieval.significance import bootstrap_ci
@@ -39,7 +45,7 @@ def _x_index(value: float, ticks: list[tuple[float, str]]) -> int:
 
 
 def privacy_utility_plot(rows: list[dict], path: Path, metric: str = "ndcg@10") -> None:
-    """NDCG@10 against ε with 95 % intervals, one panel per dataset.
+    """NDCG@10 against the model's ε with 95 % intervals, one panel per dataset.
 
     The x axis is ordinal: one tick per ε present (values within 5 % merged, ∞ = no privacy at
     the right), so one or many finite ε stay readable and never overprint. Each method is one
@@ -55,6 +61,7 @@ def privacy_utility_plot(rows: list[dict], path: Path, metric: str = "ndcg@10") 
     datasets = datasets_of(rows)
     ticks = epsilon_positions([shown_epsilon(r)[0] for r in merged if not is_public(r)])
     unaccounted = any(shown_epsilon(r)[2] for r in merged if not is_public(r))
+    costlier = sorted({format_epsilon(privacy_of(r).scores.epsilon) for r in merged if scores_differ(r)})
     width = max(9.0, 1.4 * len(ticks) + 4)
     figure, axes = plt.subplots(1, len(datasets), figsize=(width * len(datasets), 4.6), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -93,8 +100,9 @@ def privacy_utility_plot(rows: list[dict], path: Path, metric: str = "ndcg@10") 
         axis.set_xticks(range(len(ticks)), [f"ε = {label}" for _, label in ticks])
         axis.set_xlim(-0.6, max(len(ticks) - 0.4, 0.6))
         axis.set_xlabel(
-            "ε (ordinal axis; ∞ = no privacy)"
+            "model ε: what releasing the retriever costs (ordinal axis; ∞ = no privacy)"
             + ("\nconfigurations chosen on private dev queries: not counted in ε" if unaccounted else "")
+            + (f"\nthe scores themselves: ε = {', '.join(costlier)} (keep them inside)" if costlier else "")
         )
         axis.set_ylabel(f"{DISPLAY.get(metric, metric)} (95 % CI)")
         axis.set_title(dataset)

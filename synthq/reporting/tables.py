@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from synthq.privacy.guarantee import format_epsilon
-from synthq.reporting.epsilon import epsilon_cell, epsilon_value, is_public, same_epsilon
+from synthq.reporting.epsilon import (
+    epsilon_cell,
+    epsilon_value,
+    is_public,
+    same_epsilon,
+    scores_cell,
+    scores_differ,
+    scores_statement,
+    shown_epsilon,
+)
 from synthq.reporting.systems import datasets_of, systems
 from synthq.retrieval.metrics import HEADLINE, METRICS
 from synthq.retrieval.significance import bootstrap_ci, compare_all
@@ -45,8 +54,14 @@ def _cell(system: dict, metric: str) -> str:
     return text
 
 
-def results_table(rows: list[dict], metrics: tuple[str, ...] = HEADLINE) -> str:
+def results_table(rows: list[dict], metrics: tuple[str, ...] = HEADLINE, statement: bool = True) -> str:
     """One markdown table per dataset: retriever, method, ε, then the metrics (Tables 3-4).
+
+    The ε column is the model's guarantee (what releasing the retriever costs). Where the scores
+    cost more than their models (scores of private queries: ε = ∞), the column is headed
+    ``model ε``, a ``scores ε`` column follows, and one sentence under the heading says what the
+    scores' ε is and why (:func:`synthq.reporting.epsilon.scores_statement`; ``statement=False``
+    leaves it to an earlier table of the same document).
 
     Rows trained with several seeds are one line (mean ± std over seeds); with per-query scores
     every number carries its 95 % bootstrap interval over queries (and seeds)."""
@@ -56,11 +71,16 @@ def results_table(rows: list[dict], metrics: tuple[str, ...] = HEADLINE) -> str:
         here = [r for r in merged if r["dataset"] == dataset]
         split = here[0].get("split")
         out.append(f"### {dataset}" + (f" ({split})" if split else "") + "\n")
-        header = ["retriever", "method", "ε", *(DISPLAY.get(m, m) for m in metrics)]
+        two = any(scores_differ(r) for r in here)
+        if two and statement:
+            out.append(scores_statement(here) + "\n")
+        columns = ["model ε", "scores ε"] if two else ["ε"]
+        header = ["retriever", "method", *columns, *(DISPLAY.get(m, m) for m in metrics)]
         out.append("| " + " | ".join(header) + " |")
         out.append("|" + "---|" * len(header))
         for row in here:
             cells = [row["retriever"], row["method"], epsilon_cell(row)]
+            cells += [scores_cell(row)] if two else []
             cells += [_cell(row, m) for m in metrics]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
@@ -109,24 +129,31 @@ def _p(value: float) -> str:
     return f"{value:.4f}" if value >= 1e-4 else f"{value:.1e}"
 
 
-def zero_shot_table(rows: list[dict], metric: str) -> str:
-    """Retrievers × datasets for one metric, ε beside each retriever (Table 5 layout)."""
+def zero_shot_table(rows: list[dict], metric: str, statement: bool = True) -> str:
+    """Retrievers × datasets for one metric, the model's ε beside each retriever (Table 5
+    layout); where scores cost more than their models, one sentence says so."""
     merged = systems(rows)
     datasets = datasets_of(rows)
     retrievers = list(dict.fromkeys(r["retriever"] for r in merged))
-    header = ["retriever", "ε", *datasets]
-    lines = [
-        f"**{DISPLAY.get(metric, metric)}**\n",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-    ]
+    two = any(scores_differ(r) for r in merged)
+    header = ["retriever", "model ε" if two else "ε", *datasets]
+    lines = [f"**{DISPLAY.get(metric, metric)}**\n"]
+    lines += [scores_statement(merged) + "\n"] if two and statement else []
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name in retrievers:
         mine = {r["dataset"]: r for r in merged if r["retriever"] == name}
-        first = next(iter(mine.values()))
-        cells = [name, epsilon_cell(first)]
+        cells = [name, _model_cells(list(mine.values()))]
         cells += [f"{mine[d]['metrics'][metric]:.4f}" if d in mine else "—" for d in datasets]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _model_cells(rows: list[dict]) -> str:
+    """One retriever's model ε over datasets: one value, or each dataset's when they differ."""
+    cells = list(dict.fromkeys(epsilon_cell(r) for r in rows))
+    if len(cells) == 1:
+        return cells[0]
+    return ", ".join(f"{epsilon_cell(r)} ({r['dataset']})" for r in rows)
 
 
 def results_markdown(rows: list[dict], title: str = "Retrieval results") -> str:
@@ -134,8 +161,10 @@ def results_markdown(rows: list[dict], title: str = "Retrieval results") -> str:
     metric."""
     sections = [
         f"# {title}\n",
-        "Every number is shown with the ε of the retriever it belongs to; `0 (public)` marks "
-        "reference rows that never saw private data. `[a, b]`: 95 % bootstrap interval over "
+        "Every number is shown with the ε of the retriever it belongs to (the model's guarantee: what "
+        "releasing the retriever costs); `0 (public)` marks reference models that never saw private "
+        "data. Where the scores themselves cost more (scores of private queries read without noise), "
+        "the table says so and adds a scores ε column. `[a, b]`: 95 % bootstrap interval over "
         "queries; `± s`: standard deviation over training seeds.\n",
         "## NDCG@10 and Recall@10\n",
         results_table(rows),
@@ -144,14 +173,14 @@ def results_markdown(rows: list[dict], title: str = "Retrieval results") -> str:
         sections += ["## Which differences are significant\n", significance]
     if len(datasets_of(rows)) > 1:
         sections.append("## Across datasets\n")
-        sections += [zero_shot_table(rows, metric) for metric in HEADLINE]
-    sections += ["## All metrics\n", results_table(rows, METRICS)]
+        sections += [zero_shot_table(rows, metric, statement=False) for metric in HEADLINE]
+    sections += ["## All metrics\n", results_table(rows, METRICS, statement=False)]
     return "\n".join(sections)
 
 
 def paper_comparison(rows: list[dict], paper: list[dict]) -> str:
-    """The paper's reported numbers beside ours, matched on dataset and ε (all our rows at
-    that ε are listed, named by retriever)."""
+    """The paper's reported numbers beside ours, matched on dataset and the model's ε (the
+    paper's ε is its models'; all our rows at that ε are listed, named by retriever)."""
     lines = [
         "| paper row | ε | dataset | metric | paper | ours (retriever) |",
         "|---|---|---|---|---|---|",
@@ -162,9 +191,7 @@ def paper_comparison(rows: list[dict], paper: list[dict]) -> str:
         ours = [
             r
             for r in rows
-            if r["dataset"] == dataset
-            and not is_public(r)
-            and same_epsilon(epsilon_value(r["epsilon"]), epsilon)
+            if r["dataset"] == dataset and not is_public(r) and same_epsilon(shown_epsilon(r)[0], epsilon)
         ]
         for metric in [m for m in METRICS if m in reference]:
             shown = ", ".join(f"{r['metrics'][metric]:.4f} ({r['retriever']})" for r in ours) or "—"
@@ -177,10 +204,14 @@ def paper_comparison(rows: list[dict], paper: list[dict]) -> str:
 
 def similarity_table(artifacts: list[Artifact]) -> str:
     """BLEU, MAUVE, distinct-2 and verbatim copies of each ``similarity`` artifact, beside its
-    synthetic set's ε."""
+    synthetic set's ε. The scores compare the synthetic queries with the private ones without
+    noise: they are ε = ∞ (the artifact's guarantee), which the table says; the ε column is the
+    synthetic set's alone."""
     lines = [
-        "| synthetic set | ε | BLEU | MAUVE | distinct-2 | verbatim copies |",
-        "|---|---|---|---|---|---|",
+        "The synthetic set's ε column is what releasing each synthetic set costs. The similarity scores "
+        "compare it with the **private** queries without noise: **ε = ∞, keep them inside**.\n",
+        "| synthetic set | synthetic set's ε | scores ε | BLEU | MAUVE | distinct-2 | verbatim copies |",
+        "|---|---|---|---|---|---|---|",
     ]
     for artifact in artifacts:
         m = artifact.metrics
@@ -189,7 +220,7 @@ def similarity_table(artifacts: list[Artifact]) -> str:
         mauve = f"{m['mauve_mean']:.3f} ± {m['mauve_std']:.3f}" if has_mauve else "—"
         lines.append(
             f"| {Path(artifact.config['synthetic']).name} | {format_epsilon(synthetic_epsilon)} "
-            f"| {m['bleu']:.2f} | {mauve} "
+            f"| {format_epsilon(artifact.privacy.epsilon)} | {m['bleu']:.2f} | {mauve} "
             f"| {m['distinct_2']:.3f} | {100 * m['verbatim_copy_rate']:.1f}% |"
         )
     return "\n".join(lines) + "\n"

@@ -10,8 +10,9 @@ configuration goes on to test (:func:`select_retrievers`, what ``eval --select-o
 Privacy: when the dev queries are private, choosing among configurations by their dev score is
 a release about them. Without a budget it is unaccounted (ε = ∞, as the paper tunes; every
 chosen row shows it, :func:`selection_label`); with ``total_epsilon`` it is report-noisy-max
-(:func:`selection_guarantee`). Tuning on a public dataset instead (e.g. a BEIR set,
-``--select-on`` an evaluation of it) keeps the guarantee exact.
+(:func:`selection_guarantee`). Either way the choice is a function of every candidate: the
+chosen rows carry every candidate's releases too (:func:`candidate_releases`). Tuning on a public
+dataset instead (e.g. a BEIR set, ``--select-on`` an evaluation of it) keeps the guarantee exact.
 """
 
 from __future__ import annotations
@@ -175,15 +176,23 @@ def selection_markdown(
     source: str = "dev",
     scores: bool = True,
     guarantee=None,
+    private: bool = False,
 ) -> str:
     """A table per method of every candidate (the chosen one in bold) and what choosing cost.
 
     ``scores=False`` leaves the dev scores out: on a private dev split they are statistics of
-    private queries without noise (ε = ∞), so only the choice itself is released."""
-    if guarantee is not None:
+    private queries without noise (ε = ∞), so only the choice itself is released. ``private``
+    with scores: the private diagnostics' copy, which says what its scores are."""
+    if private and scores:
+        cost = (
+            "PRIVATE DIAGNOSTICS: the dev scores below are statistics of private dev queries without "
+            "noise (ε = ∞); never release this file."
+        )
+    elif guarantee is not None:
         cost = (
             f"Chosen by report-noisy-max on private dev queries: ε = {format_epsilon(guarantee.epsilon)} "
-            "(pure DP), composed per query with the rest of each row's guarantee."
+            "(pure DP). The choice is a function of every candidate, so each chosen row also carries "
+            "every candidate's releases; all compose per unit with the rest of its guarantee."
         )
     elif scores:
         cost = (
@@ -224,6 +233,7 @@ class Selection:
     guarantee: Guarantee | None  # report-noisy-max's, or None
     dev: Artifact
     private: bool
+    candidates: list[dict] = field(default_factory=list)  # the releases behind every candidate
 
 
 def select_retrievers(
@@ -253,8 +263,19 @@ def select_retrievers(
     source = f"{dev.path.name} ({rows[0].get('split')})"
     guarantee = selection_guarantee(choices, select_epsilon) if noisy else None
     public_text = selection_markdown(choices, source=source, scores=not private, guarantee=guarantee)
-    private_text = selection_markdown(choices, source=source) if private else None
-    return Selection(kept, public_text, private_text, guarantee, dev, private)
+    private_text = selection_markdown(choices, source=source, private=True) if private else None
+    return Selection(kept, public_text, private_text, guarantee, dev, private, candidate_releases(dev))
+
+
+def candidate_releases(dev: Artifact) -> list[dict]:
+    """Every release behind the dev evaluation except its own reads of the dev split: the
+    candidates' releases (and a synthetic dev set's). A choice among the candidates is a function
+    of all of them, so whatever it picks carries all of these, plus what reading the dev queries
+    cost (report-noisy-max's ε, or the read itself: ε = ∞ when unaccounted)."""
+    own = next((r for r in dev.releases if r["id"] == dev.manifest.get("own_release")), None)
+    if own is None:
+        return list(dev.releases)
+    return [r for r in dev.releases if not (r.get("stage") == "eval" and r.get("path") == own.get("path"))]
 
 
 def selection_label(selection: Selection) -> dict:

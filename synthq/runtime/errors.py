@@ -29,3 +29,25 @@ class PrivacyError(SynthqError):
 
 class ModelResolutionError(SynthqError):
     """A model spec could not be resolved to weights on this machine."""
+
+
+def os_error_behind(error: BaseException) -> OSError | None:
+    """The file-system error behind a library's own exception, if any: an ``OSError`` in its
+    cause/context chain (``torch.save`` to an open file wraps one in a RuntimeError), or a Rust
+    I/O error spelt ``(os error N)`` in the message (safetensors' ``SafetensorError``)."""
+    import errno
+    import os
+    import re
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        match = re.search(r"\(os error (\d+)\)", str(current))
+        if match and int(match.group(1)) in errno.errorcode:
+            number = int(match.group(1))
+            return OSError(number, os.strerror(number))
+        current = current.__cause__ or current.__context__
+    return None

@@ -21,11 +21,12 @@ Outputs:
     full guarantee, its seed and training settings), ``per_query.json`` (dataset -> retriever ->
     metric -> query -> score), ``runs/DATASET/[SUB-DATASET/]RETRIEVER.trec`` (the ranked lists,
     TREC run format: ``trec_eval``, ``ir_measures``, ``ranx`` recompute every number from them,
-    :mod:`synthq.retrieval.trec`), ``results.md`` (Tables 3-5 layout, ε beside every number, 95 %
-    intervals, mean ± std over seeds, and every pair's paired test with Holm's correction, see
-    :mod:`synthq.retrieval.significance`; with ``select_on`` also the candidates' dev scores,
-    ``selection.md``) and ``privacy_utility.png`` (NDCG@10 against ε with intervals). Encoding
-    and search throughput (documents/s, queries/s) and cache hits are in the manifest's
+    :mod:`synthq.retrieval.trec`) — for a private split both go to the private ``diagnostics/``
+    instead, since they name private queries one by one — ``results.md`` (Tables 3-5 layout, ε
+    beside every number, 95 % intervals, mean ± std over seeds, and every pair's paired test with
+    Holm's correction, see :mod:`synthq.retrieval.significance`; with ``select_on`` also the
+    candidates' dev scores, ``selection.md``) and ``privacy_utility.png`` (NDCG@10 against ε with
+    intervals). Encoding and search throughput (documents/s, queries/s) and cache hits are in the manifest's
     ``timings``.
 
 Privacy unit and sensitivity:
@@ -37,12 +38,18 @@ Privacy unit and sensitivity:
     * a dataset that is a synthq artifact (a synthetic set) brings its releases to every row on it;
     * **a private split** is a read of private queries without noise: ε = ∞ for its rows,
       whatever the retriever;
-    * ``select_on``: choosing configurations on a dev evaluation of a private split is a release
-      about those dev queries. Without ``select_epsilon`` it is unaccounted (ε = ∞, shown in the
-      rows); with it, report-noisy-max (:func:`synthq.retrieval.selection.select_best`) spends
-      that ε over the dev queries, which composes per unit with the rest.
+    * ``select_on``: the choice is a function of every candidate, so a chosen row carries every
+      candidate's releases (:func:`synthq.retrieval.selection.candidate_releases`) plus what
+      reading the dev queries cost: nothing on public or synthetic dev data; on a private split,
+      without ``select_epsilon`` the noiseless read (ε = ∞, shown in the rows); with it,
+      report-noisy-max (:func:`synthq.retrieval.selection.select_best`), which spends that ε over
+      the dev queries. All compose per unit.
 
-    The artifact's own guarantee composes every row's releases.
+    Every row carries its releases (``releases``: model, data, selection;
+    :mod:`synthq.reporting.row_privacy`), so ``report`` recomputes any merge of rows. Tables show
+    the model's guarantee (what releasing the retriever costs) in the ε column and, where the
+    scores cost more (a private split: ε = ∞), the scores' ε and why. The artifact's own guarantee
+    composes every row's releases: it stays the scores'.
 """
 
 from __future__ import annotations
@@ -70,7 +77,6 @@ from synthq.privacy.inputs import model_input
 from synthq.privacy.splits import (
     EvalData,
     eval_data,
-    known_private_data,
     private_split_guarantee,
     score_guarantee,
 )
@@ -85,7 +91,7 @@ from synthq.reporting.eval_files import (
 )
 from synthq.reporting.labels import describe_method, training_fields
 from synthq.reporting.plot import privacy_utility_plot
-from synthq.reporting.systems import compose_replicates
+from synthq.reporting.row_privacy import release_lists
 from synthq.reporting.tables import results_markdown, results_table
 from synthq.retrieval.bm25 import bm25_search
 from synthq.retrieval.cache import weights_key
@@ -111,10 +117,7 @@ def run(config: EvalConfig) -> Artifact:
         retrievers = selection.retrievers
     roots = _dataset_roots(config)
     untrained = {spec: model_input(spec, stage="train-retriever") for spec in config.untrained}
-    known_private = known_private_data(retrievers)
-    datasets = {
-        spec: eval_data(spec, root, _split(config, spec), known_private) for spec, root in roots.items()
-    }
+    datasets = {spec: eval_data(spec, root, _split(config, spec)) for spec, root in roots.items()}
     inputs = (
         ([selection.dev.input_record()] if selection else [])
         + [r.input_record() for r in retrievers]
@@ -132,7 +135,6 @@ def run(config: EvalConfig) -> Artifact:
             scored = _score_dataset(writer, spec, data, _split(config, spec), models, config, device, tally)
             data_releases = _data_releases(writer, spec, scored.split, data, scored.queries)
             _add_rows(tally, scored, data, data_releases, models, config.bm25, selection, chosen_by)
-        compose_replicates(tally.rows, tally.row_releases)
         _write_results(writer, tally, selection)
         writer.timings.update(tally.throughput.summary(device))
     if verbosity() >= 1:  # rank 0 only under torchrun
@@ -240,10 +242,9 @@ class Tally:
     """What the scoring loop accumulates: rows and the releases behind each, per-query scores,
     throughput."""
 
-    rows: list[dict] = field(default_factory=list)
-    # per row: its releases, the same without the selection, its assumptions (aligned with rows)
-    row_releases: list[tuple[list[dict], list[dict], list[str]]] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)  # each carries its releases (row_privacy)
     per_query: dict[str, dict] = field(default_factory=dict)  # dataset -> label -> metric -> query
+    private_per_query: dict[str, dict] = field(default_factory=dict)  # the same, of private splits
     throughput: Throughput = field(default_factory=Throughput)
 
 
@@ -260,10 +261,17 @@ def _declare_inputs(
     if selection is None:
         return []
     if selection.guarantee is not None:
+        # Report-noisy-max replaces the noiseless read of the dev queries; the choice is still a
+        # function of every candidate, so every candidate's releases come along (not only the
+        # chosen one's): the rows it picks carry them all, composed per unit.
         dev_release = next(
             r for r in selection.dev.releases if r["id"] == selection.dev.manifest["own_release"]
         )
-        return [writer.release(selection.guarantee, dev_release["data"], units=dev_release["units"])]
+        known = {r["id"] for r in writer.releases}
+        writer.releases += [r for r in selection.candidates if r["id"] not in known]
+        writer.assume(*selection.dev.privacy.assumptions)  # the candidates' (starting models, ...)
+        noisy = writer.release(selection.guarantee, dev_release["data"], units=dev_release["units"])
+        return [noisy, *selection.candidates]
     writer.inherit(selection.dev)
     return selection.dev.releases
 
@@ -279,7 +287,8 @@ def _score_dataset(
     tally: Tally,
 ) -> ScoredDataset:
     """BM25 and every dense model on each (sub-)dataset of one dataset; the ranked lists go to
-    ``runs/``, the throughput to ``tally``."""
+    ``runs/`` (the private ``diagnostics/runs/`` for a private split: a ranked list per private
+    query), the throughput to ``tally``."""
     name = source_name(spec)
     ignore_identical = name in IDENTICAL_ID_DATASETS
     scored = ScoredDataset(name, split, {}, {"documents": 0, "queries": 0}, [])
@@ -292,7 +301,7 @@ def _score_dataset(
         scored.queries += [f"{part}/{q}" if part else q for q in queries]
         scored.counts["documents"] += len(dataset.corpus)
         scored.counts["queries"] += len(queries)
-        runs = writer.dir / RUNS_DIR / name / part
+        runs = (writer.diagnostics_dir if data.private else writer.dir) / RUNS_DIR / name / part
         if config.bm25:
             run_bm25 = bm25_search(dataset.corpus, queries, config.top_k, ignore_identical)
             scored.metrics.setdefault("BM25", {})[part] = per_query(qrels, run_bm25)
@@ -351,24 +360,26 @@ def _add_rows(
         assumptions = [*(model_spec.privacy.assumptions if model_spec else []), data.assumption or ""]
         assumptions = [a for a in assumptions if a]
         own = [] if kind == "bm25" or kind == "untrained" else chosen_by
-        without_selection = [*model_releases, *data_releases]
-        releases = [*without_selection, *own]
+        releases = release_lists(model_releases, data_releases, own)
         row = result_row(
-            scored.name, scored.split, label, method, kind, score_guarantee(releases, assumptions), identity
+            scored.name,
+            scored.split,
+            label,
+            method,
+            kind,
+            score_guarantee([r for part in releases.values() for r in part], assumptions),
+            identity,
         )
         row["model_epsilon"] = (model_spec.privacy if model_spec else _BM25_PRIVACY).epsilon
+        # what every number of the row rests on: recomputed wherever the row is shown or merged
+        row["releases"], row["assumptions"] = releases, assumptions
         if own and selection is not None:
-            before = score_guarantee(without_selection, assumptions)
-            row["selection"] = {
-                **selection_label(selection),
-                "row_epsilon_without": json_safe(before.epsilon),
-                "row_unit_without": before.unit,
-            }
+            row["selection"] = selection_label(selection)
         row.update(model_spec.training if model_spec else {})
         row.update(row_metrics(scored.metrics[label]))
         tally.rows.append({**row, **scored.counts})
-        tally.row_releases.append((releases, without_selection, assumptions))
-        tally.per_query.setdefault(scored.name, {})[label] = by_metric(scored.metrics[label])
+        per_query_scores = tally.private_per_query if data.private else tally.per_query
+        per_query_scores.setdefault(scored.name, {})[label] = by_metric(scored.metrics[label])
 
 
 def _write_results(writer, tally: Tally, selection: Selection | None) -> None:
@@ -377,7 +388,10 @@ def _write_results(writer, tally: Tally, selection: Selection | None) -> None:
     rows = tally.rows
     (writer.dir / RESULTS_FILE).write_text(json.dumps(json_safe(rows), indent=2), encoding="utf-8")
     (writer.dir / PER_QUERY_FILE).write_text(json.dumps(tally.per_query), encoding="utf-8")
-    with_scores = attach_per_query(rows, tally.per_query)
+    if tally.private_per_query:  # scores of private queries one by one: never released
+        private_scores = json.dumps(tally.private_per_query)
+        (writer.diagnostics_dir / PER_QUERY_FILE).write_text(private_scores, encoding="utf-8")
+    with_scores = attach_per_query(rows, {**tally.per_query, **tally.private_per_query})
     text = results_markdown(with_scores)
     if selection is not None:
         text += "\n## Hyper-parameters chosen on dev\n\n" + selection.markdown

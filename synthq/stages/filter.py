@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from synthq.artifacts.create import create_artifact
-from synthq.artifacts.freshness import existing_result
+from synthq.artifacts.freshness import existing_result, input_location
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.records import current_input_hash
 from synthq.config.generator import FilterConfig
@@ -127,7 +127,7 @@ def _generator_record(synthetic: Artifact) -> dict:
     records = [r for r in synthetic.inputs if r.get("stage") == "finetune-lm"]
     if not records:
         raise ArtifactError(f"{synthetic.path}: records no generator; likelihood filtering needs one")
-    record = records[0]
+    record = {**records[0], "path": str(input_location(synthetic, records[0]))}  # from any directory
     if current_input_hash(record) != record["sha256"]:
         raise ArtifactError(
             f"{record['path']}: is not the generator {synthetic.path} was sampled from any more "

@@ -76,7 +76,12 @@ def save_checkpoint(
         "log": json.dumps(log),
     }
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
+    try:
+        with open(tmp, "wb") as handle:  # through a Python file: a full disk stays an OSError in the chain
+            torch.save(state, handle)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a cut-off copy is no checkpoint, and a full disk needs the space
+        raise
     os.replace(tmp, path)
 
 
@@ -168,6 +173,7 @@ def run(config: FinetuneConfig) -> Artifact:
     steps = planned_steps(len(units), config.batch_size, config.epochs, config.max_steps)
     plan = _plan(config, units, steps)
     generator = _load_generator(config, start.path, place.rank)
+    randomness.seed_torch(place.rank)  # dropout from the run's randomness, not torch's default seed
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
 
     def make_batch(rows: list[int]) -> dict[str, torch.Tensor]:

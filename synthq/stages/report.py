@@ -14,9 +14,13 @@ similarity, paper vs ours), ``results.json`` (the merged rows) and ``privacy_uti
 
 Privacy unit and sensitivity:
     The report only re-reads its inputs (post-processing). It publishes the results of every
-    model in every input, so its guarantee is :func:`synthq.reporting.merge.combined_guarantee` over
-    those models (one DP release counts once; independent releases compose; a non-private model, or
-    a similarity artifact, which reads the private queries, makes it ε = ∞).
+    model in every input, so it inherits every input's releases: its guarantee composes them per
+    unit (one DP release counts once; independent releases compose; a non-private model, a private
+    split's scores, or a similarity artifact, which reads the private queries, make it ε = ∞).
+    Every row shown is recomputed from the releases its members carry
+    (:mod:`synthq.reporting.row_privacy`): seeds and generator replicates from different
+    evaluations compose, and a model in several evaluations carries all of their releases, in
+    whatever order they are given. Tables show the model's ε and, where it differs, the scores' ε.
 """
 
 from __future__ import annotations

@@ -239,6 +239,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
             "[bold]training on the private queries WITHOUT differential privacy: this retriever has ε = ∞[/]"
         )
     encoder = _load(config, start.path, place.rank)
+    randomness.seed_torch(place.rank)  # dropout from the run's randomness, not torch's default seed
     if config.freeze_embeddings and not freeze_token_embeddings(encoder):
         raise SynthqError(f"--freeze-embeddings: found no token-embedding matrix in {config.encoder}")
     parameters = [p for p in encoder.parameters() if p.requires_grad]

@@ -102,6 +102,18 @@ def test_users_and_queries_compose_as_the_weakest_unit_with_the_loosest_bound():
     ]
     both = compose_releases(users, [["u1", "u2"]], [])
     assert both.unit == "user" and both.details["max_queries_per_user"] == 5 and both.epsilon == 2.0
+    # at the query unit each user-level release counts at the per-query ε it records (derived for
+    # that neighbour), never at face value; one that records none fails closed
     mixed = compose_releases([*users, _release("q", _dp(1.0, 1e-6))], [["q", "u1", "u2"]], [])
-    assert mixed.unit == "query" and mixed.epsilon == 3.0
+    assert mixed.unit == "query" and math.isinf(mixed.epsilon)
+    assert "no derived per-query guarantee" in mixed.note
+    derived = [
+        _release(
+            r["id"],
+            _dp(1.0, 1e-6, unit="user", per_query={"rule": "group-of-2", "epsilon": 2.5, "delta": 1e-6}),
+        )  # fmt: skip
+        for r in users
+    ]
+    mixed = compose_releases([*derived, _release("q", _dp(1.0, 1e-6))], [["q", "u1", "u2"]], [])
+    assert mixed.unit == "query" and mixed.epsilon == 6.0 and mixed.delta == pytest.approx(3e-6)
     assert "compose only as the weakest, query" in mixed.note

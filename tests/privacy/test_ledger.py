@@ -53,13 +53,15 @@ def test_releases_on_one_dataset_compose_per_unit(tmp_path, private_data):
     third = trained(tmp_path / "c", data, dp_release(300), ["q9"])
     epsilons = [dp_release(steps).epsilon for steps in (100, 200, 300)]
     book = ledger([first, second, third])
-    assert list(book.datasets) == [data["sha256"]] and len(book.releases) == 3 and book.changed == []
+    # grouped by the dataset's keyed identity (its query ids), not its directory digest
+    assert list(book.datasets) == [data["identity"]] and len(book.releases) == 3 and book.changed == []
+    assert data["identity"].startswith("hmac:") and data["identity"] != data["sha256"]
     # q2 is in the first two releases, q9 only in the third: the worst unit pays first + second
     worst = max(epsilons[0] + epsilons[1], epsilons[2])
     assert book.total.epsilon == pytest.approx(worst, rel=1e-9)
     assert dataset_totals([first, second, third]) == {"tiny": pytest.approx(worst, rel=1e-9)}
     lines = ledger_lines([first, second, third])
-    keyed = data["sha256"].removeprefix("hmac:")[:12]
+    keyed = data["identity"].removeprefix("hmac:")[:12]
     assert lines[0] == (
         f"private dataset tiny (keyed id {keyed}): {book.total.describe()} over 3 release(s), "
         "composed per query"

@@ -10,10 +10,13 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from synthq.artifacts.export import export_artifact
 from synthq.cli.app import app
 from synthq.config.evaluation import EvalConfig
 from synthq.config.generator import FinetuneConfig
 from synthq.config.retriever import TrainRetrieverConfig
+from synthq.data.beir_io import load_beir_dir
+from synthq.reporting.eval_files import read_rows
 from synthq.retrieval.selection import Candidate, selection_utility
 from synthq.stages import evaluate, train_retriever
 from tests.helpers import private_copy, retriever_config
@@ -33,6 +36,34 @@ def test_eval_on_a_private_split_is_infinite_even_for_a_public_encoder(tmp_path,
         EvalConfig(out=tmp_path / "ev-test", datasets=[str(data)], untrained=[str(tiny_encoder_dir)])
     )
     assert public.privacy.epsilon == 0
+
+
+
+def test_per_query_scores_and_runs_of_a_private_split_stay_private(tmp_path, tiny_beir, tiny_encoder_dir):
+    """Per-query scores and TREC runs name private queries one by one: for a private split they
+    go to the private diagnostics/, never to a released file (or an export); report still reads
+    them where the owner has them."""
+    data = private_copy(tmp_path, tiny_beir)
+    encoder = [str(tiny_encoder_dir)]
+    config = EvalConfig(out=tmp_path / "ev", datasets=[str(data)], split="train", untrained=encoder)
+    result = evaluate.run(config)
+    private_ids = set(load_beir_dir(data).require_split("train"))
+    released = [
+        path for path in result.path.rglob("*")
+        if path.is_file() and "diagnostics" not in path.relative_to(result.path).parts
+    ]  # fmt: skip
+    for path in released:
+        text = path.read_text(errors="ignore")
+        assert not [q for q in private_ids if q in text], f"{path.name} names private queries"
+    assert not (result.path / "runs").exists()
+    assert list((result.path / "diagnostics" / "runs").rglob("*.trec"))
+    kept = json.loads((result.path / "diagnostics" / "per_query.json").read_text())
+    assert set(next(iter(next(iter(kept.values())).values()))["ndcg@10"]) == private_ids
+    rows = read_rows(result.path)
+    assert all(set(row["per_query"]["ndcg@10"]) == private_ids for row in rows)
+    exported, _ = export_artifact(result.path, tmp_path / "exported")
+    assert not (exported.path / "diagnostics").exists()
+    assert not [q for q in private_ids if q in (exported.path / "per_query.json").read_text()]
 
 
 def test_selection_on_a_private_dev_split_is_accounted(tmp_path, tiny_beir, tiny_encoder_dir):
@@ -55,6 +86,10 @@ def test_selection_on_a_private_dev_split_is_accounted(tmp_path, tiny_beir, tiny
     assert math.isinf(unaccounted.privacy.epsilon)
     assert rows and all(r["selection"]["how"] == "on private dev, unaccounted" for r in rows)
     assert "dev ndcg@10" not in (unaccounted.path / "selection.md").read_text()  # private scores stay out
+    # the private diagnostics' copy keeps the scores and says what they are (never "public")
+    private_copy_text = (unaccounted.path / "diagnostics" / "selection.md").read_text()
+    assert "dev ndcg@10" in private_copy_text and "ε = ∞" in private_copy_text
+    assert "dev queries are public" not in private_copy_text and "costs no ε" not in private_copy_text
     noisy = evaluate.run(
         EvalConfig(
             out=tmp_path / "test-noisy",
@@ -67,9 +102,13 @@ def test_selection_on_a_private_dev_split_is_accounted(tmp_path, tiny_beir, tiny
     (kept,) = [r for r in json.loads((noisy.path / "results.json").read_text()) if r["kind"] == "retriever"]
     selection = [r for r in noisy.releases if r["guarantee"]["mechanism"] == "report-noisy-max"]
     assert len(selection) == 1 and selection[0]["guarantee"]["epsilon"] == pytest.approx(1.0)
-    # dev queries are other units than the training queries: per unit, ε = max(4, 1), not 4 + 1
-    assert float(kept["epsilon"]) == pytest.approx(kept["model_epsilon"]) == pytest.approx(4.0, abs=0.05)
-    assert noisy.privacy.epsilon == pytest.approx(kept["model_epsilon"])
+    # The choice is a function of both candidates (ε = 4 each, on the same training queries), so
+    # the kept row carries both: 4 + 4 per training query. The dev queries are other units than the
+    # training queries: report-noisy-max's ε = 1 does not add to them (per unit, max(8, 1)).
+    # (A selection that forgot its candidates kept only the chosen one's: 4.)
+    assert kept["model_epsilon"] == pytest.approx(4.0, abs=0.05)
+    assert float(kept["epsilon"]) == pytest.approx(2 * kept["model_epsilon"], rel=1e-6)
+    assert noisy.privacy.epsilon == pytest.approx(float(kept["epsilon"]))
 
 
 def test_report_noisy_max_utility_has_sensitivity_one_and_is_monotone():
@@ -98,4 +137,3 @@ def test_limit_is_refused_with_dp(tiny_beir):
     result = CliRunner().invoke(app, ["finetune-lm", "--data", str(tiny_beir), "--model", "x", "--out",
                                       "o", "--limit", "5"])  # fmt: skip
     assert result.exit_code != 0 and "--limit cannot be used with DP" in result.output + str(result.exception)
-

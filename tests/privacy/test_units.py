@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
 
 from synthq.privacy.keys import key_id, state_dir, unit_digests
 from synthq.privacy.units import (
-    REGISTRY,
     UNITS_DIR,
     load_unit_set,
-    register_private_data,
-    registered_private_data,
     sharing_groups,
     store_unit_set,
 )
@@ -76,19 +72,3 @@ def test_a_unit_set_digested_under_another_key_is_assumed_shared(tmp_path, monke
     other = {"id": "other", "units": store_unit_set("query", ["q9"])}
     assert theirs["units"]["key_id"] != ours["units"]["key_id"]
     assert sharing_groups([theirs, ours, other]) == [["other", "theirs"], ["ours", "theirs"]]
-
-
-def test_private_data_is_registered_once_by_its_keyed_digest(tmp_path, monkeypatch):
-    monkeypatch.setenv("SYNTHQ_STATE", str(tmp_path / "state"))
-    assert registered_private_data() == frozenset()
-    register_private_data({"sha256": "hmac:aaa", "name": "train", "kind": "data"})
-    register_private_data({"sha256": "hmac:aaa", "name": "train again", "kind": "data"})
-    register_private_data({"sha256": "bbb", "kind": "artifact"})  # an artifact is not a dataset
-    register_private_data({"name": "no digest"})
-    registry = state_dir() / REGISTRY
-    assert [json.loads(line) for line in registry.read_text().splitlines()] == [
-        {"sha256": "hmac:aaa", "name": "train"}
-    ]
-    with open(registry, "a", encoding="utf-8") as handle:
-        handle.write('{"sha256": "hmac:ccc", "na')  # a torn last line from a killed process
-    assert registered_private_data() == frozenset({"hmac:aaa"})

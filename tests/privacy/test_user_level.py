@@ -310,7 +310,11 @@ def test_query_and_user_releases_compose_as_the_query_unit(tmp_path, tiny_beir, 
     releases = per_user.releases + per_query.releases
     total = compose_releases(releases, [[r["id"] for r in releases]], [])
     assert total.unit == "query"  # never the stronger unit for a query-level release
-    assert total.epsilon == pytest.approx(per_user.privacy.epsilon + per_query.privacy.epsilon)
+    # the user-level release counts at its derived per-query ε (a removed query replaces the user's
+    # contribution: group privacy of 2), never at face value
+    derived = per_user.privacy.details["per_query"]
+    assert derived["rule"] == "group-of-2" and derived["epsilon"] > per_user.privacy.epsilon
+    assert total.epsilon == pytest.approx(derived["epsilon"] + per_query.privacy.epsilon)
     assert "compose only as the weakest" in total.note
     text = "\n".join(ledger_lines([per_query.path])).replace(str(tmp_path), "")
     assert "user" not in text  # a query-level release is never printed as per user

@@ -166,6 +166,8 @@ def _self_retrieval_beir(root: Path) -> Path:
     )
     for split in ("train", "dev"):
         (root / "qrels" / f"{split}.tsv").unlink()
+    # only test is left: the declaration names only splits the dataset has
+    (root / "privacy.json").write_text(json.dumps({"public_splits": ["test"]}), encoding="utf-8")
     return root
 
 
@@ -197,6 +199,7 @@ def test_sub_datasets_are_averaged_like_cqadupstack(tmp_path, retriever, tiny_be
     (forum / "gaming" / "qrels" / "test.tsv").write_text(
         "query-id\tcorpus-id\tscore\ntest-egg-0\tegg-0\t1\ntest-tax-1\ttax-2\t1\n"
     )
+    (forum / "privacy.json").write_text('{"public_splits": ["test"]}')  # the whole forum's test split
     whole = evaluate.run(
         EvalConfig(retrievers=[str(retriever.path)], datasets=[str(forum)], out=tmp_path / "w")
     )

@@ -145,6 +145,17 @@ def test_report_merges_evaluations(tmp_path, two_evals):
         report.run(ReportConfig(evals=[str(artifact.path)], out=tmp_path / "again"))
 
 
+def release_record(key: str, epsilon: float, unit: str = "query", units: dict | None = None) -> dict:
+    """A release record as manifests hold it (no unit set: shares units with every release)."""
+    guarantee = (
+        Guarantee.non_private("read without noise", unit=unit)
+        if math.isinf(epsilon)
+        else Guarantee(epsilon=epsilon, delta=1e-6, unit=unit, mechanism="dp-test", accountant="prv")
+    )
+    return {"id": key, "stage": "test", "data": {"name": "d", "sha256": "hmac:d", "kind": "data"},
+            "unit": unit, "units": units, "guarantee": guarantee.model_dump(mode="json")}  # fmt: skip
+
+
 def _scored_rows() -> list[dict]:
     """Rows with per-query NDCG@10: a baseline, a system +0.1 better on every query (trained with
     seeds 0 and 1), and one tied with the baseline."""
@@ -158,10 +169,12 @@ def _scored_rows() -> list[dict]:
         return {"dataset": "d", "split": "test", "retriever": name, "method": method, "epsilon": epsilon,
                 "metrics": metrics, "per_query": per_query, "seed": seed, "variant": variant}  # fmt: skip
 
+    # both seeds post-process one generator's release: the system is ε = 8, not 16
+    generator = {"model": [release_record("generator", 8.0)], "data": [], "selection": []}
     return [
         row("untrained", base, 0.0, method="untrained") | {"kind": "untrained", "privacy": PUBLIC},
-        row("ret-syn-seed0", base + 0.08, 8.0, 0, "v1", "synthetic"),
-        row("ret-syn-seed1", base + 0.12, 8.0, 1, "v1", "synthetic"),
+        row("ret-syn-seed0", base + 0.08, 8.0, 0, "v1", "synthetic") | {"releases": generator},
+        row("ret-syn-seed1", base + 0.12, 8.0, 1, "v1", "synthetic") | {"releases": generator},
         row("ret-dp", base + rng.normal(0, 0.001, size=60), 7.99, 0, "v2", "direct DP"),
     ]
 

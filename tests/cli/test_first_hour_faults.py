@@ -1,0 +1,86 @@
+"""The faults a new user met in the first hour, through the command line: each is one
+line naming the path and saying only what is known, or a correct result."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from synthq.privacy.guarantee import Guarantee
+from tests.helpers import one_line, run_main, tiny_retriever_artifact
+
+
+def test_a_foreign_seal_is_not_said_to_be_unedited(tmp_path, tiny_encoder_dir, capsys, monkeypatch):
+    artifact = tiny_retriever_artifact(tmp_path / "ret", tiny_encoder_dir, Guarantee.public("a public model"))
+    monkeypatch.setenv("SYNTHQ_STATE", str(tmp_path / "another-installation"))
+    status, shown = run_main(["info", str(artifact.path)], capsys, monkeypatch)
+    assert status == 0
+    assert "cannot check whether it was edited" in shown
+    assert "was not edited" not in shown  # not known either way
+    status, output = run_main(
+        ["export", str(artifact.path), "--out", str(tmp_path / "rel")], capsys, monkeypatch
+    )
+    line = one_line(output)
+    assert status == 2 and f"{artifact.path}: sealed under another key" in line
+    assert "was not edited" not in line and "cannot check whether it was edited" in line
+    assert not (tmp_path / "rel").exists()
+
+
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_out_is_refused_plainly(out, tmp_path, tiny_beir, tiny_encoder_dir, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["train-retriever", "--data", str(tiny_beir), "--encoder", str(tiny_encoder_dir), "--out", out]
+    status, output = run_main(argv, capsys, monkeypatch)
+    line = one_line(output)
+    assert status == 2
+    assert "--out: is empty" in line and "is an input" not in line
+    assert list(tmp_path.iterdir()) == []
+
+
+PIPELINE = """
+name: mine
+out: runs/mine
+stages:
+  - name: ret
+    stage: train-retriever
+    config: {data: mydata, encoder: ./encoders/tiny}
+  - name: ev
+    stage: eval
+    config: {retrievers: ["@ret"], datasets: [mydata, embedded], untrained: [minilm-l6]}
+"""
+
+
+def test_a_pipeline_reports_inputs_that_are_not_there(
+    tmp_path, tiny_beir, tiny_encoder_dir, capsys, monkeypatch
+):
+    pipeline = tmp_path / "pipelines" / "mine.yaml"
+    pipeline.parent.mkdir()
+    pipeline.write_text(PIPELINE)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    status, output = run_main(["run", str(pipeline), "--dry-run"], capsys, monkeypatch)
+    assert status == 0, output
+    missing = [line for line in output.splitlines() if line.startswith("missing input:")]
+    assert missing == [
+        f"missing input: stage 'ret' (train-retriever): data mydata does not exist (read from {elsewhere}) "
+        "and no earlier stage writes it",
+        f"missing input: stage 'ret' (train-retriever): encoder ./encoders/tiny does not exist (read from "
+        f"{elsewhere}) and no earlier stage writes it",
+        f"missing input: stage 'ev' (eval): datasets mydata does not exist (read from {elsewhere}) "
+        "and no earlier stage writes it",
+    ]  # @ret is written by an earlier stage; embedded and minilm-l6 are names, not paths
+    status, output = run_main(["run", str(pipeline)], capsys, monkeypatch)
+    refusal = [line for line in output.splitlines() if line.startswith("synthq:")]
+    assert status == 2 and len(refusal) == 1 and "Traceback" not in output
+    assert "stage 'ret' (train-retriever): data mydata does not exist" in refusal[0]
+    assert "(and 2 more; see --dry-run); nothing was run" in refusal[0]
+    assert not (elsewhere / "runs").exists()
+    # from the directory that holds them, nothing is missing
+    shutil.copytree(tiny_beir, tmp_path / "mydata")
+    shutil.copytree(tiny_encoder_dir, tmp_path / "encoders" / "tiny")
+    monkeypatch.chdir(tmp_path)
+    status, output = run_main(["run", str(pipeline), "--dry-run"], capsys, monkeypatch)
+    assert status == 0 and "missing input" not in output, output
+    assert "1. ret (train-retriever): run" in output

@@ -1,0 +1,66 @@
+"""A full disk (ENOSPC) during ``finetune-lm`` is one line and exit status 1, as in ``generate`` and
+``train-retriever``: torch and safetensors wrap the OSError in their own exceptions (a
+RuntimeError from ``torch.save``, a ``SafetensorError`` whose message ends in ``(os error 28)``),
+which used to reach the user as a 51-line traceback."""
+
+from __future__ import annotations
+
+import errno
+import io
+
+from safetensors import SafetensorError
+
+from synthq.stages import finetune_lm
+from tests.helpers import one_line, run_main
+
+
+def _argv(tiny_beir, model, out, *extra):
+    return ["-q", "finetune-lm", "--data", str(tiny_beir), "--model", str(model), "--out", str(out),
+            "--epsilon", "inf", "--max-steps", "2", "--batch-size", "4", "--physical-batch-size", "4",
+            *extra]  # fmt: skip
+
+
+def test_a_full_disk_while_saving_the_model_is_one_line(
+    tmp_path, tiny_beir, tiny_causal_dir, capsys, monkeypatch
+):
+    import transformers.modeling_utils
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full_disk)
+    out = tmp_path / "gen"
+    status, output = run_main(_argv(tiny_beir, tiny_causal_dir, out), capsys, monkeypatch)
+    line = one_line(output)
+    assert status == 1
+    assert f"while writing {out}: No space left on device; free some space" in line
+
+
+class _FullDisk(io.RawIOBase):
+    def writable(self):
+        return True
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_while_writing_a_checkpoint_is_one_line(
+    tmp_path, tiny_beir, tiny_causal_dir, capsys, monkeypatch
+):
+    real_open = open
+
+    def open_on_a_full_disk(path, mode="r", *args, **kwargs):
+        if "w" in mode and str(path).endswith(".tmp"):
+            real_open(path, "wb").close()  # created, then the disk is full
+            return io.BufferedWriter(_FullDisk())
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(finetune_lm, "open", open_on_a_full_disk, raising=False)
+    out = tmp_path / "gen"
+    status, output = run_main(
+        _argv(tiny_beir, tiny_causal_dir, out, "--checkpoint-every", "1"), capsys, monkeypatch
+    )
+    line = one_line(output)
+    assert status == 1
+    assert "No space left on device; free some space" in line
+    assert not list(tmp_path.glob(".gen.partial/checkpoints/*"))  # the cut-off copy is removed, not resumable

@@ -1,0 +1,380 @@
+"""The adversary's world for tests/privacy/test_adversary.py: a private dataset (query or user unit),
+the same dataset minus one unit, every stage run on it with fixed secret seeds, and what the
+adversary is allowed to see (every released byte) against what it is not (the private files, the
+un-noised statistics, diagnostics/)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from synthq.artifacts.hashing import sha256_file, sha256_tree
+from tests.helpers import write_tiny_beir
+
+# Private users of the tiny set's 17 training queries (file order): a heavy user of 5, one of 3,
+# two of 2 and singles. Distinctive ids, so a hit in a released byte is never a coincidence.
+USERS = [("ulrike-7q", 5), ("bartholomew-3k", 3), ("cassiopeia-9z", 2), ("desmond-4w", 2),
+         ("euphemia-2x", 1), ("fitzgerald-8v", 1), ("gwendolyn-5m", 1), ("horatio-6n", 1),
+         ("isadora-1p", 1)]  # fmt: skip
+PRIVATE_SPLITS = ("train", "dev")
+PRIVATE_FILES = ("queries.jsonl", "qrels/train.tsv", "qrels/dev.tsv", "users.tsv")
+# the one unit removed for the neighbouring dataset
+REMOVED_QUERY = "tr-sleep-1-0"
+REMOVED_USER = "cassiopeia-9z"
+
+
+def _records(root: Path) -> list[dict]:
+    return [json.loads(line) for line in (root / "queries.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _write_records(root: Path, records: list[dict]) -> None:
+    (root / "queries.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def private_dataset(root: Path, unit: str, declared: bool = True) -> Path:
+    """The tiny BEIR set with train and dev private and test public (``declared``: a privacy.json
+    says so; else no privacy.json at all), and at the user unit a ``metadata.user_id`` on every
+    training query."""
+    root = write_tiny_beir(Path(root))
+    if not declared:
+        (root / "privacy.json").unlink()
+    if unit == "user":
+        records = _records(root)
+        train = [r for r in records if r["_id"].startswith("tr-")]
+        users = [name for name, size in USERS for _ in range(size)]
+        assert len(users) == len(train)
+        for record, user in zip(train, users, strict=True):
+            record["metadata"] = {"user_id": user}
+        _write_records(root, records)
+    return root
+
+
+def train_query_users(root: Path) -> dict[str, str]:
+    return {r["_id"]: r["metadata"]["user_id"] for r in _records(root) if "metadata" in r}
+
+
+def without_one_unit(source: Path, target: Path, unit: str) -> tuple[Path, list[str]]:
+    """``source`` minus one privacy unit: one training query, or every query of one user.
+    Returns the copy and the query ids removed."""
+    shutil.copytree(source, target)
+    if unit == "query":
+        removed = [REMOVED_QUERY]
+    else:
+        removed = [q for q, user in train_query_users(source).items() if user == REMOVED_USER]
+    assert removed
+    _write_records(target, [r for r in _records(target) if r["_id"] not in removed])
+    qrels = target / "qrels" / "train.tsv"
+    lines = qrels.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if line.split("\t")[0] not in removed]
+    assert len(kept) == len(lines) - len(removed)
+    qrels.write_text("".join(kept))
+    return target, removed
+
+
+# The pipeline -----------------------------------------------------------------------------------
+
+
+@dataclass
+class World:
+    """Everything one run of the pipeline wrote: artifacts by name, and other released
+    directories (exported copies, the search bundle, the printed ledger)."""
+
+    root: Path
+    data: Path
+    unit: str
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    released: dict[str, Path] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    recorded_data: Path | None = None  # where the run read the data (the manifests say so)
+
+    def __post_init__(self):
+        self.recorded_data = self.recorded_data or self.data
+
+
+def relocate(world: World, source: Path, target: Path) -> World:
+    """Move the directory ``source`` holding the world's data and run to ``target``, so the next
+    run (a neighbouring dataset) writes to the very same paths: the two runs' manifests then
+    differ by content, not by where they were written."""
+    shutil.move(source, target)
+
+    def moved(path: Path) -> Path:
+        return target / Path(path).relative_to(source)
+
+    return World(
+        moved(world.root),
+        moved(world.data),
+        world.unit,
+        {name: moved(path) for name, path in world.artifacts.items()},
+        {name: moved(path) for name, path in world.released.items()},
+        world.seconds,
+        recorded_data=world.recorded_data,
+    )
+
+
+def run_world(root: Path, data: Path, unit: str, causal: Path, encoder: Path, audit: bool = True) -> World:
+    """Every stage on ``data`` (train and dev private) with fixed secret seeds, tiny models, 1-2
+    steps. The same call on a neighbouring dataset draws the same secret randomness."""
+    import time
+
+    from synthq.artifacts.export import export_artifact
+    from synthq.artifacts.manifest import open_artifact
+    from synthq.config.audit import CanaryAuditConfig
+    from synthq.config.evaluation import EvalConfig, ReportConfig, SimilarityConfig
+    from synthq.config.generator import EvolveConfig, FilterConfig, FinetuneConfig, GenerateConfig
+    from synthq.config.retriever import TrainRetrieverConfig
+    from synthq.privacy.ledger import ledger_lines
+    from synthq.retrieval.cache import weights_key
+    from synthq.search import bundle_directory, search
+    from synthq.stages import (
+        canary_audit,
+        evaluate,
+        evolve,
+        finetune_lm,
+        generate,
+        report,
+        similarity,
+        train_retriever,
+    )
+    from synthq.stages import (
+        filter as filter_stage,
+    )
+
+    world = World(Path(root), Path(data), unit)
+    arts = world.root / "artifacts"
+    unit_options = {"privacy_unit": unit, "max_queries_per_user": 2} if unit == "user" else {}
+
+    def stage(name, module, config):
+        start = time.perf_counter()
+        artifact = module.run(config)
+        world.seconds[name] = time.perf_counter() - start
+        world.artifacts[name] = Path(artifact.path)
+        return artifact.path
+
+    d = str(data)
+    gen = stage(
+        "gen",
+        finetune_lm,
+        FinetuneConfig(
+            data=d,
+            model=str(causal),
+            out=arts / "gen",
+            epsilon=8.0,
+            max_steps=2,
+            batch_size=4,
+            physical_batch_size=4,
+            lr=1e-2,
+            max_source_length=32,
+            seed=11,
+            device="cpu",
+            **unit_options,
+        ),
+    )
+    syn = stage(
+        "syn",
+        generate,
+        GenerateConfig(generator=gen, corpus=d, out=arts / "syn", max_new_tokens=4, seed=0, device="cpu"),
+    )
+    stage(
+        "syn-split",
+        generate,
+        GenerateConfig(
+            generator=gen,
+            corpus=d,
+            split="train",
+            out=arts / "syn-split",
+            max_new_tokens=4,
+            seed=0,
+            device="cpu",
+        ),
+    )
+    stage(
+        "pe",
+        evolve,
+        EvolveConfig(
+            data=d,
+            corpus=d,
+            judged_split="train",
+            out=arts / "pe",
+            model=str(causal),
+            embedder=str(encoder),
+            epsilon=4.0,
+            iterations=1,
+            population=2,
+            max_new_tokens=4,
+            max_source_length=32,
+            seed=13,
+            device="cpu",
+            **unit_options,
+        ),
+    )
+    filt = stage(
+        "filt",
+        filter_stage,
+        FilterConfig(
+            synthetic=syn,
+            out=arts / "filt",
+            method="consistency",
+            retriever=str(encoder),
+            top_k=12,
+            holdout_documents=3,
+            device="cpu",
+        ),
+    )
+
+    def retriever(name, data_spec, **options):
+        base = dict(encoder=str(encoder), max_steps=1, batch_size=4, max_query_length=16, max_doc_length=32,
+                    seed=17, device="cpu")  # fmt: skip
+        return str(
+            stage(
+                name,
+                train_retriever,
+                TrainRetrieverConfig(data=str(data_spec), out=arts / name, **{**base, **options}),
+            )
+        )
+
+    syn_a = retriever("ret-syn-a", filt, lr=1e-3)
+    syn_b = retriever("ret-syn-b", filt, lr=1e-5)
+    dp = dict(dp="group", group_size=3, epsilon=4.0, batch_size=3, **unit_options)
+    dp_a = retriever("ret-dp-a", data, lr=1e-3, **dp)
+    dp_b = retriever("ret-dp-b", data, lr=1e-5, **dp)
+
+    def evaluation(name, **options):
+        return str(stage(name, evaluate, EvalConfig(out=arts / name, device="cpu", **options)))
+
+    evaluation("ev-public", datasets=[d], untrained=[str(encoder)])  # public test split, public models
+    ev_test = evaluation("ev-test", datasets=[d], retrievers=[syn_a, dp_a])
+    ev_dev = evaluation("ev-dev", datasets=[d], split="dev", retrievers=[dp_a, dp_b], bm25=False)
+    ev_select = evaluation("ev-select", datasets=[d], retrievers=[dp_a, dp_b], select_on=ev_dev,
+                           select_epsilon=1.0)  # fmt: skip
+    ev_syndev = evaluation("ev-syndev", datasets=[str(filt)], split="dev", retrievers=[syn_a, syn_b],
+                           bm25=False)  # fmt: skip
+    ev_synselect = evaluation("ev-synselect", datasets=[d], retrievers=[syn_a, syn_b], select_on=ev_syndev)
+    sim = stage(
+        "sim",
+        similarity,
+        SimilarityConfig(
+            synthetic=syn,
+            original=d,
+            out=arts / "sim",
+            encoder=str(encoder),
+            min_samples=5,
+            mauve_seeds=1,
+            device="cpu",
+        ),
+    )
+    stage("rep", report, ReportConfig(evals=[ev_test, ev_select, ev_synselect], similarity=[str(sim)],
+                                      out=arts / "rep"))  # fmt: skip
+    if audit:
+        stage("audit", canary_audit, CanaryAuditConfig(
+            data=d, model=str(causal), out=arts / "audit", canaries=8, canary_seed=0, epsilons=[4.0],
+            retriever_audit=False, secret_references=2, **unit_options,
+            **({"canary_queries_per_user": 2} if unit == "user" else {}),
+            finetune={"batch_size": 4, "max_steps": 1, "physical_batch_size": 8, "max_source_length": 32},
+        ))  # fmt: skip
+
+    # released copies, the search bundle, the ledger as printed
+    start = time.perf_counter()
+    for name, path in list(world.artifacts.items()):
+        exported, _ = export_artifact(path, world.root / "exports" / name)
+        world.released[f"export {name}"] = Path(exported.path)
+    search(dp_a, d, ["how to boil an egg"], top_k=3, device="cpu")
+    bundle = bundle_directory(weights_key(open_artifact(dp_a).manifest))
+    assert bundle.is_dir(), "search wrote no ONNX bundle"
+    shutil.copytree(bundle, world.root / "search-bundle")
+    world.released["search bundle of ret-dp-a"] = world.root / "search-bundle"
+    ledger_dir = world.root / "ledger"
+    ledger_dir.mkdir()
+    (ledger_dir / "ledger.txt").write_text("\n".join(ledger_lines(list(world.artifacts.values()))))
+    world.released["ledger"] = ledger_dir
+    world.seconds["export, search, ledger"] = time.perf_counter() - start
+    return world
+
+
+# What the adversary sees -------------------------------------------------------------------------
+
+
+def released_files(world: World) -> dict[str, Path]:
+    """Every released file, by a label naming the artifact or copy and the file: every file of
+    every artifact except under diagnostics/, exported copies, the search bundle, the ledger."""
+    files = {}
+    for name, root in [*world.artifacts.items(), *world.released.items()]:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            relative = path.relative_to(root).as_posix()
+            if relative.startswith("diagnostics/") or relative.startswith(".") or "/." in relative:
+                continue
+            files[f"{name}: {relative}"] = path
+    return files
+
+
+# A release's unit set (``diagnostics/units.bin``) holds HMACs of the unit ids under the owner's key
+# (synthq.privacy.keys.unit_digests): its plain sha256 is itself a keyed identifier, which the
+# ledger records on purpose; without the key no candidate can be tested against it.
+KEYED_CONTENT = ("units.bin",)
+
+
+def diagnostics_files(world: World) -> list[Path]:
+    """Every private diagnostics file whose content is not already keyed."""
+    return [
+        p
+        for root in world.artifacts.values()
+        for p in sorted((root / "diagnostics").rglob("*"))
+        if p.is_file() and p.name not in KEYED_CONTENT
+    ]
+
+
+def private_digests(world: World) -> dict[str, str]:
+    """The plain digests an adversary holding candidate files would test: of each private file, of
+    the private directory (as sha256_tree computes it), of every diagnostics/ file."""
+    data = world.data
+    digests = {}
+    for relative in PRIVATE_FILES:
+        if (data / relative).is_file():
+            digests[sha256_file(data / relative)] = f"plain sha256 of the private file {relative}"
+    digests[sha256_tree(data)] = f"plain sha256_tree of the private dataset {data.name}"
+    for path in diagnostics_files(world):
+        digests[sha256_file(path)] = f"plain sha256 of the private {path.relative_to(world.root)}"
+    return digests
+
+
+def private_queries(data: Path) -> dict[str, str]:
+    """Private query id -> text (the train and dev splits)."""
+    ids = set()
+    for split in PRIVATE_SPLITS:
+        if not (data / "qrels" / f"{split}.tsv").is_file():
+            continue
+        for line in (data / "qrels" / f"{split}.tsv").read_text().splitlines()[1:]:
+            ids.add(line.split("\t")[0])
+    return {r["_id"]: r["text"] for r in _records(data) if r["_id"] in ids}
+
+
+def user_statistics(data: Path) -> dict[str, object]:
+    """Un-noised per-user statistics of the training split: the count of each user, the p99 of
+    queries per user (as numpy's linear percentile and as the nearest rank), the heaviest user."""
+    import numpy as np
+
+    counts = Counter(train_query_users(data).values())
+    values = sorted(counts.values())
+    return {
+        "queries per user": dict(counts),
+        "p99 (linear)": float(np.percentile(values, 99)),
+        "max queries per user": max(values),
+        "users": len(values),
+    }
+
+
+def number_forms(value: float) -> set[str]:
+    """How a float may be written: repr, and 3 to 6 decimals."""
+    forms = {repr(float(value))} | {f"{value:.{k}f}" for k in (3, 4, 5, 6)}
+    return {f for f in forms if not re.fullmatch(r"[01]\.0*", f)}
+
+
+def finite(value) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
