@@ -21,6 +21,7 @@ from synthq.privacy.digests import is_keyed
 from synthq.privacy.guarantee import Guarantee, compose_releases
 from synthq.privacy.keys import check_seal, key_id, private_data_digest, seal
 from synthq.runtime.errors import ArtifactError
+from synthq.runtime.paths import recorded_path
 
 # 2: guarantees recomputed from recorded releases, keyed private-data digests, sealed manifests.
 SCHEMA_VERSION = 2
@@ -91,7 +92,7 @@ class Artifact:
 
     def input_record(self) -> dict:
         return {
-            "path": str(Path(self.path).resolve()),  # found again from any working directory
+            "path": recorded_path(self.path),  # found again from any working directory
             "kind": "artifact",
             "stage": self.stage,
             "sha256": self.manifest_hash,

@@ -91,7 +91,7 @@ class ArtifactWriter:
         record = {
             "id": secrets.token_hex(16),
             "stage": self.stage,
-            "path": str(Path(self.path).resolve()),
+            "path": recorded_path(self.path),
             "data": {
                 **{key: data.get(key) for key in ("name", "sha256", "kind")},
                 **({"identity": data["identity"]} if data.get("identity") else {}),  # the ledger's grouping

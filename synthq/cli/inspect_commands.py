@@ -65,7 +65,7 @@ def info_command(
         units = release.get("units") or {}
         result(
             f"  release {release['id'][:8]} by {release['stage']} ({release['path']}) of "
-            f"{release['data'].get('name')}: {own.describe()}, {units.get('count', '?')} "
+            f"{release['data'].get('name')}: {own.describe()}, over its "
             f"{units.get('kind', own.unit)} units",
             markup=False,
         )

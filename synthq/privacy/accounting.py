@@ -331,6 +331,9 @@ def check_recorded_epsilon(guarantee: Guarantee, where: str) -> None:
 #   own σ, q and T. It is a sound upper bound, not tight (a numerical PLD of the substitution pair
 #   gives less: 8.00 → 8.98 at q = 0.4, T = 2, where this bound is larger).
 PER_QUERY_RULES = ("gaussian-substitution", "group-of-2")
+# The mechanisms whose per-user sensitivity argument the √2 rule rests on (unit votes); a DP-SGD
+# release claiming it would be unsound (a substitution moves a clipped sum by 2C, not √2·C).
+GAUSSIAN_SUBSTITUTION_MECHANISMS = ("private-evolution",)
 SUBSTITUTION_SENSITIVITY = math.sqrt(2.0)
 
 
@@ -346,7 +349,8 @@ def per_query(guarantee: Guarantee, rule: str) -> dict | None:
     sigma, rate = float(details["noise_multiplier"]), float(details["sample_rate"])
     steps = int(details["steps"])
     delta = float(details.get("accountant_delta", guarantee.delta))
-    if rule == "gaussian-substitution" and rate == 1.0 and guarantee.accountant in ACCOUNTANTS:
+    votes = guarantee.mechanism.split(" ")[0] in GAUSSIAN_SUBSTITUTION_MECHANISMS
+    if rule == "gaussian-substitution" and votes and rate == 1.0 and guarantee.accountant in ACCOUNTANTS:
         epsilon = _cached_epsilon(sigma / SUBSTITUTION_SENSITIVITY, delta, 1.0, steps, guarantee.accountant)
         note = (
             "per query: any change inside one user's data moves the user's unit vote by at most √2, "

@@ -98,13 +98,19 @@ def dataset_identity(root: Path) -> str | None:
     """Which private dataset this is, for the ledger's per-dataset totals: keyed, over its query
     ids only — so no unrelated edit (a privacy.json or users.tsv added, a typo fixed in the corpus
     or a query, user metadata added) splits one dataset's releases into two "datasets" whose totals
-    would each understate. ``None`` for a directory without its own ``queries.jsonl``."""
-    queries = Path(root) / "queries.jsonl"
-    if not queries.is_file():
-        return None
+    would each understate. A set of sub-datasets (CQADupStack's layout) is named by the union of its
+    parts' query ids, each prefixed by its part; ``None`` where there are no queries at all."""
     from synthq.data.beir_io import read_queries
 
-    return KEYED_PREFIX + keyed_digest("private-dataset", set_digest(read_queries(queries)))
+    root = Path(root)
+    files = [("", root / "queries.jsonl")] if (root / "queries.jsonl").is_file() else []
+    if not files and root.is_dir():
+        files = [(f"{part.name}/", part / "queries.jsonl") for part in sorted(root.iterdir())]
+        files = [(prefix, path) for prefix, path in files if path.is_file()]
+    if not files:
+        return None
+    ids = [prefix + query_id for prefix, path in files for query_id in read_queries(path)]
+    return KEYED_PREFIX + keyed_digest("private-dataset", set_digest(ids))
 
 
 def judged_set_record(qrels_path: Path, split: str) -> dict:

@@ -111,7 +111,7 @@ def ledger_lines(paths: list[str | Path]) -> list[str]:
             units = release.get("units") or {}
             lines.append(
                 f"  - {release['stage']} {release['path']}: {kind}, {own.describe()}, "
-                f"{units.get('count', '?')} {units.get('kind', own.unit)} units"
+                f"over its {units.get('kind', own.unit)} units"
             )
     if len(book.datasets) > 1:
         lines.append(f"all releases together, per unit: {book.total.describe()}")

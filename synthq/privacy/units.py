@@ -23,7 +23,8 @@ UNITS_DIR = "units"
 
 def store_unit_set(kind: str, unit_ids: list[str], also_in: Path | None = None) -> dict:
     """Digest the units of a release, keep the set (state directory and ``also_in``), and return
-    the record a release carries: kind, count and the set's sha256."""
+    the record a release carries: the unit kind and the set's sha256 — not its size, which is an
+    un-noised count of private units (a mechanism that needs n states it as an assumption)."""
     data = unit_digests(kind, unit_ids)
     sha = hashlib.sha256(data).hexdigest()
     target = state_dir(UNITS_DIR) / f"{sha}.bin"
@@ -34,7 +35,7 @@ def store_unit_set(kind: str, unit_ids: list[str], also_in: Path | None = None) 
     if also_in is not None:
         also_in.mkdir(parents=True, exist_ok=True)
         (also_in / "units.bin").write_bytes(data)
-    return {"kind": kind, "count": len(data) // 8, "sha256": sha, "key_id": key_id()}
+    return {"kind": kind, "sha256": sha, "key_id": key_id()}
 
 
 def load_unit_set(record: dict | None, artifact_path: str | None = None) -> bytes | None:
@@ -62,7 +63,9 @@ def sharing_groups(releases: list[dict]) -> list[list[str]]:
     """Maximal groups of release ids whose units intersect (each release in at least one).
 
     Releases of different unit kinds (query and user) are assumed to share units: a person's
-    queries are theirs, and no digest links the two."""
+    queries are theirs, and no digest links the two. User-level releases of the same dataset are
+    assumed to share users whatever their ids: user ids are pseudonyms, and re-issued or renamed
+    ones must not make one person count as two."""
     import numpy as np
 
     ids = [r["id"] for r in releases]
@@ -89,9 +92,20 @@ def sharing_groups(releases: list[dict]) -> list[list[str]]:
         for key in known:  # a release with no units at all still counts once
             if not any(key in group for group in groups):
                 groups.add(frozenset([key]))
+    groups |= _same_dataset_users(releases)
     groups = {frozenset([*group, *unknown]) for group in groups} or {frozenset(unknown)}
     maximal = [g for g in groups if not any(g < other for other in groups)]
     return sorted(sorted(g) for g in maximal)
+
+
+def _same_dataset_users(releases: list[dict]) -> set[frozenset[str]]:
+    """Groups of the user-level releases of one dataset (by its keyed identity, else its digest)."""
+    by_dataset: dict[str, set[str]] = {}
+    for release in releases:
+        if (release.get("units") or {}).get("kind") == "user":
+            data = release.get("data") or {}
+            by_dataset.setdefault(data.get("identity") or data.get("sha256") or "", set()).add(release["id"])
+    return {frozenset(ids) for ids in by_dataset.values() if len(ids) > 1}
 
 
 def training_units(pairs, root: Path, unit: str, max_queries: int | None, randomness):

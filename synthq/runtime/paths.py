@@ -15,11 +15,12 @@ def cache_dir(*parts: str) -> Path:
 
 
 def recorded_path(path: str | Path) -> str:
-    """How a manifest records a path it read or wrote: absolute and resolved when it exists, so
-    that the ledger and the freshness checks find it again from any working directory; as given
-    otherwise (a hub id is not a path)."""
+    """How a manifest records a path it read or wrote: absolute when it exists, so that the ledger
+    and the freshness checks find it again from any working directory; as given otherwise (a hub
+    id is not a path). Symbolic links are kept, not resolved: a link's target is not what the user
+    named, and may name more than they meant to publish."""
     candidate = Path(path).expanduser()
-    return str(candidate.resolve()) if candidate.exists() else str(path)
+    return os.path.abspath(candidate) if candidate.exists() else str(path)
 
 
 def recorded_location(recorded: str | Path, artifact_dir: str | Path, out: str | Path | None = None) -> Path:

@@ -192,3 +192,20 @@ def test_a_public_split_record_reads_only_that_split_of_every_sub_dataset(tmp_pa
     assert current_digest(record) != record["sha256"]
     shutil.rmtree(forum / "a" / "qrels")
     assert current_digest(record) is None  # the split is gone: the read would fail
+
+
+def test_a_set_of_sub_datasets_has_an_identity_that_unrelated_edits_keep(tmp_path, tiny_beir):
+    """Sub-datasets (no top-level queries.jsonl) are one dataset to the ledger: an unrelated edit
+    (a users.tsv added to one part) must not split their releases into two understated totals."""
+    from synthq.privacy.digests import dataset_identity
+
+    forum = tmp_path / "forum"
+    for name in ("a", "b"):
+        shutil.copytree(tiny_beir, forum / name)
+    before = dataset_identity(forum)
+    assert before is not None and before.startswith("hmac:")
+    (forum / "a" / "users.tsv").write_text("query-id\tuser-id\n")
+    assert dataset_identity(forum) == before
+    queries = forum / "b" / "queries.jsonl"
+    queries.write_text(queries.read_text().splitlines()[0] + "\n")
+    assert dataset_identity(forum) != before  # other queries: another dataset

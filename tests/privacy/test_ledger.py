@@ -66,8 +66,9 @@ def test_releases_on_one_dataset_compose_per_unit(tmp_path, private_data):
         f"private dataset tiny (keyed id {keyed}): {book.total.describe()} over 3 release(s), "
         "composed per query"
     )
-    assert lines[1] == f"  - train-retriever {first}: DP release, {dp_release(100).describe()}, 2 query units"
-    assert lines[3] == f"  - train-retriever {third}: DP release, {dp_release(300).describe()}, 1 query units"
+    own = "over its query units"
+    assert lines[1] == f"  - train-retriever {first}: DP release, {dp_release(100).describe()}, {own}"
+    assert lines[3] == f"  - train-retriever {third}: DP release, {dp_release(300).describe()}, {own}"
     assert lines[4:] == ["assumptions:", "  - the encoder is public (2 artifacts)"]
     again = ledger([first, first])
     assert len(again.releases) == 1 and again.total.epsilon == epsilons[0]  # each release counted once
@@ -80,7 +81,7 @@ def test_a_read_without_dp_and_a_changed_dataset_are_reported(tmp_path, private_
     (root / "corpus.jsonl").write_text((root / "corpus.jsonl").read_text() + "\n")  # edited since
     lines = ledger_lines([private, leaked])
     assert lines[0].startswith("private dataset tiny") and "ε=∞" in lines[0]
-    assert lines[2] == f"  - train-retriever {leaked}: read WITHOUT DP, ε=∞, 1 query units"
+    assert lines[2] == f"  - train-retriever {leaked}: read WITHOUT DP, ε=∞, over its query units"
     changed = [line for line in lines if line.startswith("changed since: ")]
     assert changed == [
         f"changed since: data {root} changed since {path} read it (the recorded releases still count)"

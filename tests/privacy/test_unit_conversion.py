@@ -24,7 +24,7 @@ from synthq.config.generator import EvolveConfig
 from synthq.dp.engine import PrivacyPlan
 from synthq.dp.evolution import NearestNeighbourVotes
 from synthq.dp.lm import PerQueryClipping
-from synthq.privacy.accounting import check_recorded_epsilon, validate_budget
+from synthq.privacy.accounting import check_recorded_epsilon, per_query, validate_budget
 from synthq.privacy.guarantee import Guarantee, compose_all, compose_releases
 from synthq.privacy.ledger import dataset_totals
 from synthq.runtime.errors import PrivacyError
@@ -263,3 +263,15 @@ def test_dropout_draws_from_the_runs_secret_randomness(tmp_path, tiny_beir, tiny
         model = SentenceTransformer(str(retriever.path), device="cpu")
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert torch.equal(weights[0], weights[1])
+
+
+def test_the_root_two_rule_applies_only_to_private_evolutions_votes():
+    """√2 rests on unit votes; a DP-SGD release claiming it (an edited manifest, say) would be
+    unsound — a substitution moves a clipped sum by 2C — so the rule does not apply to it."""
+    details = {"noise_multiplier": 2.0, "sample_rate": 1.0, "steps": 2}
+    votes = Guarantee(epsilon=1.0, delta=1e-5, unit="user", mechanism="private-evolution", accountant="rdp",
+                      details=details)  # fmt: skip
+    sgd = votes.model_copy(update={"mechanism": "dp-adam"})
+    assert per_query(votes, "gaussian-substitution") is not None
+    assert per_query(sgd, "gaussian-substitution") is None
+    assert per_query(sgd, "group-of-2") is not None

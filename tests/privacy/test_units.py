@@ -16,12 +16,9 @@ from synthq.privacy.units import (
 def test_a_unit_set_is_stored_and_read_back_by_its_sha256(tmp_path):
     record = store_unit_set("query", ["q2", "q1", "q2"], also_in=tmp_path / "art" / "diagnostics")
     data = unit_digests("query", ["q1", "q2"])
-    assert record == {
-        "kind": "query",
-        "count": 2,
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "key_id": key_id(),
-    }
+    # no size: the number of private units read is an un-noised count (a noisy selection's dev
+    # queries, say); a mechanism that needs n states it as an assumption instead
+    assert record == {"kind": "query", "sha256": hashlib.sha256(data).hexdigest(), "key_id": key_id()}
     kept = state_dir(UNITS_DIR) / f"{record['sha256']}.bin"
     assert kept.read_bytes() == data and (tmp_path / "art" / "diagnostics" / "units.bin").read_bytes() == data
     assert load_unit_set(record) == data
@@ -72,3 +69,18 @@ def test_a_unit_set_digested_under_another_key_is_assumed_shared(tmp_path, monke
     other = {"id": "other", "units": store_unit_set("query", ["q9"])}
     assert theirs["units"]["key_id"] != ours["units"]["key_id"]
     assert sharing_groups([theirs, ours, other]) == [["other", "theirs"], ["ours", "theirs"]]
+
+
+def test_user_level_releases_of_one_dataset_share_users_whatever_their_ids():
+    """User ids are pseudonyms: the same people under renamed ids must not count as two sets of
+    people (which would halve the printed per-user ε); other datasets' user releases stay apart."""
+    people = [f"person-{i}" for i in range(4)]
+    renamed = [f"p-{i}" for i in range(4)]
+    data = {"identity": "hmac:same-queries", "sha256": "hmac:x"}
+    first = {"id": "a", "units": store_unit_set("user", people), "data": data}
+    second = {"id": "b", "units": store_unit_set("user", renamed), "data": {**data, "sha256": "hmac:y"}}
+    other = {"id": "c", "units": store_unit_set("user", ["someone"]), "data": {"identity": "hmac:other"}}
+    assert sharing_groups([first, second]) == [["a", "b"]]
+    assert sharing_groups([first, second, other]) == [["a", "b"], ["c"]]
+    query_level = {"id": "q", "units": store_unit_set("query", ["q9"]), "data": {"identity": "hmac:other"}}
+    assert sharing_groups([first, query_level]) == [["a", "q"]]  # mixed kinds: assumed shared, as before

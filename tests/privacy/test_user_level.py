@@ -264,7 +264,7 @@ def test_user_level_pipeline_states_the_user_everywhere(
     )
     assert f"| {format(guarantee.epsilon, '.2f')} per user |" in (result.path / "results.md").read_text()
     text = "\n".join(ledger_lines([retriever.path]))
-    assert "(user, ≤4 queries)" in text and "composed per user" in text and "9 user units" in text
+    assert "(user, ≤4 queries)" in text and "composed per user" in text and "over its user units" in text
     runner = CliRunner()
     shown = runner.invoke(app, ["info", str(generator.path)])
     assert shown.exit_code == 0 and "per user (≤ 4 queries each)" in shown.output
