@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 
 from synthq.cli.errors import main
-from synthq.config.generator import FinetuneConfig
+from synthq.config.generator import EvolveConfig, FinetuneConfig
 from synthq.config.retriever import TrainRetrieverConfig
 from synthq.stages import finetune_lm
 
@@ -298,3 +298,12 @@ def one_line(output: str) -> str:
 def eval_argv(tmp_path, encoder: Path, beir: Path, out: Path, *extra: str) -> list[str]:
     return ["eval", "--untrained", str(encoder), "--datasets", str(beir), "--no-bm25", "--device", "cpu",
             "--out", str(out), *extra]  # fmt: skip
+
+
+def evolve_config(out, data, model, embedder, **options) -> EvolveConfig:
+    """A Private Evolution run small enough for a test: two candidates per document, two votes."""
+    base = dict(
+        data=str(data), corpus=str(data), model=str(model), embedder=str(embedder), epsilon=4.0,
+        iterations=2, population=2, max_new_tokens=6, max_source_length=32, seed=3, device="cpu",
+    )  # fmt: skip
+    return EvolveConfig(out=out, **{**base, **options})

@@ -15,13 +15,13 @@ from synthq.artifacts.export import export_artifact
 from synthq.artifacts.hashing import sha256_file, sha256_tree
 from synthq.artifacts.manifest import open_artifact
 from synthq.config.evaluation import EvalConfig
-from synthq.config.generator import EvolveConfig, GenerateConfig
+from synthq.config.generator import GenerateConfig
 from synthq.data.beir_io import read_qrels
 from synthq.privacy import keys
 from synthq.privacy.digests import artifact_digest, file_record, judged_set_digest
 from synthq.runtime.errors import ArtifactError
 from synthq.stages import evaluate, evolve, generate, train_retriever
-from tests.helpers import finetune, private_copy, released_text, retriever_config
+from tests.helpers import evolve_config, finetune, private_copy, released_text, retriever_config
 
 
 def _plain_digests_of(root) -> set[str]:
@@ -90,20 +90,9 @@ def test_generate_split_records_the_judged_set_not_the_private_qrels(tmp_path, t
 def test_evolve_judged_split_records_the_judged_set(tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir):
     data = private_copy(tmp_path, tiny_beir)
     evolved = evolve.run(
-        EvolveConfig(
-            out=tmp_path / "pe",
-            data=str(data),
-            corpus=str(data),
-            model=str(tiny_causal_dir),
-            embedder=str(tiny_encoder_dir),
-            epsilon=4.0,
-            iterations=1,
-            population=2,
-            max_new_tokens=4,
-            max_source_length=32,
-            seed=3,
-            device="cpu",
-            judged_split="train",
+        evolve_config(
+            tmp_path / "pe", data, tiny_causal_dir, tiny_encoder_dir,
+            iterations=1, max_new_tokens=4, judged_split="train",
         )  # fmt: skip
     )
     assert [r for r in evolved.inputs if r.get("kind") == "judged-set"]

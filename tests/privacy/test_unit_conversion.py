@@ -20,7 +20,6 @@ from scipy.stats import norm
 from typer.testing import CliRunner
 
 from synthq.cli.app import app
-from synthq.config.generator import EvolveConfig
 from synthq.dp.engine import PrivacyPlan
 from synthq.dp.evolution import NearestNeighbourVotes
 from synthq.dp.lm import PerQueryClipping
@@ -29,7 +28,7 @@ from synthq.privacy.guarantee import Guarantee, compose_all, compose_releases
 from synthq.privacy.ledger import dataset_totals
 from synthq.runtime.errors import PrivacyError
 from synthq.stages import evolve, train_retriever
-from tests.helpers import one_line, retriever_config, run_main
+from tests.helpers import evolve_config, one_line, retriever_config, run_main
 from tests.privacy.test_user_level import with_users
 
 
@@ -180,21 +179,9 @@ def test_private_evolution_per_user_and_a_query_level_retriever_print_the_true_b
     promotes another, so the PE vote alone costs the Gaussian at √2 per query."""
     data = with_users(tmp_path, tiny_beir)
     pe = evolve.run(
-        EvolveConfig(
-            out=tmp_path / "pe",
-            data=str(data),
-            corpus=str(data),
-            model=str(tiny_causal_dir),
-            embedder=str(tiny_encoder_dir),
-            epsilon=2.0,
-            iterations=2,
-            population=2,
-            max_new_tokens=4,
-            max_source_length=32,
-            seed=3,
-            device="cpu",
-            privacy_unit="user",
-            max_queries_per_user=1,
+        evolve_config(
+            tmp_path / "pe", data, tiny_causal_dir, tiny_encoder_dir,
+            epsilon=2.0, max_new_tokens=4, privacy_unit="user", max_queries_per_user=1,
         )  # fmt: skip
     )
     retriever = train_retriever.run(

@@ -27,7 +27,7 @@ from synthq.dp.units import PrivacyUnits
 from synthq.privacy.ledger import dataset_totals, ledger_lines
 from synthq.stages import evaluate, evolve, train_retriever
 from synthq.stages.evolve.population import Population, best_per_document, ranked_per_document
-from tests.helpers import released_text, retriever_config
+from tests.helpers import evolve_config, released_text, retriever_config
 
 
 def test_removing_one_unit_moves_the_histogram_by_exactly_one_in_l2():
@@ -107,12 +107,7 @@ def test_a_vote_ranks_each_documents_candidates_and_the_population_moves_on():
 
 
 def _config(tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir, name, **options) -> EvolveConfig:
-    base = dict(
-        data=str(tiny_beir), corpus=str(tiny_beir), model=str(tiny_causal_dir),
-        embedder=str(tiny_encoder_dir), epsilon=4.0, iterations=2, population=2, max_new_tokens=6,
-        max_source_length=32, seed=3, device="cpu",
-    )  # fmt: skip
-    return EvolveConfig(out=tmp_path / name, **{**base, **options})
+    return evolve_config(tmp_path / name, tiny_beir, tiny_causal_dir, tiny_encoder_dir, **options)
 
 
 @pytest.fixture(scope="module")
