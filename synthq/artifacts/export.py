@@ -10,8 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from synthq.artifacts.create import partial_dir
-from synthq.artifacts.manifest import MANIFEST, Artifact, open_artifact, write_manifest
+from synthq.artifacts.manifest import MANIFEST, Artifact, open_artifact, partial_dir, write_manifest
 from synthq.runtime.errors import ArtifactError
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from synthq.artifacts.hashing import config_to_dict, json_default
 from synthq.artifacts.locking import check_output_free
-from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact
+from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact, partial_dir
 from synthq.artifacts.process_state import this_process
 from synthq.artifacts.records import current_input_hash
 from synthq.runtime.errors import ArtifactError
@@ -122,7 +122,6 @@ def existing_result(stage: str, config: Any, inputs: list[dict]) -> Artifact | N
 def interrupted_checkpoint(out: str | Path) -> Path | None:
     """The checkpoints an interrupted run (Ctrl-C, SIGTERM, kill -9, a crash) left for ``out``,
     if any: what ``--resume`` continues from."""
-    from synthq.artifacts.create import partial_dir  # create imports this module
     from synthq.artifacts.writer import CHECKPOINTS
 
     checkpoints = partial_dir(Path(out)) / CHECKPOINTS

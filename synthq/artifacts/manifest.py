@@ -27,6 +27,13 @@ from synthq.runtime.paths import recorded_path
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 STAGES = tuple(STAGE_REGISTRY)  # the stage names, from the one registry of stages
+PARTIAL_SUFFIX = ".partial"
+
+
+def partial_dir(out: Path) -> Path:
+    """Where an artifact is written until it is finished: a hidden sibling ``.<name>.partial``."""
+    out = Path(out)
+    return out.parent / f".{out.name}{PARTIAL_SUFFIX}"
 
 
 @dataclass

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from synthq.artifacts.create import create_artifact, partial_dir
+from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result, find_up_to_date
-from synthq.artifacts.manifest import open_artifact
+from synthq.artifacts.manifest import open_artifact, partial_dir
 from synthq.artifacts.records import data_input_record
 from synthq.config.generator import GenerateConfig
 from synthq.privacy.guarantee import Guarantee

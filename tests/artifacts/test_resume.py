@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from synthq.artifacts.create import partial_dir
+from synthq.artifacts.manifest import partial_dir
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.runtime.errors import ArtifactError
 from synthq.stages import finetune_lm
@@ -65,8 +65,8 @@ def test_a_full_disk_names_the_artifact_and_a_resume_keeps_only_checkpoints(tmp_
     in the finished artifact."""
     import errno
 
-    from synthq.artifacts.create import create_artifact, partial_dir
-    from synthq.artifacts.manifest import open_artifact
+    from synthq.artifacts.create import create_artifact
+    from synthq.artifacts.manifest import open_artifact, partial_dir
     from synthq.cli.errors import _os_error_line
 
     out = tmp_path / "gen"

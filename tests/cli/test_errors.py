@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from synthq.artifacts import create as artifact_create
-from synthq.artifacts.create import partial_dir
+from synthq.artifacts.manifest import partial_dir
 from synthq.stages import train_retriever
 from tests.helpers import _synthq, eval_argv, finetune, one_line, retriever_config, run_main
 

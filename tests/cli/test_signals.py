@@ -8,9 +8,8 @@ import signal
 import subprocess
 import sys
 
-from synthq.artifacts.create import partial_dir
 from synthq.artifacts.locking import lock_path
-from synthq.artifacts.manifest import open_artifact
+from synthq.artifacts.manifest import open_artifact, partial_dir
 from tests.helpers import one_line, run_main
 
 # The child runs `synthq ARGV` and sends itself SIGNAL right after writing its first checkpoint:

@@ -9,8 +9,7 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
-from synthq.artifacts.create import partial_dir
-from synthq.artifacts.manifest import open_artifact
+from synthq.artifacts.manifest import open_artifact, partial_dir
 from synthq.config.generator import FinetuneConfig
 from synthq.models.generator import QueryGenerator
 from synthq.runtime.errors import DataError, ModelResolutionError, PrivacyError

@@ -16,8 +16,8 @@ import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from synthq.artifacts.create import create_artifact, partial_dir
-from synthq.artifacts.manifest import open_artifact
+from synthq.artifacts.create import create_artifact
+from synthq.artifacts.manifest import open_artifact, partial_dir
 from synthq.config.generator import GenerateConfig
 from synthq.models import sampling
 from synthq.models.generator import QueryGenerator

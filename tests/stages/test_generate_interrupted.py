@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from synthq.artifacts.create import partial_dir
-from synthq.artifacts.manifest import is_artifact, open_artifact
+from synthq.artifacts.manifest import is_artifact, open_artifact, partial_dir
 from synthq.stages.generate import PROGRESS_FILE
 
 REPO = Path(__file__).resolve().parents[2]
