@@ -67,17 +67,21 @@ def check_resumable(path: Path, state: dict, config: Any, inputs: list[dict]) ->
         )
 
 
-def find_up_to_date(out: str | Path, stage: str, config: Any, inputs: list[dict]) -> Artifact | None:
-    """The existing artifact at ``out`` if it was made by ``stage`` with the same config and
-    inputs (and still verifies); otherwise ``None``."""
-    out = Path(out)
+def _verified_artifact(out: str | Path, stage: str) -> Artifact | None:
+    """The ``stage`` artifact at ``out`` if there is one and it verifies; otherwise ``None``."""
     if not is_artifact(out):
         return None
     try:
-        artifact = open_artifact(out, stage=stage)
+        return open_artifact(Path(out), stage=stage)
     except ArtifactError:
         return None
-    if artifact.manifest.get("fingerprint") == config_fingerprint(config, inputs):
+
+
+def find_up_to_date(out: str | Path, stage: str, config: Any, inputs: list[dict]) -> Artifact | None:
+    """The existing artifact at ``out`` if it was made by ``stage`` with the same config and
+    inputs (and still verifies); otherwise ``None``."""
+    artifact = _verified_artifact(out, stage)
+    if artifact is not None and artifact.manifest.get("fingerprint") == config_fingerprint(config, inputs):
         return artifact
     return None
 
@@ -86,12 +90,8 @@ def is_still_up_to_date(out: str | Path, stage: str, config: Any) -> bool:
     """Whether ``out`` holds a ``stage`` artifact for ``config`` whose recorded inputs are
     unchanged on disk. Needs no knowledge of how the stage finds its inputs, so pipelines can
     plan (``--dry-run``) without running anything."""
-    out = Path(out)
-    if not is_artifact(out):
-        return False
-    try:
-        artifact = open_artifact(out, stage=stage)
-    except ArtifactError:
+    artifact = _verified_artifact(out, stage)
+    if artifact is None:
         return False
     inputs = []
     for record in artifact.inputs:

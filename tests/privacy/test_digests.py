@@ -53,16 +53,11 @@ def test_the_digest_keys_private_inputs_and_diagnostics_and_leaves_public_files_
 def test_generate_split_records_the_judged_set_not_the_private_qrels(tmp_path, tiny_beir, tiny_causal_dir):
     data = private_copy(tmp_path, tiny_beir)
     generator = finetune(tmp_path, data, tiny_causal_dir, "gen", epsilon="inf", max_steps=1, batch_size=2)
-    syn = generate.run(
-        GenerateConfig(
-            out=tmp_path / "syn",
-            generator=generator.path,
-            corpus=str(data),
-            split="train",
-            max_new_tokens=4,
-            seed=0,
-        )  # fmt: skip
-    )
+    config = GenerateConfig(
+        out=tmp_path / "syn", generator=generator.path, corpus=str(data), split="train",
+        max_new_tokens=4, seed=0,
+    )  # fmt: skip
+    syn = generate.run(config)
     qrels = data / "qrels" / "train.tsv"
     judged = sorted({d for docs in read_qrels(qrels).values() for d, rel in docs.items() if rel > 0})
     (record,) = [r for r in syn.inputs if r.get("kind") == "judged-set"]
@@ -74,16 +69,7 @@ def test_generate_split_records_the_judged_set_not_the_private_qrels(tmp_path, t
         assert not [d for d in private_files if d in text]
     assert sha256_file(qrels) not in released_text(syn)
     # up to date for the owner: the same inputs, nothing re-generated, nothing "changed since"
-    again = generate.run(
-        GenerateConfig(
-            out=tmp_path / "syn",
-            generator=generator.path,
-            corpus=str(data),
-            split="train",
-            max_new_tokens=4,
-            seed=0,
-        )  # fmt: skip
-    )
+    again = generate.run(config)
     assert again.manifest_hash == syn.manifest_hash
 
 
