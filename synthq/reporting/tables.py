@@ -87,13 +87,13 @@ def results_table(rows: list[dict], metrics: tuple[str, ...] = HEADLINE, stateme
     return "\n".join(out)
 
 
-def significance_table(rows: list[dict], metric: str = "ndcg@10", confidence: float = 0.95) -> str:
-    """Every pair of systems on each dataset: the difference of ``metric`` (higher first), its
-    paired bootstrap interval, the sign-flip randomization p-value and the Holm-adjusted
-    p-value over all pairs on that dataset; ``**yes**`` where the adjusted p ≤ 1 - confidence.
-    Empty when no dataset has two systems with per-query scores."""
-    out = []
-    name = DISPLAY.get(metric, metric)
+def pairwise_comparisons(
+    rows: list[dict], metric: str = "ndcg@10", confidence: float = 0.95
+) -> dict[str, tuple[int, list]]:
+    """Every pair of systems on each dataset that has two with per-query ``metric`` scores:
+    dataset -> (number of common queries, :class:`~synthq.retrieval.significance.Comparison`
+    list, higher mean first, Holm-adjusted over the dataset's pairs)."""
+    found = {}
     for dataset in datasets_of(rows):
         here = [s for s in systems(rows) if s["dataset"] == dataset and metric in (s.get("per_query") or {})]
         if len(here) < 2:
@@ -103,10 +103,40 @@ def significance_table(rows: list[dict], metric: str = "ndcg@10", confidence: fl
         for s in here:
             position = {q: i for i, q in enumerate(s["query_ids"])}
             scores[s["retriever"]] = s["per_query"][metric][:, [position[q] for q in common]]
-        comparisons = compare_all(scores, confidence=confidence, seed=RESAMPLING_SEED)
+        found[dataset] = (len(common), compare_all(scores, confidence=confidence, seed=RESAMPLING_SEED))
+    return found
+
+
+def significance_metrics(found: dict[str, tuple[int, list]]) -> dict[str, dict]:
+    """:func:`pairwise_comparisons` as manifest metrics: dataset -> ``"better > worse"`` ->
+    difference, interval, p and Holm p (what ``synthq run --check`` can hold a run to)."""
+    return {
+        dataset: {
+            f"{c.a} > {c.b}": {
+                "difference": c.difference, "ci": [c.ci_low, c.ci_high], "p": c.p_value, "p_holm": c.p_holm,
+            }
+            for c in comparisons
+        }
+        for dataset, (_, comparisons) in found.items()
+    }  # fmt: skip
+
+
+def significance_table(
+    rows: list[dict], metric: str = "ndcg@10", confidence: float = 0.95, found: dict | None = None
+) -> str:
+    """Every pair of systems on each dataset: the difference of ``metric`` (higher first), its
+    paired bootstrap interval, the sign-flip randomization p-value and the Holm-adjusted
+    p-value over all pairs on that dataset; ``**yes**`` where the adjusted p ≤ 1 - confidence.
+    Empty when no dataset has two systems with per-query scores. ``found``: the
+    :func:`pairwise_comparisons` of these rows, when the caller already has them."""
+    out = []
+    name = DISPLAY.get(metric, metric)
+    if found is None:
+        found = pairwise_comparisons(rows, metric, confidence)
+    for dataset, (queries, comparisons) in found.items():
         alpha = 1 - confidence
         out += [
-            f"### {dataset}: paired differences of {name} ({len(common)} queries)\n",
+            f"### {dataset}: paired differences of {name} ({queries} queries)\n",
             f"Sign-flip randomization test over queries (two-sided), {100 * confidence:.0f} % paired "
             f"bootstrap interval of the difference, Holm-Bonferroni correction over all "
             f"{len(comparisons)} pairs on this dataset; significant = Holm-adjusted p ≤ {alpha:g}. "
@@ -156,9 +186,10 @@ def _model_cells(rows: list[dict]) -> str:
     return ", ".join(f"{epsilon_cell(r)} ({r['dataset']})" for r in rows)
 
 
-def results_markdown(rows: list[dict], title: str = "Retrieval results") -> str:
-    """The whole ``results.md``: headline tables, significance, the zero-shot layout, then every
-    metric."""
+def results_markdown(rows: list[dict], title: str = "Retrieval results", found: dict | None = None) -> str:
+    """The whole ``results.md``: headline tables, significance (``found``: the rows'
+    :func:`pairwise_comparisons` of NDCG@10, when the caller has them), the zero-shot layout, then
+    every metric."""
     sections = [
         f"# {title}\n",
         "Every number is shown with the ε of the retriever it belongs to (the model's guarantee: what "
@@ -169,7 +200,7 @@ def results_markdown(rows: list[dict], title: str = "Retrieval results") -> str:
         "## NDCG@10 and Recall@10\n",
         results_table(rows),
     ]
-    if significance := significance_table(rows):
+    if significance := significance_table(rows, found=found):
         sections += ["## Which differences are significant\n", significance]
     if len(datasets_of(rows)) > 1:
         sections.append("## Across datasets\n")

@@ -10,7 +10,9 @@ Args (:class:`synthq.config.evaluation.ReportConfig`):
 
 Outputs: ``README.md`` (Tables 3-5 layout with intervals and the pairwise significance tests
 when the evaluations kept per-query scores, the dev selection of each evaluation that made one,
-similarity, paper vs ours), ``results.json`` (the merged rows) and ``privacy_utility.png``.
+similarity, paper vs ours), ``results.json`` (the merged rows) and ``privacy_utility.png``. The
+manifest's metrics carry the NDCG@10 comparisons (``significance`` -> dataset -> ``"better >
+worse"`` -> difference, ci, p, p_holm), so a pipeline's ``expected:`` block can require one.
 
 Privacy unit and sensitivity:
     The report only re-reads its inputs (post-processing). It publishes the results of every
@@ -36,7 +38,13 @@ from synthq.privacy.ledger import ledger_lines
 from synthq.reporting.eval_files import RESULTS_FILE, SELECTION_FILE
 from synthq.reporting.merge import merge_rows
 from synthq.reporting.plot import privacy_utility_plot
-from synthq.reporting.tables import paper_comparison, results_markdown, similarity_table
+from synthq.reporting.tables import (
+    pairwise_comparisons,
+    paper_comparison,
+    results_markdown,
+    significance_metrics,
+    similarity_table,
+)
 from synthq.runtime.console import result
 
 STAGE = "report"
@@ -49,8 +57,12 @@ def run(config: ReportConfig) -> Artifact:
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
     rows, _ = merge_rows(evals)
+    found = pairwise_comparisons(rows)
     with create_artifact(config.out, STAGE, config, inputs) as writer:
-        sections = [results_markdown(rows, title=config.title), "![privacy-utility](privacy_utility.png)\n"]
+        sections = [
+            results_markdown(rows, title=config.title, found=found),
+            "![privacy-utility](privacy_utility.png)\n",
+        ]
         for artifact in evals:
             if (artifact.path / SELECTION_FILE).is_file():
                 sections += [
@@ -71,5 +83,6 @@ def run(config: ReportConfig) -> Artifact:
         for artifact in [*evals, *similarities]:  # the report publishes them: their releases
             writer.inherit(artifact)
         writer.metrics["rows"] = len(rows)
+        writer.metrics["significance"] = significance_metrics(found)
     result(text, markup=False)
     return open_artifact(config.out, STAGE)

@@ -218,3 +218,24 @@ def test_plot_with_one_or_many_epsilons(tmp_path, epsilons):
     rows += [{**rows[1], "retriever": f"r{e}", "epsilon": e, "seed": None, "variant": None} for e in epsilons]
     privacy_utility_plot(rows, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_significance_metrics_hold_the_tables_comparisons_for_run_check():
+    """The report's manifest carries what its table prints, keyed ``better > worse``, so a
+    pipeline's ``expected:`` can require a significant difference (`synthq run --check`)."""
+    from synthq.reporting.tables import pairwise_comparisons, significance_metrics
+    from synthq.retrieval.significance import compare_all
+
+    rows = _scored_rows()
+    found = pairwise_comparisons(rows)
+    metrics = significance_metrics(found)
+    pairs = next(iter(metrics.values()))
+    assert set(pairs) >= {"ret-syn (2 seeds) > untrained"}
+    chosen = pairs["ret-syn (2 seeds) > untrained"]
+    assert chosen["difference"] == pytest.approx(0.1) and chosen["p_holm"] <= 0.05
+    assert chosen["ci"][0] < chosen["difference"] < chosen["ci"][1]
+    # the same numbers an independent call of the tests gives, and the table prints them
+    merged = {s["retriever"]: s["per_query"]["ndcg@10"] for s in systems(rows)}
+    again = {f"{c.a} > {c.b}": c for c in compare_all(merged, seed=0)}
+    assert again["ret-syn (2 seeds) > untrained"].p_holm == pytest.approx(chosen["p_holm"])
+    assert significance_table(rows, found=found) == significance_table(rows)
