@@ -69,6 +69,7 @@ def guarantee_section(manifest: dict) -> str:
             for record in inputs
         ]
     lines += ["", "The full record is `manifest.json` (`synthq info DIR`)."]
+    lines += ["", "For a privacy review, run in this directory `synthq ledger . --statement`."]
     return "\n".join(lines) + "\n"
 
 

@@ -91,13 +91,38 @@ def ledger_command(
     paths: list[Path] = typer.Argument(
         ..., metavar="DIR", help="Artifact directories (their inputs are followed too)."
     ),
+    statement: bool = typer.Option(
+        False,
+        "--statement",
+        help="Write the one-page Markdown privacy statement a reviewer signs (every number "
+        "recomputed from the sealed release records) instead of the ledger.",
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", metavar="FILE", help="With --statement: write it to FILE (default: stdout)."
+    ),
 ) -> None:
     """The privacy cost per private dataset of a set of artifacts: which are DP releases, what
     each assumed, which read private data without DP (basic composition over the releases)."""
-    from synthq.privacy.ledger import ledger_lines
+    if not statement:
+        if out is not None:
+            raise SynthqError("--out goes with --statement (the ledger itself is printed)")
+        from synthq.privacy.ledger import ledger_lines
 
-    for line in ledger_lines(paths):
-        result(line, markup=False)
+        for line in ledger_lines(paths):
+            result(line, markup=False)
+        return
+    if out is not None and out.is_dir():
+        raise SynthqError(f"--out {out}: is a directory; give the statement's file path ({out}/statement.md)")
+    if out is not None and (out.name == "manifest.json" or (out.parent / "manifest.json").is_file()):
+        raise SynthqError(f"--out {out}: is inside an artifact directory; write the statement elsewhere")
+    from synthq.privacy.statement import statement_for
+
+    text = statement_for(paths)
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    out.write_text(text, encoding="utf-8")
+    result(f"privacy statement written to {out}", markup=False)
 
 
 def key_command(
@@ -143,7 +168,7 @@ def export_command(
 @data_app.command("info")
 def data_info_command(
     source: str = typer.Argument(
-        ..., metavar="SOURCE", help="A BEIR directory, or embedded, msmarco, beir:NAME."
+        ..., metavar="SOURCE", help="A BEIR directory, or embedded, pydocs, msmarco, beir:NAME."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
 ) -> None:

@@ -19,6 +19,7 @@ def test_model_artifacts_carry_a_model_card(tmp_path):
     for fact in ("| ε | 7.93 |", "| δ | 1e-05 |", "query", "dp-adam", "| accountant | rdp |",
                  "noise_multiplier | 0.91", "abababab"):  # fmt: skip
         assert fact in card
+    assert "run in this directory `synthq ledger . --statement`" in card  # the reviewer's statement
     assert open_artifact(tmp_path / "gen").manifest["files"]["README.md"]  # hashed and verified
     with create_artifact(tmp_path / "ret", "train-retriever", {}) as writer:
         (writer.dir / "README.md").write_text("---\nlibrary_name: sentence-transformers\n---\n# ST card\n")

@@ -1,0 +1,233 @@
+"""What a privacy statement says about each release, recomputed: ε at other δ, Gaussian-DP μ.
+
+:mod:`synthq.privacy.statement` renders these numbers; this module computes them from the sealed
+release records, before anything is rendered:
+
+* :func:`guarantee_at` — one release's ε recomputed by its own accountant
+  (:func:`~synthq.privacy.accounting.epsilon_for`) at another δ (and, at the user unit, its
+  per-query guarantee derived again at that δ);
+* :func:`composed_at` — the releases composed exactly as the ledger composes them
+  (:func:`~synthq.privacy.guarantee.compose_releases` over
+  :func:`~synthq.privacy.units.sharing_groups`), each recomputed at its δ;
+* :func:`gaussian_mu` — the Gaussian-DP μ: exact ``√T/σ`` for the Gaussian without subsampling
+  (Private Evolution's votes, q = 1), Opacus' CLT approximation ``q·√(T·(e^{1/σ²} − 1))`` for
+  Poisson subsampling (:func:`opacus.accountants.analysis.gdp.compute_mu_poisson`), composed as
+  ``√(Σ μ²)`` per unit (:func:`composed_mu`);
+* :func:`dataset_statement` — all of it for one private dataset of a ledger.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+from synthq.privacy.accounting import ACCOUNTANTS, epsilon_for, per_query, recomputed_epsilon
+from synthq.privacy.guarantee import (
+    Guarantee,
+    compose_releases,
+    release_guarantee,
+    weakest_unit,
+)
+from synthq.privacy.ledger import DatasetCost
+from synthq.privacy.units import sharing_groups
+
+REFERENCE_DELTA = 1e-6
+NOT_RECORDED = "not recorded"
+GAUSSIAN = ("noise_multiplier", "sample_rate", "steps")
+# One answer per (σ, δ, q, T, accountant): the statement asks for a release at a δ once per table
+# and once per composition (PRV takes about a second).
+cached_epsilon_for = functools.lru_cache(maxsize=512)(epsilon_for)
+
+# ---------------------------------------------------------------------------------------------
+# Recomputation: one release at another δ, a composition at another δ, μ
+
+
+def guarantee_at(guarantee: Guarantee, delta: float | None) -> Guarantee | None:
+    """The release's guarantee with ε recomputed by its own accountant at ``delta`` (and, at the
+    user unit, its per-query guarantee derived again at that δ); unchanged when its ε does not
+    depend on δ (ε = ∞, public, pure ε); ``None`` when it cannot be recomputed (no mechanism
+    parameters, or ``delta`` unknown)."""
+    details = guarantee.details or {}
+    if not guarantee.is_private or guarantee.mechanism in ("none", "public"):
+        return guarantee
+    if guarantee.accountant not in ACCOUNTANTS:  # pure ε (report-noisy-max): the same at any δ
+        return guarantee if guarantee.delta == 0 else None
+    if delta is None or not all(key in details for key in GAUSSIAN):
+        return None
+    calibration = cached_epsilon_for(
+        float(details["noise_multiplier"]), delta, float(details["sample_rate"]), int(details["steps"]),
+        guarantee.accountant,
+    )  # fmt: skip
+    moved = guarantee.model_copy(
+        update={
+            "epsilon": calibration.epsilon, "delta": delta, "accountant": calibration.accountant,
+            "details": {**details, "accountant_delta": delta},
+        }
+    )  # fmt: skip
+    recorded = details.get("per_query")
+    if recorded is None:
+        return moved
+    derived = per_query(moved, recorded.get("rule", ""))
+    if derived is None:
+        return None
+    return moved.model_copy(update={"details": {**moved.details, "per_query": derived}})
+
+
+def unit_count(guarantee: Guarantee) -> int | None:
+    """n, the number of units the release's accountant assumed, when its record states it."""
+    n = (guarantee.details or {}).get("num_units")
+    return int(n) if n else None
+
+
+def composed_at(releases: list[dict], groups: list[list[str]], delta_of) -> Guarantee | None:
+    """The ledger's composition (:func:`compose_releases` over ``groups``) with every release
+    recomputed at ``delta_of(guarantee)``; ``None`` when one of them cannot be."""
+    moved = []
+    for release in releases:
+        own = release_guarantee(release)
+        at = guarantee_at(own, delta_of(own))
+        if at is None:
+            return None
+        moved.append({**release, "guarantee": at.model_dump(mode="json")})
+    return compose_releases(moved, groups, [])
+
+
+@dataclass(frozen=True)
+class Mu:
+    """A Gaussian-DP μ and how it was obtained."""
+
+    value: float
+    method: str  # "exact" or "CLT approximation"
+
+    def __str__(self) -> str:
+        shown = "∞" if math.isinf(self.value) else f"{self.value:.4f}"
+        return f"{shown} ({self.method})" if math.isfinite(self.value) else shown
+
+
+def gaussian_mu(guarantee: Guarantee) -> Mu | None:
+    """μ of a (subsampled) Gaussian release: exact ``√T/σ`` without subsampling (q = 1; σ is the
+    noise multiplier, noise std / sensitivity), else Opacus' CLT approximation for Poisson
+    subsampling; ∞ for a read without DP; ``None`` for any other mechanism (pure ε: no μ)."""
+    details = guarantee.details or {}
+    if not guarantee.is_private:
+        return Mu(math.inf, "no DP")
+    if guarantee.accountant not in ACCOUNTANTS or not all(key in details for key in GAUSSIAN):
+        return None
+    sigma, rate, steps = (
+        float(details["noise_multiplier"]),
+        float(details["sample_rate"]),
+        int(details["steps"]),
+    )
+    if sigma <= 0:
+        return Mu(math.inf, "no noise")
+    if rate == 1.0:
+        return Mu(math.sqrt(steps) / sigma, "exact")
+    from opacus.accountants.analysis.gdp import compute_mu_poisson
+
+    return Mu(
+        float(compute_mu_poisson(steps=steps, noise_multiplier=sigma, sample_rate=rate)), "CLT approximation"
+    )
+
+
+def per_query_mu(guarantee: Guarantee, mu: Mu | None) -> Mu | None:
+    """μ of a user-level release for one query: √2·μ for the Gaussian-substitution rule (exact),
+    2μ for group privacy of 2 (μ-GDP is kμ-GDP for groups of k; Dong, Roth & Su 2022)."""
+    if mu is None or guarantee.unit != "user" or not math.isfinite(mu.value):
+        return mu
+    rule = ((guarantee.details or {}).get("per_query") or {}).get("rule")
+    if rule == "gaussian-substitution":
+        return Mu(math.sqrt(2.0) * mu.value, mu.method)
+    if rule == "group-of-2":
+        return Mu(2 * mu.value, mu.method)
+    return None
+
+
+def composed_mu(releases: list[dict], groups: list[list[str]]) -> Mu | None:
+    """μ composed per unit like ε: ``√(Σ μ²)`` over each sharing group, the worst group's; a
+    user-level release at a weaker unit counts at its per-query μ; ``None`` when a release has no μ."""
+    parts = {r["id"]: release_guarantee(r) for r in releases}
+    if not parts:
+        return None
+    unit = weakest_unit([g.unit for g in parts.values()])
+    mus = {}
+    for key, guarantee in parts.items():
+        mu = gaussian_mu(guarantee)
+        mus[key] = per_query_mu(guarantee, mu) if unit != "user" else mu
+        if mus[key] is None:
+            return None
+    worst = max(math.sqrt(sum(mus[key].value ** 2 for key in group)) for group in groups)
+    method = (
+        "exact"
+        if all(m.method == "exact" for m in mus.values() if math.isfinite(m.value))
+        else "CLT approximation"
+    )
+    return Mu(worst, method)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the statement says, computed before it is rendered
+
+
+@dataclass
+class ReleaseRow:
+    """One release as the statement shows it (``label`` R1, R2, ...)."""
+
+    label: str
+    release: dict
+    guarantee: Guarantee
+    epsilon: float  # at the run's δ, recomputed from its parameters (the recorded ε when it has none)
+    recomputed: bool
+    at_reference: Guarantee | None
+    n: int | None
+    at_n_squared: Guarantee | None
+    mu: Mu | None
+    per_query: dict | None  # user level: derived again from the record
+
+
+@dataclass
+class DatasetStatement:
+    """What the statement says about one private dataset."""
+
+    cost: DatasetCost
+    rows: list[ReleaseRow]
+    total: Guarantee  # the ledger's composition, at the run's δ
+    at_reference: Guarantee | None
+    at_n_squared: Guarantee | None
+    mu: Mu | None
+    units: list[int] = field(default_factory=list)
+
+
+def dataset_statement(cost: DatasetCost, first_label: int = 1) -> DatasetStatement:
+    """Every number the statement gives about one dataset, recomputed from its releases."""
+    groups = sharing_groups(cost.releases)
+    rows = []
+    for index, release in enumerate(cost.releases, start=first_label):
+        own = release_guarantee(release)
+        again = recomputed_epsilon(own)
+        n = unit_count(own)
+        recorded = (own.details or {}).get("per_query")
+        derived = per_query(own, recorded.get("rule", "")) if recorded else None
+        rows.append(
+            ReleaseRow(
+                label=f"R{index}", release=release, guarantee=own,
+                epsilon=own.epsilon if again is None else again, recomputed=again is not None,
+                at_reference=guarantee_at(own, REFERENCE_DELTA), n=n,
+                at_n_squared=guarantee_at(own, 1 / n**2 if n else None), mu=gaussian_mu(own),
+                per_query=derived,
+            )
+        )  # fmt: skip
+    counts = sorted({row.n for row in rows if row.n})
+    return DatasetStatement(
+        cost=cost,
+        rows=rows,
+        total=cost.total,
+        at_reference=composed_at(cost.releases, groups, lambda g: REFERENCE_DELTA),
+        at_n_squared=composed_at(
+            cost.releases, groups, lambda g: 1 / unit_count(g) ** 2 if unit_count(g) else None
+        ),
+        mu=composed_mu(cost.releases, groups),
+        units=counts,
+    )
+
+

@@ -1,0 +1,226 @@
+"""The privacy statement a reviewer signs: every number recomputed from the sealed release records
+(ε at the run's δ as the ledger composes it, at δ = 1e-6 and 1/n² by an independent accountant,
+μ by its closed form), reads without DP and private diagnostics listed as not released, a canary
+audit as evidence, and the CLI's --out."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from opacus.accountants import PRVAccountant, RDPAccountant
+
+from synthq.artifacts.create import create_artifact
+from synthq.artifacts.records import data_input_record
+from synthq.privacy.accounting import epsilon_for, per_query
+from synthq.privacy.guarantee import Guarantee
+from synthq.privacy.ledger import ledger
+from synthq.privacy.reaccounting import dataset_statement
+from synthq.privacy.statement import statement_for
+from synthq.reporting.eval_files import PER_QUERY_FILE, SELECTION_FILE
+from synthq.stages import train_retriever
+from tests import helpers
+from tests.helpers import one_line, retriever_config, run_main
+
+DELTA = 1e-5
+N = 300  # the units the accountant assumed (recorded as details.num_units, as PrivacyPlan does)
+
+
+def gaussian(sigma: float, rate: float, steps: int, accountant: str = "rdp", **details) -> Guarantee:
+    """A DP-SGD release whose ε its recorded parameters reproduce when the artifact is opened."""
+    return Guarantee(
+        epsilon=epsilon_for(sigma, DELTA, rate, steps, accountant).epsilon, delta=DELTA, unit="query",
+        mechanism="dp-adam", accountant=accountant,
+        details={"noise_multiplier": sigma, "sample_rate": rate, "steps": steps, "accountant_delta": DELTA,
+                 "num_units": N, "clip_norm": 1.0, "max_batch_size": None, **details},
+    )  # fmt: skip
+
+
+def independent(sigma: float, rate: float, steps: int, delta: float, accountant: str = "rdp") -> float:
+    """Opacus' accountant, called directly (not through synthq)."""
+    acc = RDPAccountant() if accountant == "rdp" else PRVAccountant()
+    acc.history = [(sigma, rate, steps)]
+    return float(acc.get_epsilon(delta=delta))
+
+
+def release(out, data: dict, guarantee: Guarantee, units: list[str], stage: str = "train-retriever", **kw):
+    with create_artifact(out, stage, {"out": str(out)}, inputs=[data]) as writer:
+        (writer.dir / "model.bin").write_bytes(b"weights")
+        writer.release(guarantee, data, unit_ids=units, **kw)
+        writer.assume("the encoder is public")
+    return out
+
+
+def shown(value: float) -> str:
+    return f"{value:.3f}"
+
+
+@pytest.fixture
+def private_data(tmp_path):
+    root = helpers.write_tiny_beir(tmp_path / "tiny")
+    return root, data_input_record(root, name="tiny", private=True)
+
+
+def test_every_epsilon_and_mu_is_recomputed_from_the_records(tmp_path, private_data):
+    _, data = private_data
+    first = release(tmp_path / "a", data, gaussian(1.1, 0.02, 60), ["q1", "q2"])
+    second = release(tmp_path / "b", data, gaussian(0.9, 0.05, 20, "prv"), ["q2", "q3"])
+    book = ledger([first, second])
+    (cost,) = book.datasets.values()
+    facts = dataset_statement(cost)
+    # at the run's δ: exactly the ledger's composition (q2 is in both releases: ε and δ add)
+    assert facts.total == cost.total and facts.total.epsilon == book.total.epsilon
+    assert facts.total.delta == pytest.approx(2 * DELTA)
+    # at δ = 1e-6 and 1/n²: each release by the same accountant, independently of synthq
+    at_reference = [independent(1.1, 0.02, 60, 1e-6), independent(0.9, 0.05, 20, 1e-6, "prv")]
+    at_n = [independent(1.1, 0.02, 60, 1 / N**2), independent(0.9, 0.05, 20, 1 / N**2, "prv")]
+    for row, expected, expected_n in zip(facts.rows, at_reference, at_n, strict=True):
+        assert (
+            row.at_reference.epsilon == pytest.approx(expected, rel=1e-6) and row.at_reference.delta == 1e-6
+        )
+        assert row.n == N and row.at_n_squared.epsilon == pytest.approx(expected_n, rel=1e-6)
+    assert facts.at_reference.epsilon == pytest.approx(sum(at_reference), rel=1e-6)
+    assert facts.at_reference.delta == pytest.approx(2e-6)
+    assert facts.at_n_squared.epsilon == pytest.approx(sum(at_n), rel=1e-6)
+    # μ: the CLT closed form for Poisson subsampling, composed as √(Σ μ²)
+    mus = [q * math.sqrt(t * (math.exp(1 / s**2) - 1)) for s, q, t in ((1.1, 0.02, 60), (0.9, 0.05, 20))]
+    assert [row.mu.value for row in facts.rows] == pytest.approx(mus, rel=1e-12)
+    assert facts.mu.value == pytest.approx(math.hypot(*mus), rel=1e-12)
+    assert facts.mu.method == "CLT approximation"
+
+    text = statement_for([first, second])
+    assert f"- at the run's δ: ε = {shown(book.total.epsilon)} at δ = {2 * DELTA:.2e}" in text
+    assert f"- every release at δ = 1e-06: ε = {shown(sum(at_reference))} at δ = 2.00e-06" in text
+    assert f"- every release at δ = 1/n² (its own n): ε = {shown(sum(at_n))}" in text
+    assert f"Gaussian-DP μ (√(Σ μ²) per unit): {math.hypot(*mus):.4f} (CLT approximation)" in text
+    assert f"| R1 | ε = {shown(at_reference[0])} at δ = 1.00e-06 | {N} |" in text
+    assert "| dp-adam | prv | Poisson" in text and "(PRV): RDP gives ε = " in text  # PRV: one ordering only
+    assert "add/remove one unit" in text and "(2ε, (1 + e^ε)·δ)" in text
+    assert "- the encoder is public (2 artifacts)" in text
+    assert text.rstrip().endswith("Conditions: ______________________________")
+    assert "Reviewed by: ___" in text and "Date: ___" in text
+
+
+def test_a_read_without_dp_makes_the_statement_infinite_and_is_listed_as_not_private(tmp_path, private_data):
+    _, data = private_data
+    private = release(tmp_path / "a", data, gaussian(1.1, 0.02, 60), ["q1"])
+    leaked = release(tmp_path / "n", data, Guarantee.non_private("trained without DP", unit="query"), ["q1"])
+    with create_artifact(tmp_path / "e", "eval", {"out": "e"}, inputs=[data]) as writer:  # dev selection
+        writer.release(Guarantee.non_private("dev scores", unit="query"), data, unit_ids=["q1"])
+        (writer.diagnostics_dir / PER_QUERY_FILE).write_text("{}")
+        (writer.diagnostics_dir / SELECTION_FILE).write_text("| candidate | dev NDCG@10 |")
+    text = statement_for([private, leaked, tmp_path / "e"])
+    for name in (PER_QUERY_FILE, SELECTION_FILE):
+        private_file = tmp_path / "e" / "diagnostics" / name
+        assert f"`{private_file}`: private diagnostic (ε = ∞): not released; do not share" in text
+    assert "- at the run's δ: ε = ∞" in text and "- every release at δ = 1e-06: ε = ∞" in text
+    assert "- why ∞: trained without DP" in text
+    not_released = text.split("## Not private, not released")[1]
+    assert (
+        f"- R2 train-retriever `{leaked.resolve()}`: read WITHOUT DP, ε = ∞ (trained without DP)"
+        in not_released
+    )
+    assert "R1 train-retriever" not in not_released  # the DP release is not listed as leaked
+    # each release's unit set is a private diagnostic of its artifact
+    assert (
+        f"`{leaked.resolve() / 'diagnostics' / 'units.bin'}`: private diagnostic (ε = ∞): not released"
+        in text
+    )
+    assert "| dp-adam | rdp |" in text and "| none — read WITHOUT DP |" in text
+
+
+def test_private_evolution_gets_an_exact_mu_and_a_user_level_release_its_per_query_guarantee(
+    tmp_path, private_data
+):
+    _, data = private_data
+    votes = Guarantee(
+        epsilon=epsilon_for(2.0, DELTA, 1.0, 4).epsilon,
+        delta=DELTA,
+        unit="user",
+        mechanism="private-evolution",
+        accountant="rdp",
+        details={
+            "noise_multiplier": 2.0,
+            "sample_rate": 1.0,
+            "steps": 4,
+            "accountant_delta": DELTA,
+            "max_queries_per_user": 8,
+        },
+    )  # fmt: skip  -- no num_units recorded: δ = 1/n² cannot be computed and must be skipped
+    derived = per_query(votes, "gaussian-substitution")
+    votes = votes.model_copy(update={"details": {**votes.details, "per_query": derived}})
+    path = release(tmp_path / "pe", data, votes, ["u1", "u2"], stage="evolve", unit_kind="user")
+    (cost,) = ledger([path]).datasets.values()
+    facts = dataset_statement(cost)
+    (row,) = facts.rows
+    assert row.mu.value == pytest.approx(math.sqrt(4) / 2.0) and row.mu.method == "exact"
+    assert row.per_query["epsilon"] == pytest.approx(independent(2.0 / math.sqrt(2), 1.0, 4, DELTA))
+    assert row.n is None and facts.at_n_squared is None
+    text = statement_for([path])
+    assert "K = 8 queries per user" in text and "gaussian-substitution" in text
+    assert f"for a single query ε = {shown(derived['epsilon'])} at δ = {DELTA:.2e}" in text
+    assert "| none: every unit in every step (q = 1) | 1 | 4 | 2 | not recorded |" in text  # no clip norm
+    assert "| not recorded | skipped (n not recorded) | 1.0000 (exact) |" in text
+    assert "- at δ = 1/n²: skipped (n not recorded for a release whose ε depends on δ)" in text
+
+
+def test_a_canary_audit_is_evidence_with_its_lower_bounds_not_a_release(tmp_path, private_data):
+    _, data = private_data
+    dp = release(tmp_path / "gen", data, gaussian(1.1, 0.02, 60), ["q1"])
+    with create_artifact(tmp_path / "audit", "canary-audit", {"model": "tiny-t5", "privacy_unit": "query"},
+                         inputs=[data]) as writer:  # fmt: skip
+        (writer.dir / "audit.json").write_text(json.dumps({"delta": 0.0125, "one_run": []}))
+        writer.release(
+            Guarantee.non_private("the audit reads the coins", unit="query"), data, unit_ids=["q1"]
+        )
+        bounds = ("epsilon_lower_bound", "gdp_epsilon_lower_bound", "auroc")
+        writer.metrics.update({
+            "one-run/generator/eps=8.00": dict(zip(bounds, (0.42, 0.5, 0.6), strict=True)),
+            "one-run/generator/eps=1.00": dict(zip(bounds, (1.7, 1.8, 0.9), strict=True)),
+        })  # fmt: skip
+    text = statement_for([dp, tmp_path / "audit"])
+    book = ledger([dp])
+    assert f"- at the run's δ: ε = {shown(book.total.epsilon)}" in text  # the audit's ∞ is not composed
+    audit = text.split("## Empirical audit (lower bounds)")[1].split("## Not private")[0]
+    assert "**same recipe**" in audit and "not of this very generator" in audit and "δ = 1.25e-02" in audit
+    assert "| generator | 8.00 | 0.420 | 0.500 | 0.600 |" in audit
+    assert "| generator | 1.00 | 1.700 **exceeds the proven ε: do not sign** |" in audit
+    assert f"- canary-audit `{tmp_path / 'audit'}`: reads the private data" in text
+
+
+def test_the_cli_writes_the_statement_of_a_real_dp_run_and_refuses_a_directory(
+    tmp_path, tiny_beir, tiny_encoder_dir, capsys, monkeypatch
+):
+    trained = train_retriever.run(
+        retriever_config(tmp_path / "r", tiny_beir, tiny_encoder_dir, dp="group", epsilon=8)
+    )
+    own = trained.releases[0]["guarantee"]["details"]
+    out = tmp_path / "statement.md"
+    status, output = run_main(
+        ["ledger", str(trained.path), "--statement", "--out", str(out)], capsys, monkeypatch
+    )
+    assert status == 0 and one_line(output) == f"privacy statement written to {out}"
+    text = out.read_text()
+    assert (
+        text.startswith("# Privacy statement\n") and f"`{trained.path.resolve()}` (train-retriever)" in text
+    )
+    row = next(line for line in text.splitlines() if line.startswith("| R1 | train-retriever |"))
+    assert (
+        f"| {own['sample_rate']:.4g} | {own['steps']} | {own['noise_multiplier']:.4g} | {own['clip_norm']} |"
+        in row
+    )
+    assert f"- **n** (units the accountants assumed, as recorded): {own['num_units']}." in text
+    status, output = run_main(["ledger", str(trained.path), "--statement"], capsys, monkeypatch)
+    assert status == 0 and output == text  # stdout without --out: the same statement
+    (tmp_path / "dir").mkdir()
+    status, output = run_main(["ledger", str(trained.path), "--statement", "--out", str(tmp_path / "dir")],
+                              capsys, monkeypatch)  # fmt: skip
+    assert status == 2 and "is a directory" in one_line(output)
+    status, output = run_main(["ledger", str(trained.path), "--out", str(out)], capsys, monkeypatch)
+    assert status == 2 and "--out goes with --statement" in one_line(output)
+    status, output = run_main(
+        ["ledger", str(trained.path), "--statement", "--out", str(trained.path / "s.md")], capsys, monkeypatch
+    )
+    assert status == 2 and "inside an artifact directory" in one_line(output)
+    assert not (trained.path / "s.md").exists()
