@@ -20,7 +20,7 @@ class EvalConfig(StageConfig):
     )
     datasets: list[str] = Field(
         default_factory=lambda: ["embedded"],
-        description="embedded, msmarco (dev split), beir:NAME, or BEIR directories (comma-separated).",
+        description="embedded, pydocs, msmarco (dev split), beir:NAME or BEIR directories (comma-separated).",
     )
     split: str | None = Field(None, description="Split to evaluate (default: test; msmarco: dev).")
     bm25: bool = Field(True, description="Add the BM25 reference row (ε = 0, public).")

@@ -2,7 +2,8 @@
 ``irds:<ir_datasets id>``.
 
 ``embedded`` is the dataset shipped in ``data/embedded`` (found from a checkout or from the
-installed wheel, where it lives in ``synthq/_embedded``). ``msmarco`` and ``beir:<name>`` are
+installed wheel, where it lives in ``synthq/_embedded``); ``pydocs`` (the standard library's
+docstrings, ``data/pydocs``) is shipped and found the same way. ``msmarco`` and ``beir:<name>`` are
 fetched into the cache the first time: from the official BEIR zip, or, when that fails, from the
 Hugging Face hub's copies (``BeIR/<name>`` with its ``corpus`` and ``queries`` configs and
 ``BeIR/<name>-qrels``) through ``datasets``, converted to the same BEIR directory (same ids and
@@ -56,15 +57,30 @@ BEIR_DATASETS = (
 IDENTICAL_ID_DATASETS = frozenset({"arguana", "quora"})
 
 
-def embedded_dir() -> Path:
-    """The shipped dataset: ``synthq/_embedded`` in a wheel, ``data/embedded`` in a checkout."""
-    packaged = Path(str(importlib.resources.files("synthq"))) / "_embedded"
+def _shipped_dir(name: str) -> Path:
+    """A shipped dataset: ``synthq/_<name>`` in a wheel, ``data/<name>`` in a checkout."""
+    packaged = Path(str(importlib.resources.files("synthq"))) / f"_{name}"
     if (packaged / "corpus.jsonl").is_file():
         return packaged
-    checkout = Path(__file__).resolve().parents[2] / "data" / "embedded"
+    checkout = Path(__file__).resolve().parents[2] / "data" / name
     if (checkout / "corpus.jsonl").is_file():
         return checkout
-    raise DataError("the embedded dataset is missing from this installation", checkout)
+    raise DataError(f"the {name} dataset is missing from this installation", checkout)
+
+
+def embedded_dir() -> Path:
+    """The shipped dataset: ``synthq/_embedded`` in a wheel, ``data/embedded`` in a checkout."""
+    return _shipped_dir("embedded")
+
+
+# The named sources synthq ships (found offline, like a directory).
+SHIPPED_SOURCES = ("embedded", "pydocs")
+
+
+def pydocs_dir() -> Path:
+    """The shipped standard-library docstring set (``data/pydocs``, ``synthq/_pydocs`` in a wheel):
+    summary line -> rest of the docstring, users = top-level modules, test split public."""
+    return _shipped_dir("pydocs")
 
 
 IRDS_PREFIX = "irds:"
@@ -74,7 +90,7 @@ IRDS_SPLITS = ("train", "dev", "test")
 def source_name(spec: str) -> str:
     """A short name for tables: ``embedded``, ``msmarco``, ``fiqa``, ``beir-scifact-test`` (an
     ir_datasets id), or the directory name."""
-    if spec in ("embedded", "msmarco"):
+    if spec in (*SHIPPED_SOURCES, "msmarco"):
         return spec
     if spec.startswith("beir:"):
         return spec.split(":", 1)[1]
@@ -238,6 +254,8 @@ def resolve_source(spec: str) -> Path:
     """The BEIR directory that ``spec`` names (downloading it if needed)."""
     if spec == "embedded":
         return embedded_dir()
+    if spec == "pydocs":
+        return pydocs_dir()
     if spec == "msmarco":
         return _download_beir("msmarco")
     if spec.startswith("beir:"):
@@ -250,7 +268,8 @@ def resolve_source(spec: str) -> Path:
     if spec in BEIR_DATASETS:
         return _download_beir(spec)
     raise DataError(
-        "not a directory or known source (use embedded, msmarco, beir:NAME, irds:ID or a BEIR directory)",
+        "not a directory or known source "
+        "(use embedded, pydocs, msmarco, beir:NAME, irds:ID or a BEIR directory)",
         spec,
     )
 

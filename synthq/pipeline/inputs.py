@@ -24,11 +24,13 @@ _MODEL_FIELDS = ("model", "encoder", "embedder", "untrained", "retriever")
 
 
 def _named_source(spec: str) -> bool:
-    from synthq.data.sources import BEIR_DATASETS, IRDS_PREFIX
+    from synthq.data.sources import BEIR_DATASETS, IRDS_PREFIX, SHIPPED_SOURCES
 
     first = spec.split("/", 1)[0]
     return (
-        spec in ("embedded", "msmarco") or spec.startswith(("beir:", IRDS_PREFIX)) or first in BEIR_DATASETS
+        spec in (*SHIPPED_SOURCES, "msmarco")
+        or spec.startswith(("beir:", IRDS_PREFIX))
+        or first in BEIR_DATASETS
     )
 
 
