@@ -1,7 +1,7 @@
 """Merge the JSON lines the benchmarks appended (``SYNTHQ_BENCH_JSON``) into one results file with
-the machine described, then regenerate the README's performance table from it.
+the machine described, then regenerate the performance table of the docs site from it.
 
-    python benchmarks/collect.py benchmarks/results.jsonl benchmarks/results.json [--readme README.md]
+    python benchmarks/collect.py benchmarks/results.jsonl benchmarks/results.json [--page docs/performance.md]
 
 Each document is keyed ``name[model, batch B]``; a later run with the same key replaces the
 earlier one, so re-running one script refreshes its rows only. ``--keep NAMES`` drops the earlier
@@ -85,19 +85,21 @@ def merge(lines_path: Path, results_path: Path, keep: tuple[str, ...] | None = N
 
 
 def main() -> None:
-    from benchmarks.readme_table import update_readme
+    from benchmarks.readme_table import DEFAULT_PAGE, update_page
 
     parser = argparse.ArgumentParser()
     parser.add_argument("lines", type=Path)
     parser.add_argument("results", type=Path)
-    parser.add_argument("--readme", type=Path, default=Path("README.md"))
+    parser.add_argument(
+        "--page", type=Path, default=DEFAULT_PAGE, help="the page whose bench-table block is regenerated"
+    )
     parser.add_argument(
         "--keep", help="comma-separated benchmarks whose earlier rows survive; the others are dropped"
     )
     args = parser.parse_args()
     merged = merge(args.lines, args.results, tuple(args.keep.split(",")) if args.keep else None)
-    if args.readme.is_file():
-        update_readme(merged, args.readme)
+    if args.page.is_file():
+        update_page(merged, args.page)
     print(f"{len(merged['benchmarks'])} benchmarks -> {args.results}")
 
 

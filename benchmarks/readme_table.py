@@ -1,10 +1,12 @@
-"""The README's performance table, generated from ``benchmarks/results.json`` (see
+"""The performance table of the docs site (``docs/performance.md``), generated from
+``benchmarks/results.json`` (see
 :mod:`benchmarks.collect`): each row's ratio comes from ONE benchmark run that measured both
 sides, next to the anchor issue #18 compares it with and the aim.
 
-    python benchmarks/readme_table.py [benchmarks/results.json] [--readme README.md]
+    python benchmarks/readme_table.py [benchmarks/results.json] [--page docs/performance.md]
 
-The table replaces the text between ``<!-- bench-table:start -->`` and ``<!-- bench-table:end -->``.
+The table replaces the text between ``<!-- bench-table:start -->`` and ``<!-- bench-table:end -->``
+in that page (the README links to it).
 """
 
 from __future__ import annotations
@@ -190,7 +192,7 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
                  "—", "< 2 s", _load(scale))
             )  # fmt: skip
     labels = {
-        "audit": "the README's canary audit (`synthq canary-audit`, section 6), fresh process",
+        "audit": "the canary audit of the docs' canary-audit page (`synthq canary-audit`), fresh process",
         "demo": "`make demo` from nothing (`synthq run pipelines/demo.yaml`), then `--check`",
     }
     for run in ("audit", "demo"):
@@ -231,7 +233,7 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
 
 
 def table(results: dict) -> str:
-    """The README's table; a row measured in an earlier run than the latest says when and on
+    """The performance table; a row measured in an earlier run than the latest says when and on
     which CPU (re-running one script refreshes its rows only, and VMs change CPUs)."""
     machine = results.get("machine", {})
     lines = [
@@ -252,21 +254,25 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(results: dict, readme: Path) -> None:
-    text = readme.read_text(encoding="utf-8")
+DEFAULT_PAGE = Path("docs/performance.md")
+
+
+def update_page(results: dict, page: Path) -> None:
+    """Replace the table between the markers of ``page`` (a page without them is refused)."""
+    text = page.read_text(encoding="utf-8")
     if START not in text or END not in text:
-        raise SystemExit(f"{readme} has no {START} … {END} block")
+        raise SystemExit(f"{page} has no {START} … {END} block")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{START}\n{table(results)}\n{END}{tail}", encoding="utf-8")
+    page.write_text(f"{head}{START}\n{table(results)}\n{END}{tail}", encoding="utf-8")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("results", type=Path, nargs="?", default=Path("benchmarks/results.json"))
-    parser.add_argument("--readme", type=Path, default=Path("README.md"))
+    parser.add_argument("--page", type=Path, default=DEFAULT_PAGE, help="the page holding the table markers")
     args = parser.parse_args()
-    update_readme(json.loads(args.results.read_text(encoding="utf-8")), args.readme)
+    update_page(json.loads(args.results.read_text(encoding="utf-8")), args.page)
 
 
 if __name__ == "__main__":

@@ -6,4 +6,4 @@ and audit what the generator leaks. The README shows the commands; docs/ARCHITEC
 code.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
