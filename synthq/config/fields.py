@@ -1,7 +1,8 @@
 """Field types and defaults shared by the stage configs, and :class:`StageConfig`, their base.
 
 Each default that several stages share is written here once (``DEFAULT_EPSILON``,
-``DEFAULT_PRIVACY_UNIT``, ``DEFAULT_TOP_P``, ``DEFAULT_MAX_QUERIES_PER_USER``), as is each
+``DEFAULT_PRIVACY_UNIT``, ``DEFAULT_TOP_P``, ``DEFAULT_MAX_QUERIES_PER_USER``,
+``DEFAULT_QUERY_TOKENS``, ``DEFAULT_DOCUMENT_TOKENS``), as is each
 field type's valid range and help text (``Epsilon``, ``Device``, ``SecretSeed``, ...). Per-field
 command-line settings go in ``Field(json_schema_extra=cli(...))`` (see :func:`cli`).
 """
@@ -25,6 +26,12 @@ DEFAULT_TOP_P = 0.8
 # Each user's rows are weighted 1/k, so K does not change the noise; it bounds a sampled user's
 # share of a batch (compute) and is the bound group privacy needs to relate the two units.
 DEFAULT_MAX_QUERIES_PER_USER = 8
+# Query (target) tokens of a generator, a public constant: queries are short, and a length read off
+# the private queries would be a release without noise (ε = ∞).
+DEFAULT_QUERY_TOKENS = 32
+# Document (source) tokens: the paper's length (T5 on TPUs), the cap of a length derived from a
+# public corpus and the length used when the documents are private.
+DEFAULT_DOCUMENT_TOKENS = 384
 
 
 def cli(**settings: Any) -> dict:
@@ -38,7 +45,7 @@ def cli(**settings: Any) -> dict:
     return {"cli": settings}
 
 
-def renamed_batch_size(name: str, default: int, description: str) -> Any:
+def renamed_batch_size(name: str, default: int | None, description: str) -> Any:
     """A batch-size field with its own name that still accepts the old ``batch_size`` key and
     ``--batch-size`` flag."""
     return Field(
@@ -98,6 +105,13 @@ SecretSeed = Annotated[
         description="Seed for a bit-reproducible run. Default: DP sampling and noise come from the OS's "
         "secure randomness; a given seed is recorded in the guarantee as an assumption (an adversary "
         "who knows it can replay the noise).",
+    ),
+]
+Profile = Annotated[
+    Literal["auto", "cpu", "gpu"],
+    Field(
+        description="Machine profile of the batch-size defaults: cpu (small micro-batches, peak memory "
+        "≤ 4 GB), gpu, or auto (gpu when the device is a CUDA GPU). An explicit batch size always wins.",
     ),
 ]
 Limit = Annotated[int | None, Field(ge=1, description="Use only the first N items (quick runs).")]

@@ -10,9 +10,11 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from synthq.config.fields import (
+    DEFAULT_DOCUMENT_TOKENS,
     DEFAULT_EPSILON,
     DEFAULT_MAX_QUERIES_PER_USER,
     DEFAULT_PRIVACY_UNIT,
+    DEFAULT_QUERY_TOKENS,
     DEFAULT_TOP_P,
     Accountant,
     Device,
@@ -22,6 +24,7 @@ from synthq.config.fields import (
     MaxQueriesPerUser,
     PrivacyUnitName,
     Probability,
+    Profile,
     PublicCorpus,
     Resume,
     SecretSeed,
@@ -58,9 +61,28 @@ class FinetuneConfig(StageConfig):
         ge=1,
         description="Expected batch, in queries; Poisson rate q = batch / training queries (paper: 1024).",
     )
-    physical_batch_size: int = Field(8, ge=1, description="Micro-batch that fits in memory.")
-    max_source_length: int = Field(384, ge=1, description="Document tokens kept.")
-    max_target_length: int = Field(128, ge=1, description="Query tokens kept.")
+    physical_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Micro-batch per forward/backward (memory, not the result). Default by --profile: "
+        "gpu 32; cpu 8, or fewer so that a micro-batch holds ≤ 1024 tokens (document + query lengths; "
+        "peak memory ≤ 4 GB for SmolLM2-135M with LoRA); recorded in the manifest.",
+    )
+    max_source_length: int | None = Field(
+        None,
+        ge=1,
+        description="Document tokens kept. Default: read from the PUBLIC corpus (the 95th percentile "
+        f"of its documents' token lengths under --model's tokenizer, rounded up to a multiple of 16, "
+        f"at most {DEFAULT_DOCUMENT_TOKENS}), never from the queries (documents are public in "
+        "synthq's model: generate writes queries for every one); recorded in the manifest.",
+    )
+    max_target_length: int = Field(
+        DEFAULT_QUERY_TOKENS,
+        ge=1,
+        description="Query tokens kept (a fixed public default: never read from the private queries; "
+        "paper: 128).",
+    )
+    profile: Profile = "auto"
     grad_sample_mode: Literal["auto", "ghost", "hooks", "vmap"] = Field(
         "auto",
         description="Per-example clipping: ghost (Opacus ghost norms, tied weights exact), hooks "
@@ -97,11 +119,19 @@ class GenerateConfig(StageConfig):
     num_queries: int = Field(1, ge=1, description="Queries per document.")
     top_p: Probability = Field(DEFAULT_TOP_P, description="Nucleus sampling mass, in (0, 1] (paper: 0.8).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (> 0).")
-    max_new_tokens: int = Field(32, ge=1, description="Longest query, in tokens.")
-    generation_batch_size: int = renamed_batch_size(
-        "generation_batch_size", 16, "Documents per generation batch."
+    max_new_tokens: int = Field(
+        DEFAULT_QUERY_TOKENS,
+        ge=1,
+        description="Longest query, in tokens (documents are cut as the generator was trained).",
+    )
+    generation_batch_size: int | None = renamed_batch_size(
+        "generation_batch_size",
+        None,
+        "Documents per generation batch. Default by --profile: 16 on cpu, "
+        "64 on gpu; recorded in the manifest.",
     )
     max_resample: int = Field(3, ge=0, description="Retries for empty or degenerate queries.")
+    profile: Profile = "auto"
     shard: str | None = Field(None, description="i/n: generate only the i-th of n document shards.")
     seed: Seed = 0
     device: Device = "auto"

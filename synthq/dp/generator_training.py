@@ -17,7 +17,7 @@ from synthq.dp.lm import DPStep
 from synthq.dp.noise import SecretRandomness
 from synthq.dp.units import PrivacyUnits
 from synthq.models.generator import QueryGenerator
-from synthq.models.training_step import MakeBatch, StepResult, non_private_step
+from synthq.models.training_step import MakeBatch, MicroBatchProgress, StepResult, non_private_step
 
 
 class GeneratorTraining:
@@ -62,18 +62,20 @@ class GeneratorTraining:
     def mode(self) -> str | None:
         return self.dp_step.mode if self.dp_step is not None else None
 
-    def step(self) -> StepResult:
+    def step(self, on_micro_batch: MicroBatchProgress | None = None) -> StepResult:
+        """One logical step; ``on_micro_batch(done, total)`` after each micro-batch (progress)."""
         if self.plan is not None:
             rows, weights = self.units.expand(self.plan.sample(self.randomness))
-            result = self.dp_step.step(self.make_batch, rows, weights, self.randomness)
+            result = self.dp_step.step(self.make_batch, rows, weights, self.randomness, on_micro_batch)
         else:
             if len(self.order) < self.batch_size:
                 self.order += torch.randperm(len(self.units), generator=self.randomness.sampling).tolist()
             chosen, self.order = self.order[: self.batch_size], self.order[self.batch_size :]
             rows, _ = self.units.expand(chosen)
             result = non_private_step(
-                self.generator, self.optimizer, self.make_batch, rows, self.physical_batch_size
-            )
+                self.generator, self.optimizer, self.make_batch, rows, self.physical_batch_size,
+                on_micro_batch,
+            )  # fmt: skip
         self.step_index += 1
         return result
 

@@ -50,7 +50,7 @@ from synthq.dp.engine import Mechanism, PrivacyPlan, register_mechanism
 from synthq.dp.noise import SecretRandomness
 from synthq.models.generator import QueryGenerator
 from synthq.models.sequence_loss import label_window, model_inputs, per_sequence_loss
-from synthq.models.training_step import MakeBatch, StepResult, gather_result
+from synthq.models.training_step import MakeBatch, MicroBatchProgress, StepResult, gather_result
 from synthq.runtime import distributed
 
 
@@ -205,9 +205,15 @@ class DPStep:
         self.parameters = dict(generator.model.named_parameters())
 
     def clipped_sum(
-        self, make_batch: MakeBatch, rows: list[int], weights: list[float]
+        self,
+        make_batch: MakeBatch,
+        rows: list[int],
+        weights: list[float],
+        on_micro_batch: MicroBatchProgress | None = None,
     ) -> tuple[dict[str, torch.Tensor], StepResult]:
-        """``Σ_i w_i clip_C(∇ℓ_i)`` over ``rows``, summed over ranks (no noise yet)."""
+        """``Σ_i w_i clip_C(∇ℓ_i)`` over ``rows``, summed over ranks (no noise yet);
+        ``on_micro_batch(done, total)`` after each micro-batch of this rank's share (progress only:
+        it sees counts of a secret sample, for the console, never for the artifact)."""
         device = next(self.generator.model.parameters()).device
         total: dict[str, torch.Tensor] = {}  # the first micro-batch's sum becomes the total
         losses, norms, tokens = [], [], 0
@@ -222,6 +228,8 @@ class DPStep:
                 total[name] = total[name].add_(value) if name in total else value
             losses.append(loss.detach())
             norms.append(norm.detach())
+            if on_micro_batch is not None:
+                on_micro_batch(start + len(chunk), len(local))
         total = {  # zeros where this rank's share was empty
             name: total[name] if name in total else torch.zeros_like(self.parameters[name])
             for name in self.clipper.names
@@ -230,9 +238,14 @@ class DPStep:
         return total, gather_result(len(rows), losses, norms, tokens)
 
     def step(
-        self, make_batch: MakeBatch, rows: list[int], weights: list[float], randomness: SecretRandomness
+        self,
+        make_batch: MakeBatch,
+        rows: list[int],
+        weights: list[float],
+        randomness: SecretRandomness,
+        on_micro_batch: MicroBatchProgress | None = None,
     ) -> StepResult:
-        summed, result = self.clipped_sum(make_batch, rows, weights)
+        summed, result = self.clipped_sum(make_batch, rows, weights, on_micro_batch)
         # The same secret noise on every rank, added once to the global sum.
         noisy = self.plan.privatize(list(summed.values()), randomness)
         for name, value in zip(summed, noisy, strict=True):

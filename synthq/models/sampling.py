@@ -390,9 +390,13 @@ def sample_with_retries(
 
 
 def length_sorted_batches(
-    requests: list[Request], generator: QueryGenerator, batch_size: int
+    requests: list[Request], generator: QueryGenerator, batch_size: int, mixed: bool = False
 ) -> list[list[Request]]:
-    """Batches of similar prompt length (little padding), longest first so memory peaks early."""
+    """Batches of similar prompt length (little padding), longest first so memory peaks early.
+
+    ``mixed``: the longest batch still first, the others in a fixed pseudo-random order (public,
+    seeded), so the rate of a progress bar — and its ETA — is representative from the start
+    instead of growing as the prompts shorten (sampling is per document: no query changes)."""
     length_of: dict[str, int] = {}
     for request in requests:  # a document's k queries share one tokenisation
         if request.document not in length_of:
@@ -402,4 +406,11 @@ def length_sorted_batches(
     lengths = [length_of[r.document] for r in requests]
     order = sorted(range(len(requests)), key=lambda i: (-lengths[i], requests[i].doc_id, requests[i].index))
     ordered = [requests[i] for i in order]
-    return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+    batches = [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+    if mixed and len(batches) > 2:
+        import random
+
+        rest = batches[1:]
+        random.Random(len(rest)).shuffle(rest)
+        batches = [batches[0], *rest]
+    return batches

@@ -19,6 +19,9 @@ from synthq.models.sequence_loss import model_inputs, per_sequence_loss
 from synthq.runtime import distributed
 
 MakeBatch = Callable[[list[int]], dict]
+# Called after each micro-batch of a step with (examples done, examples in this rank's share):
+# progress inside a logical step, whose micro-batches can take minutes on a CPU.
+MicroBatchProgress = Callable[[int, int], None]
 
 
 @dataclass
@@ -38,9 +41,11 @@ def non_private_step(
     make_batch: MakeBatch,
     indices: list[int],
     physical_batch_size: int,
+    on_micro_batch: MicroBatchProgress | None = None,
 ) -> StepResult:
     """The ε = ∞ step: the same per-sequence loss, averaged over the batch, no clipping or noise.
-    Under torchrun each rank takes its share of ``indices`` and the gradients are summed."""
+    Under torchrun each rank takes its share of ``indices`` and the gradients are summed.
+    ``on_micro_batch(done, total)`` is called after each micro-batch (examples of this rank's share)."""
     device = next(generator.model.parameters()).device
     losses, tokens = [], 0
     local = distributed.shard(indices)
@@ -52,6 +57,8 @@ def non_private_step(
         loss = per_sequence_loss(generator.kind, logits, batch["labels"])
         (loss.sum() / len(indices)).backward()
         losses.append(loss.detach())
+        if on_micro_batch is not None:
+            on_micro_batch(start + len(chunk), len(local))
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
     for parameter in trainable:
         if parameter.grad is None:  # a rank whose share was empty

@@ -7,7 +7,8 @@ Progress, info lines, warnings and errors go to **stderr** (:data:`console`). ``
 and info lines only, never warnings, errors or results. When stderr is not a terminal (a
 log file, SLURM, CI, ``| tee``) the progress bar becomes a plain line every
 :data:`LOG_INTERVAL_SECONDS` (``SYNTHQ_PROGRESS_INTERVAL``) with step/total, the stage's own
-fields (loss, ε, ...), rate and ETA.
+fields (loss, ε, ...), rate and ETA; :class:`StepFraction` moves a task through a long step part
+by part (finetune-lm's micro-batches), so the first line and the ETA come within that interval.
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
 
 
+def _count(value: float) -> str:
+    """A task's progress: whole steps as they are, a step part-way through with two decimals."""
+    return f"{value:g}" if float(value).is_integer() else f"{value:.2f}"
+
+
 class LoggedProgress(Progress):
     """A progress display for non-terminals: a plain line per task every ``interval`` seconds
     (and when a task finishes), instead of a bar that only shows up when the stage ends."""
@@ -84,7 +90,7 @@ class LoggedProgress(Progress):
         )
         share = f" ({100 * task.completed / total:.0f}%)" if total else ""
         return (
-            f"{task.description}: {task.completed:g}/{total:g}{share} {fields} | "
+            f"{task.description}: {_count(task.completed)}/{total:g}{share} {fields} | "
             f"{rate:.3g}/s elapsed={_duration(elapsed)} eta={_duration(eta)}"
         ).replace("  ", " ")
 
@@ -136,6 +142,31 @@ def progress(*extra_columns) -> Progress:
         disable=verbosity() == 0,
         transient=False,
     )
+
+
+class StepFraction:
+    """Moves a progress task through a step by fractions, as the step's parts finish (a DP step's
+    micro-batches, minutes on a CPU): call it with ``(done, total)`` after each part and
+    :meth:`finish` when the step ends (the task then stands exactly on the next whole step). The
+    bar, the plain lines (every :data:`LOG_INTERVAL_SECONDS`) and the ETA move from the first part
+    on, not only when a whole step is done. Only the share of the step is shown (two decimals in
+    the plain lines), on the console: a DP step's size is that of a secret sample."""
+
+    def __init__(self, bar: Progress, task: TaskID):
+        self.bar, self.task = bar, task
+        self.base = next(t.completed for t in bar.tasks if t.id == task)
+
+    # A step's parts take it at most this far: only finish() completes it, after the stage has
+    # updated the task's fields (ε, loss), so the line that completes a step shows them.
+    PART_WAY = 0.99
+
+    def __call__(self, done: int, total: int) -> None:
+        share = min(self.PART_WAY, done / total) if total else self.PART_WAY
+        self.bar.update(self.task, completed=self.base + share)
+
+    def finish(self) -> None:
+        self.base += 1
+        self.bar.update(self.task, completed=self.base)
 
 
 def result(message: Any, markup: bool = True) -> None:

@@ -16,6 +16,13 @@ losses and batch sizes, which are computed from private data without noise, go t
 ``diagnostics/`` part (ε = ∞, left out by ``synthq export``). Checkpoints every
 ``checkpoint_every`` steps hold the weights, optimizer, step, the secret randomness and the
 config; ``--resume`` continues with identical accounting and refuses a changed config.
+
+Options left unset are chosen for the machine and the data (:func:`choose_defaults`,
+:mod:`synthq.models.defaults`): the document length from the PUBLIC corpus's documents (never the
+queries, nor which documents they judge), a fixed 32 query tokens, and
+the micro-batch by ``--profile``. The first line says what was chosen; the manifest's config
+records the values used, while the fingerprint keeps the options as given (like ``--device auto``),
+so the same command stays up to date.
 """
 
 from __future__ import annotations
@@ -47,12 +54,13 @@ from synthq.dp.units import (
     unit_details,
     unit_diagnostics,
 )
+from synthq.models.defaults import Chosen, finetune_defaults, why_corpus_is_public
 from synthq.models.generator import QueryGenerator, apply_lora
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import data_input, model_input
 from synthq.privacy.units import training_units
 from synthq.runtime import distributed
-from synthq.runtime.console import info, progress, warn
+from synthq.runtime.console import StepFraction, info, progress, warn
 from synthq.runtime.optim import make_optimizer
 
 STAGE = "finetune-lm"
@@ -131,6 +139,22 @@ def _load_generator(config: FinetuneConfig, path: Path, rank: int) -> QueryGener
     return generator
 
 
+def choose_defaults(config: FinetuneConfig, corpus, data, model_path: Path) -> tuple[FinetuneConfig, Chosen]:
+    """The settings the run uses: ``config`` with the options left unset chosen for this machine
+    and the public corpus (:mod:`synthq.models.defaults`: the document length from the corpus's
+    documents only, never the queries or which documents they judge; the micro-batch by profile)."""
+    if config.max_source_length is not None and config.physical_batch_size is not None:
+        return config, Chosen()
+    tokenizer = None
+    if config.max_source_length is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    why_public = why_corpus_is_public(config.data, data.is_artifact)
+    chosen = finetune_defaults(config, tokenizer, corpus, why_public, distributed.device_for(config.device))
+    return config.model_copy(update=chosen.values), chosen
+
+
 def _own_guarantee(config, plan, training: GeneratorTraining, units: PrivacyUnits) -> Guarantee:
     """What this run itself releases about the private pairs."""
     if plan is None:
@@ -166,25 +190,29 @@ def run(config: FinetuneConfig) -> Artifact:
     inputs = [data.record, start.record]
     if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
         return done
-    pairs = training_pairs(load_source(str(data.root), splits=[config.split]), config.split)
+    dataset = load_source(str(data.root), splits=[config.split])
+    settings, fitted = choose_defaults(config, dataset.corpus, data, start.path)
+    if fitted.line():
+        info(fitted.line())
+    pairs = training_pairs(dataset, config.split)
     pairs = pairs[: config.limit] if config.limit is not None else pairs  # refused with DP (config)
     randomness = SecretRandomness(config.seed)
     units = training_units(pairs, data.root, config.privacy_unit, config.max_queries_per_user, randomness)
     steps = planned_steps(len(units), config.batch_size, config.epochs, config.max_steps)
     plan = _plan(config, units, steps)
-    generator = _load_generator(config, start.path, place.rank)
+    generator = _load_generator(settings, start.path, place.rank)
     randomness.seed_torch(place.rank)  # dropout from the run's randomness, not torch's default seed
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
 
     def make_batch(rows: list[int]) -> dict[str, torch.Tensor]:
         chosen = [pairs[i] for i in rows]
         return generator.training_batch(
-            [p.document for p in chosen], [p.query for p in chosen], config.max_target_length
+            [p.document for p in chosen], [p.query for p in chosen], settings.max_target_length
         )
 
     training = GeneratorTraining(
         generator, make_optimizer(config.optimizer, trainable, config.lr, config.weight_decay), make_batch,
-        units, config.batch_size, plan, randomness, config.physical_batch_size, config.grad_sample_mode,
+        units, config.batch_size, plan, randomness, settings.physical_batch_size, config.grad_sample_mode,
     )  # fmt: skip
     info(
         f"fine-tuning {config.model} ({generator.kind}, {sum(p.numel() for p in trainable):,} trainable) "
@@ -201,6 +229,7 @@ def run(config: FinetuneConfig) -> Artifact:
     with artifact_on_main(
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
     ) as writer:
+        writer.config.update(fitted.values)  # the values used; the fingerprint keeps the options as given
         checkpoint, log = writer.checkpoint_dir / CHECKPOINT, []
         state = distributed.on_main(load_checkpoint, checkpoint, config, inputs) if config.resume else None
         if state is not None:
@@ -215,14 +244,15 @@ def run(config: FinetuneConfig) -> Artifact:
         every = max(1, steps // 20)  # ε by the plan's own accountant, a few times per run
         with progress() as bar:
             task = bar.add_task("finetune-lm", total=steps, completed=first)
+            within = StepFraction(bar, task)  # micro-batch by micro-batch: a DP step takes minutes on CPU
             while training.step_index < steps:
-                result = training.step()
+                result = training.step(within)
                 log.append({"step": training.step_index, "loss": result.loss, "examples": result.examples})
                 if plan and (training.step_index % every == 0 or training.step_index == steps):
                     bar.update(
                         task, description=f"finetune-lm ε {plan.epsilon_after(training.step_index):.2f}"
                     )
-                bar.update(task, advance=1)
+                within.finish()
                 if (
                     writer.primary
                     and config.checkpoint_every

@@ -40,6 +40,7 @@ from synthq.data.synthetic import (
     write_synthetic,
 )
 from synthq.data.tables import Corpus
+from synthq.models.defaults import generate_defaults
 from synthq.models.generator import QueryGenerator
 from synthq.models.sampling import Request, length_sorted_batches, sample_with_retries
 from synthq.privacy.inputs import public_documents_input
@@ -92,7 +93,8 @@ def _generate_for(
 
     Documents are read and length-sorted ``GENERATION_CHUNK`` at a time, so memory holds one
     chunk's texts whatever the corpus size (sampling is per document, so the chunking changes
-    no query)."""
+    no query). Within a chunk the longest batch runs first (memory peaks early) and the others in
+    a fixed mixed order, so the progress rate and ETA hold from the start."""
     total = sum(1 for doc_id in doc_ids for k in range(config.num_queries) if (doc_id, k) not in done)
     with progress() as bar, open(log_path, "a", encoding="utf-8") as log:
         task = bar.add_task("generating queries", total=total)
@@ -103,7 +105,7 @@ def _generate_for(
                 for k in range(config.num_queries)
                 if (doc_id, k) not in done
             ]
-            for batch in length_sorted_batches(pending, generator, config.generation_batch_size):
+            for batch in length_sorted_batches(pending, generator, config.generation_batch_size, mixed=True):
                 for (doc_id, index), result in sample_with_retries(
                     generator,
                     batch,
@@ -123,7 +125,7 @@ def _generate_for(
 def resume_key(config: GenerateConfig, inputs: list[dict]) -> str:
     """What a resumed run must share with the interrupted one: every setting that changes a
     query (not the batch size or device: sampling is per document) and the input hashes."""
-    settings = config.model_dump(mode="json", exclude={"generation_batch_size", "device"})
+    settings = config.model_dump(mode="json", exclude={"generation_batch_size", "device", "profile"})
     return config_fingerprint(settings, inputs)
 
 
@@ -177,7 +179,7 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
         raise ArtifactError(
             f"shards {[c.get('shard') for c in configs]} are not exactly 0/{count} .. {count - 1}/{count}"
         )
-    free = ("shard", "out", "force", "resume", "generation_batch_size", "batch_size", "device")
+    free = ("shard", "out", "force", "resume", "generation_batch_size", "batch_size", "device", "profile")
     comparable = [{k: v for k, v in c.items() if k not in free} for c in configs]
     if any(c != comparable[0] for c in comparable):
         raise ArtifactError("the shards were generated with different settings")
@@ -238,11 +240,20 @@ def run(config: GenerateConfig) -> Artifact:
     if (done_artifact := existing_result(STAGE, config, inputs)) is not None:
         return done_artifact
     corpus, doc_ids = select_documents(config, root)
-    generator = QueryGenerator.load(generator_artifact.path, device=distributed.device_for(config.device))
+    device = distributed.device_for(config.device)
+    chosen = generate_defaults(config, device)
+    settings = config.model_copy(update=chosen.values)  # what runs; the fingerprint keeps config
+    generator = QueryGenerator.load(generator_artifact.path, device=device)
     generator.model.eval()
+    info(
+        (chosen.line() + "; " if chosen.line() else "")
+        + f"prompts: documents up to {generator.max_source_length} tokens (as the generator was trained), "
+        f"queries up to {config.max_new_tokens} tokens"
+    )
     with create_artifact(
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
     ) as writer:
+        writer.config.update(chosen.values)
         log_path = writer.checkpoint_dir / PROGRESS_FILE
         key = resume_key(config, inputs)
         done = _resume_state(writer.checkpoint_dir, key) if config.resume else {}
@@ -251,7 +262,7 @@ def run(config: GenerateConfig) -> Artifact:
             info(f"resuming: {len(done)} queries already generated")
         started = time.perf_counter()
         before = set(done)
-        _generate_for(generator, corpus, doc_ids, config, done, log_path)
+        _generate_for(generator, corpus, doc_ids, settings, done, log_path)
         elapsed = time.perf_counter() - started
         statistics = write_synthetic(writer.dir, corpus, done)
         writer.metrics.update(statistics)
