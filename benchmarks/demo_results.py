@@ -44,6 +44,9 @@ LABELS = {
     "untrained minilm-l6": "untrained MiniLM-L6 (a strong public retriever)",
     "untrained smollm2-135m-enc-l2": "untrained start (`smollm2-135m-enc-l2`)",
 }
+# Rows whose learning rate the study chose on the private dev split without noise: their training
+# ε is 8, but the configuration is a release no ε counts (`+ selection ∞`, as the study prints).
+STUDY_TUNED = {"ret-syn-eps8", "ret-syn-eps8-x3", "ret-dp-group-eps8", "ret-dp-sample-eps8"}
 # The comparisons the README states (better, worse), all Holm-adjusted over every pair.
 ORDERING = [
     ("ret-original", "ret-syn-eps8"),
@@ -128,7 +131,8 @@ def render(snapshot: dict) -> str:
         "|---|---|---|---|",
     ]
     for row in snapshot["rows"]:
-        cells = [LABELS.get(row["name"], row["name"]), row["epsilon"]]
+        epsilon = row["epsilon"] + (" + selection ∞ †" if row["name"] in STUDY_TUNED else "")
+        cells = [LABELS.get(row["name"], row["name"]), epsilon]
         cells += [f"{v:.3f} [{lo:.3f}, {hi:.3f}]" for v, lo, hi in (row["ndcg@10"], row["recall@10"])]
         out.append("| " + " | ".join(cells) + " |")
     out += ["", "| comparison (paired, NDCG@10) | Δ [95 % CI] | p (Holm) |", "|---|---|---|"]
@@ -144,8 +148,9 @@ def render(snapshot: dict) -> str:
         f"Generated from the `make demo` run of {measured['at']} ({measured['wall_minutes']} minutes, "
         f"{measured['timed']}, on {measured['cores']} cores of an {measured['cpu']}; `--check` "
         f"{measured['check']}; Holm over all {measured['pairs_tested']} pairs) by "
-        "`benchmarks/demo_results.py`. Learning rates are fixed at the values the study chose on the "
-        "dev split.",
+        "`benchmarks/demo_results.py`. † Learning rates are fixed at the values the study chose on the "
+        "private dev split without noise: a release no ε counts (the ×3 set's 3e-3 is also what "
+        "held-out synthetic queries chose, at no ε).",
     ]
     return "\n".join(out)
 

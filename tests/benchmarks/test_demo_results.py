@@ -30,7 +30,7 @@ def _snapshot(difference: float = 0.25, p_holm: float = 0.0028) -> dict:
 
 def test_render_prints_every_row_with_its_interval_and_each_comparison_with_its_verdict():
     text = render(_snapshot())
-    row = "| synthetic, 1 query per public document | 8.00 | 0.350 [0.310, 0.390] | 0.500 [0.450, 0.550] |"
+    row = "| synthetic, 1 query per public document | 8.00 + selection ∞ † | 0.350 [0.310, 0.390] |"
     assert row in text
     assert "| brand-new-row | ∞ |" in text  # a row without a label keeps its name
     pair = "synthetic ε = 8 − direct DP group ε = 8 | +0.250 [+0.200, +0.300] | 0.0028 (**significant**)"
