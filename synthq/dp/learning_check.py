@@ -93,3 +93,46 @@ def held_out_loss(generator, documents: list[str], queries: list[str], max_targe
         return float(per_sequence_loss(generator.kind, logits, batch["labels"]).mean())
     finally:
         model.train(training)
+
+
+@dataclass
+class HeldOut:
+    """(document, query) pairs of a split the dataset declares public, never the training split."""
+
+    split: str
+    documents: list[str]
+    queries: list[str]
+
+
+class LearningCheck:
+    """Both checks around a training run: create it before the first step (it copies the
+    trainable weights and measures the held-out loss), call :meth:`finish` after the last."""
+
+    def __init__(
+        self, generator, trainable: Sequence[torch.Tensor], held_out: HeldOut | None, target_length: int
+    ):
+        self.generator, self.trainable, self.held_out = generator, list(trainable), held_out
+        self.target_length = target_length
+        self.before = snapshot(self.trainable)
+        self.loss_before = self._loss()
+
+    def _loss(self) -> float | None:
+        if self.held_out is None:
+            return None
+        pairs = self.held_out
+        return held_out_loss(self.generator, pairs.documents, pairs.queries, self.target_length)
+
+    def finish(self, steps: int, what: str) -> dict:
+        """Refuse a run that moved nothing (:func:`require_movement`); else the manifest metrics
+        ``weights_moved`` and ``public_held_out_loss``."""
+        found = movement(self.before, self.trainable)
+        require_movement(found, steps, what)
+        metrics = {"weights_moved": {"what": what, **found.as_metrics()}}
+        if self.held_out is None:
+            metrics["public_held_out_loss"] = "not measured: the data declares no public split with queries"
+        else:
+            metrics["public_held_out_loss"] = {
+                "split": self.held_out.split, "pairs": len(self.held_out.queries),
+                "before": self.loss_before, "after": self._loss(),
+            }  # fmt: skip
+        return metrics

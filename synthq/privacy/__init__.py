@@ -12,9 +12,11 @@
 * :mod:`~synthq.privacy.inputs` — where every input came from (starting models, data, public
   documents), and what reading it brings into an artifact.
 * :mod:`~synthq.privacy.ledger` — what a set of artifacts costs together, per private dataset.
-* :mod:`~synthq.privacy.reaccounting` — each release recomputed at other δ, and its Gaussian-DP μ.
+* :mod:`~synthq.privacy.reaccounting` — each release recomputed at other δ, and its Gaussian-DP μ
+  (where exact).
 * :mod:`~synthq.privacy.statement` — the one-page privacy statement a reviewer signs, rendered
-  from a ledger (``synthq ledger --statement``).
+  from a ledger (``synthq ledger --statement``); its tables are
+  :mod:`~synthq.privacy.statement_tables`.
 * :mod:`~synthq.privacy.splits` — the privacy of evaluation scores: which splits are private, and
   the guarantee a score carries.
 """

@@ -17,6 +17,7 @@ from pathlib import Path
 from synthq.artifacts.freshness import input_location
 from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact
 from synthq.artifacts.records import current_input_hash
+from synthq.privacy.accounting import MAX_DELTA
 from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
 from synthq.privacy.units import sharing_groups
 from synthq.runtime.errors import ArtifactError
@@ -90,6 +91,30 @@ def ledger(paths: list[str | Path]) -> Ledger:
     return Ledger(artifacts, releases, datasets, changed)
 
 
+def recorded_units(releases: list[dict]) -> list[int]:
+    """The unit counts n the releases' accountants assumed (``details.num_units``), sorted."""
+    counts = {(r["guarantee"].get("details") or {}).get("num_units") for r in releases}
+    return sorted(int(n) for n in counts if n)
+
+
+def delta_warning(total: Guarantee, units: list[int]) -> str | None:
+    """Why a composed δ is no meaningful guarantee — at or above 1/n (the largest recorded n) or
+    above :data:`MAX_DELTA`, as :func:`~synthq.privacy.accounting.validate_budget` refuses for one
+    release — or ``None``."""
+    if not total.is_private or not total.delta:
+        return None
+    if units and total.delta >= 1 / max(units):
+        why = f"δ ≥ 1/n = 1/{max(units)}"
+    elif total.delta > MAX_DELTA:
+        why = f"δ > {MAX_DELTA:g}"
+    else:
+        return None
+    return (
+        f"not a meaningful guarantee ({why}: one unit's data could be published outright); "
+        "do not sign; the total at δ = 1e-6 is the one to read"
+    )
+
+
 def ledger_lines(paths: list[str | Path]) -> list[str]:
     """The ledger as text: one block per private dataset, the total, what changed since, then each
     assumption once, with the artifact that makes it (or how many do)."""
@@ -105,6 +130,8 @@ def ledger_lines(paths: list[str | Path]) -> list[str]:
             f"private dataset {cost.name} (keyed id {cost.sha256.removeprefix('hmac:')[:12]}): "
             f"{total.describe()} over {len(cost.releases)} release(s), composed per {total.unit}"
         )
+        warning = delta_warning(total, recorded_units(cost.releases))
+        lines += [f"  WARNING: {warning}"] if warning else []
         for release in cost.releases:
             own = release_guarantee(release)
             kind = "DP release" if own.is_private else "read WITHOUT DP"

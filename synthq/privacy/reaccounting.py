@@ -9,10 +9,11 @@ release records, before anything is rendered:
 * :func:`composed_at` — the releases composed exactly as the ledger composes them
   (:func:`~synthq.privacy.guarantee.compose_releases` over
   :func:`~synthq.privacy.units.sharing_groups`), each recomputed at its δ;
-* :func:`gaussian_mu` — the Gaussian-DP μ: exact ``√T/σ`` for the Gaussian without subsampling
-  (Private Evolution's votes, q = 1), Opacus' CLT approximation ``q·√(T·(e^{1/σ²} − 1))`` for
-  Poisson subsampling (:func:`opacus.accountants.analysis.gdp.compute_mu_poisson`), composed as
-  ``√(Σ μ²)`` per unit (:func:`composed_mu`);
+* :func:`gaussian_mu` — the Gaussian-DP μ, stated only where it is exact: ``√T/σ`` for the
+  Gaussian without subsampling (Private Evolution's votes, q = 1; σ is noise std / sensitivity).
+  For a subsampled release (q < 1) no μ is stated: the CLT approximation is not a bound (it can
+  understate the loss about 2× in ε, and overstate it at T = 1). :func:`composed_mu` composes
+  ``√(Σ μ²)`` per unit only when every release has an exact μ;
 * :func:`dataset_statement` — all of it for one private dataset of a ledger.
 """
 
@@ -93,22 +94,32 @@ def composed_at(releases: list[dict], groups: list[list[str]], delta_of) -> Guar
     return compose_releases(moved, groups, [])
 
 
+SUBSAMPLED = "not stated: the CLT approximation for the subsampled Gaussian is not a guarantee"
+NOT_GAUSSIAN = "not stated: a release here is not a Gaussian mechanism (no μ)"
+NO_PER_QUERY = "not stated: no per-query μ for a user-level release's rule"
+
+
 @dataclass(frozen=True)
 class Mu:
-    """A Gaussian-DP μ and how it was obtained."""
+    """A Gaussian-DP μ (exact), or why none is stated (``value`` None, ``method`` the reason)."""
 
-    value: float
-    method: str  # "exact" or "CLT approximation"
+    value: float | None
+    method: str  # "exact", or the reason no μ is stated
+
+    @property
+    def stated(self) -> bool:
+        return self.value is not None
 
     def __str__(self) -> str:
-        shown = "∞" if math.isinf(self.value) else f"{self.value:.4f}"
-        return f"{shown} ({self.method})" if math.isfinite(self.value) else shown
+        if self.value is None:
+            return self.method
+        return "∞" if math.isinf(self.value) else f"{self.value:.4f} ({self.method})"
 
 
 def gaussian_mu(guarantee: Guarantee) -> Mu | None:
-    """μ of a (subsampled) Gaussian release: exact ``√T/σ`` without subsampling (q = 1; σ is the
-    noise multiplier, noise std / sensitivity), else Opacus' CLT approximation for Poisson
-    subsampling; ∞ for a read without DP; ``None`` for any other mechanism (pure ε: no μ)."""
+    """μ of a Gaussian release: exact ``√T/σ`` without subsampling (q = 1; σ is the noise
+    multiplier, noise std / sensitivity); not stated for Poisson subsampling (q < 1: the CLT
+    approximation is no bound); ∞ for a read without DP; ``None`` for any other mechanism."""
     details = guarantee.details or {}
     if not guarantee.is_private:
         return Mu(math.inf, "no DP")
@@ -121,31 +132,29 @@ def gaussian_mu(guarantee: Guarantee) -> Mu | None:
     )
     if sigma <= 0:
         return Mu(math.inf, "no noise")
-    if rate == 1.0:
-        return Mu(math.sqrt(steps) / sigma, "exact")
-    from opacus.accountants.analysis.gdp import compute_mu_poisson
-
-    return Mu(
-        float(compute_mu_poisson(steps=steps, noise_multiplier=sigma, sample_rate=rate)), "CLT approximation"
-    )
+    if rate != 1.0:
+        return Mu(None, SUBSAMPLED)
+    return Mu(math.sqrt(steps) / sigma, "exact")
 
 
 def per_query_mu(guarantee: Guarantee, mu: Mu | None) -> Mu | None:
     """μ of a user-level release for one query: √2·μ for the Gaussian-substitution rule (exact),
     2μ for group privacy of 2 (μ-GDP is kμ-GDP for groups of k; Dong, Roth & Su 2022)."""
-    if mu is None or guarantee.unit != "user" or not math.isfinite(mu.value):
+    if mu is None or not mu.stated or guarantee.unit != "user" or not math.isfinite(mu.value):
         return mu
     rule = ((guarantee.details or {}).get("per_query") or {}).get("rule")
     if rule == "gaussian-substitution":
         return Mu(math.sqrt(2.0) * mu.value, mu.method)
     if rule == "group-of-2":
         return Mu(2 * mu.value, mu.method)
-    return None
+    return Mu(None, NO_PER_QUERY)
 
 
 def composed_mu(releases: list[dict], groups: list[list[str]]) -> Mu | None:
     """μ composed per unit like ε: ``√(Σ μ²)`` over each sharing group, the worst group's; a
-    user-level release at a weaker unit counts at its per-query μ; ``None`` when a release has no μ."""
+    user-level release at a weaker unit counts at its per-query μ. Composed only when every
+    release has an exact μ (or ∞); otherwise a :class:`Mu` saying why none is stated; ``None``
+    without releases."""
     parts = {r["id"]: release_guarantee(r) for r in releases}
     if not parts:
         return None
@@ -155,14 +164,11 @@ def composed_mu(releases: list[dict], groups: list[list[str]]) -> Mu | None:
         mu = gaussian_mu(guarantee)
         mus[key] = per_query_mu(guarantee, mu) if unit != "user" else mu
         if mus[key] is None:
-            return None
+            return Mu(None, NOT_GAUSSIAN)
+        if not mus[key].stated:
+            return mus[key]
     worst = max(math.sqrt(sum(mus[key].value ** 2 for key in group)) for group in groups)
-    method = (
-        "exact"
-        if all(m.method == "exact" for m in mus.values() if math.isfinite(m.value))
-        else "CLT approximation"
-    )
-    return Mu(worst, method)
+    return Mu(worst, "exact")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,5 +235,3 @@ def dataset_statement(cost: DatasetCost, first_label: int = 1) -> DatasetStateme
         mu=composed_mu(cost.releases, groups),
         units=counts,
     )
-
-

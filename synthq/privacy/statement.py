@@ -9,47 +9,56 @@ config. Per private dataset it states:
 * the data (name, keyed identity as the ledger prints it) and the privacy unit; at the user unit,
   the bound K and what one query gets (:func:`synthq.privacy.accounting.per_query`, derived again);
 * the adjacency the accountants assume (add/remove one unit; a replacement is two steps);
-* each release's sampling, q, steps, σ, clip norm and n *as its record stores them* ("not
-  recorded" where it stores nothing: the sampler is not recorded, the subsampled-Gaussian
-  accountant's model — Poisson — is what is stated);
+* each release's sampling, q, steps, σ, clip norm, sensitivity (noise std) and n *as its record
+  stores them* ("not recorded" where it stores nothing: the sampler is not recorded, the
+  subsampled-Gaussian accountant's model — Poisson — is what is stated; "—" where the mechanism
+  has no such parameter); the tables are :mod:`synthq.privacy.statement_tables`;
 * ε at the run's δ, composed exactly as the ledger composes (:func:`compose_releases` over
   :func:`~synthq.privacy.units.sharing_groups`), and the same composition with every release's ε
   recomputed by its own accountant (:func:`~synthq.privacy.accounting.epsilon_for`) at δ = 1e-6 and
   at δ = 1/n² (n: the unit count the release's accountant assumed, ``details.num_units``; skipped
-  when a δ-dependent release records none);
-* the Gaussian-DP μ: exact ``√T/σ`` for the Gaussian without subsampling (Private Evolution's votes,
-  q = 1), Opacus' CLT approximation ``q·√(T·(e^{1/σ²} − 1))`` for Poisson subsampling
-  (:func:`opacus.accountants.analysis.gdp.compute_mu_poisson`), composed as ``√(Σ μ²)`` per unit;
-* every assumption, once; a canary audit's empirical lower bounds when a ``canary-audit``
-  artifact is given (evidence about the recipe, not a release: its own read without noise is
-  listed as not released and is not composed); what was *not* released (reads without DP, every
-  private ``diagnostics/`` file); what changed since; and a blank signature block.
+  when a δ-dependent release records none); a composed δ at or above 1/n, or above 0.1, is
+  flagged as no meaningful guarantee (:func:`~synthq.privacy.ledger.delta_warning`);
+* the Gaussian-DP μ, only where it is exact: ``√T/σ`` for the Gaussian without subsampling
+  (Private Evolution's votes, q = 1), composed as ``√(Σ μ²)`` per unit when every release has one;
+  for a subsampled release "not stated" (the CLT approximation is no guarantee).
+
+Across datasets: the total at the run's δ, 1e-6 and 1/n², and a warning when two datasets share a
+name under different keyed ids. Then every assumption, once; a canary audit's empirical lower
+bounds when a ``canary-audit`` artifact is given (evidence about the recipe, not a release: its
+own read without noise is listed as not released and is not composed; those numbers are computed
+from the private data without noise, so a statement that shows them is ε = ∞ itself, and says so
+at the top); what was *not* released (reads without DP, every private ``diagnostics/`` file, each
+once); what changed since; and a blank signature block.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 from pathlib import Path
 
 from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact
-from synthq.privacy.accounting import ACCOUNTANTS
-from synthq.privacy.guarantee import (
-    UNIT_NOTES,
-    Guarantee,
-    release_guarantee,
-)
-from synthq.privacy.ledger import Ledger, ledger
+from synthq.privacy.guarantee import UNIT_NOTES, Guarantee, release_guarantee
+from synthq.privacy.ledger import Ledger, delta_warning, ledger, recorded_units
 from synthq.privacy.reaccounting import (
-    GAUSSIAN,
     NOT_RECORDED,
     REFERENCE_DELTA,
     DatasetStatement,
     ReleaseRow,
-    cached_epsilon_for,
+    composed_at,
     dataset_statement,
+    unit_count,
 )
+from synthq.privacy.statement_tables import (
+    audit_lines,
+    claim,
+    eps,
+    prv_comparisons,
+    recomputed_table,
+    release_table,
+)
+from synthq.privacy.units import sharing_groups
 from synthq.runtime.errors import ArtifactError
 
 AUDIT_STAGE = "canary-audit"
@@ -57,45 +66,6 @@ AUDIT_STAGE = "canary-audit"
 
 # ---------------------------------------------------------------------------------------------
 # Rendering
-
-
-def _eps(value: float) -> str:
-    return "∞" if math.isinf(value) else f"{value:.3f}" if value < 1000 else f"{value:.0f}"
-
-
-def _claim(guarantee: Guarantee | None) -> str:
-    """``ε = 8.003 at δ = 1.00e-05`` (``ε = ∞``)."""
-    if guarantee is None:
-        return "not available"
-    if not guarantee.is_private:
-        return "ε = ∞"
-    return f"ε = {_eps(guarantee.epsilon)} at δ = {guarantee.delta:.2e}"
-
-
-def _short(value) -> str:
-    return f"{float(value):.4g}"
-
-
-def _value(details: dict, key: str, shown=None) -> str:
-    value = details.get(key)
-    if value is None:
-        return NOT_RECORDED
-    return shown(value) if shown else str(value)
-
-
-def _sampling(guarantee: Guarantee) -> str:
-    details = guarantee.details or {}
-    if not guarantee.is_private:
-        return "none (read without DP)"
-    if guarantee.mechanism == "report-noisy-max":
-        return f"none: report-noisy-max, {_value(details, 'selections')} selection(s)"
-    if "sample_rate" not in details:
-        return NOT_RECORDED
-    if float(details["sample_rate"]) == 1.0:
-        return "none: every unit in every step (q = 1)"
-    cap = details.get("max_batch_size")
-    capped = f"; batch cap {cap} (an over-full batch becomes empty)" if cap else ""
-    return f"Poisson (the accountant's model; the sampler is not recorded){capped}"
 
 
 def _unit_lines(statement: DatasetStatement) -> list[str]:
@@ -117,11 +87,11 @@ def _unit_lines(statement: DatasetStatement) -> list[str]:
         else:
             derived = row.per_query
             single = (
-                f"for a single query ε = {_eps(derived['epsilon'])} at δ = {derived['delta']:.2e} "
+                f"for a single query ε = {eps(derived['epsilon'])} at δ = {derived['delta']:.2e} "
                 f"(rule `{derived['rule']}`: {derived['note']})"
             )
         lines.append(
-            f"  - {row.label}: user level, {cap}; {_claim(row.guarantee)} per user; {single}. Removing one "
+            f"  - {row.label}: user level, {cap}; {claim(row.guarantee)} per user; {single}. Removing one "
             "query of a user is a replacement of the user's contribution, not the removal of a unit."
         )
     if len(kinds) > 1:
@@ -159,69 +129,6 @@ def _adjacency(statement: DatasetStatement) -> str:
     return " ".join(parts)
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _release_table(statement: DatasetStatement) -> list[str]:
-    lines = [
-        "| # | stage | artifact | mechanism | accountant | sampling | q | steps | σ | clip norm "
-        "| ε at its δ |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in statement.rows:
-        g, details = row.guarantee, row.guarantee.details or {}
-        kind = "" if g.is_private else " — read WITHOUT DP"
-        if not g.is_private:
-            claim = "ε = ∞"
-        elif row.recomputed:
-            claim = f"ε = {_eps(row.epsilon)} at δ = {g.delta:.2e}"
-        else:
-            claim = f"{_claim(g)} (recorded; no parameters to recompute it from)"
-        cells = [
-            row.label, row.release["stage"], f"`{row.release['path']}`", g.mechanism + kind,
-            g.accountant or "—", _sampling(g), _value(details, "sample_rate", _short),
-            _value(details, "steps"), _value(details, "noise_multiplier", _short),
-            _value(details, "clip_norm"), claim,
-        ]  # fmt: skip
-        if not g.is_private:
-            cells[6:10] = ["—"] * 4
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    return lines
-
-
-def _recomputed_table(statement: DatasetStatement) -> list[str]:
-    lines = [
-        f"| # | ε at δ = {REFERENCE_DELTA:g} | n (units the accountant assumed) | ε at δ = 1/n² "
-        "| Gaussian-DP μ |",
-        "|---|---|---|---|---|",
-    ]
-    for row in statement.rows:
-        needs_n = row.guarantee.is_private and row.guarantee.accountant in ACCOUNTANTS
-        n = str(row.n) if row.n else (NOT_RECORDED if needs_n else "—")
-        at_n = _claim(row.at_n_squared) if (row.n or not needs_n) else f"skipped (n {NOT_RECORDED})"
-        mu = str(row.mu) if row.mu is not None else "not available (not a Gaussian mechanism)"
-        lines.append(f"| {row.label} | {_claim(row.at_reference)} | {n} | {at_n} | {mu} |")
-    return lines
-
-
-def _prv_comparisons(statement: DatasetStatement) -> list[str]:
-    lines = []
-    for row in statement.rows:
-        g, details = row.guarantee, row.guarantee.details or {}
-        if g.accountant == "prv" and g.is_private and all(key in details for key in GAUSSIAN):
-            delta = float(details.get("accountant_delta", g.delta))
-            rdp = cached_epsilon_for(
-                float(details["noise_multiplier"]),
-                delta,
-                float(details["sample_rate"]),
-                int(details["steps"]),
-                "rdp",
-            ).epsilon
-            lines.append(f"- {row.label} (PRV): RDP gives ε = {_eps(rdp)} at the same δ = {delta:.2e}.")
-    return lines
-
-
 def _dataset_section(statement: DatasetStatement) -> list[str]:
     cost = statement.cost
     keyed = cost.sha256.removeprefix("hmac:")[:12]
@@ -234,9 +141,9 @@ def _dataset_section(statement: DatasetStatement) -> list[str]:
     else:
         lines.append(f"- **n** (units the accountants assumed): {NOT_RECORDED} by any release.")
     lines += ["", "Releases (as recorded; composed per unit exactly as `synthq ledger` composes them):", ""]
-    lines += _release_table(statement)
-    lines += [""] + _recomputed_table(statement)
-    prv = _prv_comparisons(statement)
+    lines += release_table(statement)
+    lines += [""] + recomputed_table(statement)
+    prv = prv_comparisons(statement)
     lines += ["", *prv] if prv else []
     total = statement.total
     lines += [
@@ -244,77 +151,59 @@ def _dataset_section(statement: DatasetStatement) -> list[str]:
         f"**Composed total** ({len(statement.rows)} release(s), per {total.unit}, basic composition "
         "per unit):",
         "",
-        f"- at the run's δ: {_claim(total)}",
-        f"- every release at δ = {REFERENCE_DELTA:g}: {_claim(statement.at_reference)}",
     ]
-    if statement.at_n_squared is not None:
-        lines.append(f"- every release at δ = 1/n² (its own n): {_claim(statement.at_n_squared)}")
-    else:
-        lines.append(f"- at δ = 1/n²: skipped (n {NOT_RECORDED} for a release whose ε depends on δ)")
+    lines += _total_lines(total, statement.at_reference, statement.at_n_squared, statement.units)
     lines.append(f"- Gaussian-DP μ (√(Σ μ²) per unit): {statement.mu if statement.mu else 'not available'}")
     if not total.is_private and total.note:
         lines.append(f"- why ∞: {total.note}")
     return lines + [""]
 
 
-def _audit_lines(audits: list[Artifact]) -> list[str]:
-    if not audits:
-        return []
+def _flagged(guarantee: Guarantee | None, units: list[int]) -> str:
+    """The guarantee as stated, with the warning when its δ makes it meaningless."""
+    warning = delta_warning(guarantee, units) if guarantee is not None else None
+    return claim(guarantee) + (f" — **{warning}**" if warning else "")
+
+
+def _total_lines(
+    total: Guarantee, at_reference: Guarantee | None, at_n_squared: Guarantee | None, units: list[int]
+) -> list[str]:
+    """A composed total at the run's δ, at 1e-6 and at 1/n² (each flagged when meaningless)."""
     lines = [
-        "## Empirical audit (lower bounds)",
-        "",
-        "A canary audit of the **same recipe** (generators fine-tuned by the real `finetune-lm` at each "
-        "audited ε), **not of this very generator**: an empirical lower bound below the proven ε is "
-        "consistent with the guarantee; it does not prove it.",
-        "",
+        f"- at the run's δ: {_flagged(total, units)}",
+        f"- every release at δ = {REFERENCE_DELTA:g}: {_flagged(at_reference, units)}",
     ]
-    for audit in audits:
-        config = audit.config
-        delta = NOT_RECORDED
-        report = audit.path / "audit.json"
-        if report.is_file() and "audit.json" in audit.manifest.get("files", {}):
-            delta = f"{float(json.loads(report.read_text(encoding='utf-8'))['delta']):.2e}"
-        lines.append(
-            f"`{audit.path}`: data {config.get('data')}, model {config.get('model')}, unit "
-            f"{config.get('privacy_unit', 'query')}, method {config.get('method')}, confidence "
-            f"{config.get('confidence')}, δ = {delta}."
-        )
-        lines += [
-            "",
-            "| audited | proven ε | empirical ε lower bound | GDP ε lower bound | AUROC |",
-            "|---|---|---|---|---|",
-        ]
-        for key, values in audit.metrics.items():
-            if not key.startswith(("one-run/", "exposure/")) or not isinstance(values, dict):
-                continue
-            what, proven = key.rsplit("/eps=", 1) if "/eps=" in key else (key, "?")
-            if key.startswith("exposure/"):
-                what, proven = (
-                    "exposure " + key.split("/rep=")[-1] + " repetitions",
-                    key.split("eps=")[1].split("/")[0],
-                )
-            bound = values.get("epsilon_lower_bound", values.get("pair_epsilon_lower_bound"))
-            flag = ""
-            try:
-                proven_value = math.inf if proven in ("∞", "inf") else float(proven)
-                if bound is not None and float(bound) > proven_value:
-                    flag = " **exceeds the proven ε: do not sign**"
-            except ValueError:
-                pass
-            shown = [
-                what.removeprefix("one-run/"), proven, _num(bound) + flag,
-                _num(values.get("gdp_epsilon_lower_bound")), _num(values.get("auroc")),
-            ]  # fmt: skip
-            lines.append("| " + " | ".join(_cell(c) for c in shown) + " |")
-        lines.append("")
+    if at_n_squared is not None:
+        lines.append(f"- every release at δ = 1/n² (its own n): {_flagged(at_n_squared, units)}")
+    else:
+        lines.append(f"- at δ = 1/n²: skipped (n {NOT_RECORDED} for a release whose ε depends on δ)")
     return lines
 
 
-def _num(value) -> str:
-    if value is None:
-        return "—"
-    value = float(value)
-    return "∞" if math.isinf(value) else f"{value:.3f}"
+def _across_datasets(book: Ledger) -> list[str]:
+    """Every dataset together, per unit, at the run's δ, 1e-6 and 1/n²; and the datasets that
+    share a name under different keyed ids."""
+    if len(book.datasets) < 2:
+        return []
+    groups = sharing_groups(book.releases)
+    at_reference = composed_at(book.releases, groups, lambda g: REFERENCE_DELTA)
+    at_n = composed_at(book.releases, groups, lambda g: 1 / unit_count(g) ** 2 if unit_count(g) else None)
+    lines = ["**All datasets together, per unit:**", ""]
+    lines += _total_lines(book.total, at_reference, at_n, recorded_units(book.releases))
+    return lines + [""] + _same_name_lines(book)
+
+
+def _same_name_lines(book: Ledger) -> list[str]:
+    keyed: dict[str, list[str]] = {}
+    for cost in book.datasets.values():
+        keyed.setdefault(cost.name, []).append(cost.sha256.removeprefix("hmac:")[:12])
+    lines = [
+        f"**Same name, different keyed ids**: {name} ({', '.join(ids)}) may be the same data read under "
+        "another key: then their releases compose."
+        for name, ids in keyed.items()
+        if len(ids) > 1
+    ]
+    return [*lines, ""] if lines else []
 
 
 def _private_files(path: Path) -> list[str]:
@@ -323,6 +212,13 @@ def _private_files(path: Path) -> list[str]:
     except (OSError, ValueError):
         return []
     return sorted(manifest.get("private_files") or {})
+
+
+def _places(book: Ledger, audits: list[Artifact]) -> list[Path]:
+    """Every artifact directory given or recorded, each once (resolved: a relative and an absolute
+    path to one directory are one place)."""
+    paths = [*(a.path for a in [*book.artifacts, *audits]), *(r["path"] for r in book.releases)]
+    return list(dict.fromkeys(Path(path).resolve() for path in paths))
 
 
 def _not_released(book: Ledger, audits: list[Artifact], rows: list[ReleaseRow]) -> list[str]:
@@ -339,14 +235,9 @@ def _not_released(book: Ledger, audits: list[Artifact], rows: list[ReleaseRow]) 
             f"- canary-audit `{audit.path}`: reads the private data and the canary coins without noise "
             "(ε = ∞): evidence for this review, not composed above; not released; do not share."
         )
-    places = list(
-        dict.fromkeys(
-            [*(str(a.path) for a in [*book.artifacts, *audits]), *(r["path"] for r in book.releases)]
-        )
-    )
-    for place in places:
-        for name in _private_files(Path(place)):
-            lines.append(f"- `{Path(place) / name}`: private diagnostic (ε = ∞): not released; do not share.")
+    for place in _places(book, audits):
+        for name in _private_files(place):
+            lines.append(f"- `{place / name}`: private diagnostic (ε = ∞): not released; do not share.")
     if len(lines) == 2:
         lines.append("- nothing: every release above is DP and no artifact keeps private diagnostics.")
     return lines + [""]
@@ -382,6 +273,30 @@ SIGNATURE = [
 ]
 
 
+def _audit_warning(audits: list[Artifact]) -> list[str]:
+    if not audits:
+        return []
+    return [
+        "**This statement contains canary-audit results computed from the private data without noise "
+        "(ε = ∞): keep it within the review; generate it without the audit artifact for anything "
+        "shared.**",
+        "",
+    ]
+
+
+def _nothing_private(book: Ledger, audits: list[Artifact]) -> list[str]:
+    """What to say when no release read private data (a canary audit still may have)."""
+    if book.datasets:
+        return []
+    if audits:
+        return [
+            "No release here read private data; the canary audit did: it read the private data "
+            "without noise (ε = ∞) and is not a release (evidence for this review only).",
+            "",
+        ]
+    return ["No artifact here read private data (public data, or post-processing of nothing private).", ""]
+
+
 def render_statement(book: Ledger, audits: list[Artifact] = ()) -> str:
     """The statement (Markdown) for a ledger and the canary-audit artifacts given beside it."""
     from synthq import __version__
@@ -391,6 +306,7 @@ def render_statement(book: Ledger, audits: list[Artifact] = ()) -> str:
     lines = [
         "# Privacy statement",
         "",
+        *_audit_warning(audits),
         f"Written by synthq {__version__} on {today} from the sealed release records of: "
         + (", ".join(f"`{a.path}` ({a.stage})" for a in book.artifacts) or "no release artifact")
         + (f"; canary-audit evidence: {', '.join(f'`{a.path}`' for a in audits)}" if audits else "")
@@ -401,21 +317,16 @@ def render_statement(book: Ledger, audits: list[Artifact] = ()) -> str:
     for artifact in [*book.artifacts, *audits]:
         if not artifact.verified:
             lines += [f"**Seal not verifiable**: {artifact.unverified_reason} ({artifact.path}).", ""]
-    if not book.datasets:
-        lines += [
-            "No artifact here read private data (public data, or post-processing of nothing private).",
-            "",
-        ]
+    lines += _nothing_private(book, audits)
     statements, start = [], 1
     for cost in book.datasets.values():
         statements.append(dataset_statement(cost, start))
         start += len(cost.releases)
     for statement in statements:
         lines += _dataset_section(statement)
-    if len(book.datasets) > 1:
-        lines += [f"**All datasets together, per unit**: {_claim(book.total)}.", ""]
+    lines += _across_datasets(book)
     lines += _assumption_lines(book, audits)
-    lines += _audit_lines(audits)
+    lines += audit_lines(audits)
     lines += _not_released(book, audits, [row for s in statements for row in s.rows])
     if book.changed:
         lines += ["## Changed since (the recorded releases still count)", ""]

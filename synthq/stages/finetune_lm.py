@@ -42,9 +42,10 @@ from synthq.artifacts.on_main import artifact_on_main
 from synthq.config.fields import DEFAULT_TOP_P
 from synthq.config.generator import FinetuneConfig
 from synthq.data.pairs import training_pairs
-from synthq.data.sources import load_source
+from synthq.data.sources import load_source, qrels_splits
 from synthq.dp.engine import PrivacyPlan, planned_steps
 from synthq.dp.generator_training import GeneratorTraining
+from synthq.dp.learning_check import HELD_OUT_PAIRS, HeldOut, LearningCheck
 from synthq.dp.lm import PerQueryClipping
 from synthq.dp.noise import SecretRandomness
 from synthq.dp.units import (
@@ -58,6 +59,7 @@ from synthq.models.defaults import Chosen, finetune_defaults, why_corpus_is_publ
 from synthq.models.generator import QueryGenerator, apply_lora
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import data_input, model_input
+from synthq.privacy.splits import split_is_private
 from synthq.privacy.units import training_units
 from synthq.runtime import distributed
 from synthq.runtime.console import StepFraction, info, progress, warn
@@ -155,6 +157,21 @@ def choose_defaults(config: FinetuneConfig, corpus, data, model_path: Path) -> t
     return config.model_copy(update=chosen.values), chosen
 
 
+def _public_held_out(config: FinetuneConfig, data) -> HeldOut | None:
+    """A few pairs of the first split (in name order) other than the training split that the
+    dataset declares public (:func:`~synthq.privacy.splits.split_is_private`, fail closed), for
+    the learning check's held-out loss; None for a synthetic set or when no split is public."""
+    if data.artifact is not None:
+        return None
+    for split in sorted(qrels_splits(data.root) - {config.split}):
+        if split_is_private(config.data, data.root, split):
+            continue
+        pairs = training_pairs(load_source(str(data.root), splits=[split]), split)[:HELD_OUT_PAIRS]
+        if len(pairs):
+            return HeldOut(split, [p.document for p in pairs], [p.query for p in pairs])
+    return None
+
+
 def _own_guarantee(config, plan, training: GeneratorTraining, units: PrivacyUnits) -> Guarantee:
     """What this run itself releases about the private pairs."""
     if plan is None:
@@ -203,6 +220,7 @@ def run(config: FinetuneConfig) -> Artifact:
     generator = _load_generator(settings, start.path, place.rank)
     randomness.seed_torch(place.rank)  # dropout from the run's randomness, not torch's default seed
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
+    learning = LearningCheck(generator, trainable, _public_held_out(config, data), settings.max_target_length)
 
     def make_batch(rows: list[int]) -> dict[str, torch.Tensor]:
         chosen = [pairs[i] for i in rows]
@@ -261,6 +279,7 @@ def run(config: FinetuneConfig) -> Artifact:
                     save_checkpoint(checkpoint, training, config, inputs, log)
         elapsed = time.perf_counter() - started
         training.close()  # the saved model carries no clipping hooks
+        writer.metrics.update(learning.finish(steps, "LoRA adapters" if config.lora_rank else "all weights"))
         generator.model.eval()
         if writer.primary:
             generator.save(writer.dir, generation_defaults={"do_sample": True, "top_p": DEFAULT_TOP_P})

@@ -15,7 +15,7 @@ from synthq.artifacts.create import create_artifact
 from synthq.artifacts.records import data_input_record
 from synthq.privacy.accounting import epsilon_for, per_query
 from synthq.privacy.guarantee import Guarantee
-from synthq.privacy.ledger import ledger
+from synthq.privacy.ledger import ledger, ledger_lines
 from synthq.privacy.reaccounting import dataset_statement
 from synthq.privacy.statement import statement_for
 from synthq.reporting.eval_files import PER_QUERY_FILE, SELECTION_FILE
@@ -24,6 +24,7 @@ from tests import helpers
 from tests.helpers import one_line, retriever_config, run_main
 
 DELTA = 1e-5
+NOT_STATED = "not stated: the CLT approximation for the subsampled Gaussian is not a guarantee"
 N = 300  # the units the accountant assumed (recorded as details.num_units, as PrivacyPlan does)
 
 
@@ -83,17 +84,15 @@ def test_every_epsilon_and_mu_is_recomputed_from_the_records(tmp_path, private_d
     assert facts.at_reference.epsilon == pytest.approx(sum(at_reference), rel=1e-6)
     assert facts.at_reference.delta == pytest.approx(2e-6)
     assert facts.at_n_squared.epsilon == pytest.approx(sum(at_n), rel=1e-6)
-    # μ: the CLT closed form for Poisson subsampling, composed as √(Σ μ²)
-    mus = [q * math.sqrt(t * (math.exp(1 / s**2) - 1)) for s, q, t in ((1.1, 0.02, 60), (0.9, 0.05, 20))]
-    assert [row.mu.value for row in facts.rows] == pytest.approx(mus, rel=1e-12)
-    assert facts.mu.value == pytest.approx(math.hypot(*mus), rel=1e-12)
-    assert facts.mu.method == "CLT approximation"
+    # μ: no μ for a subsampled release (the CLT approximation is not a bound), nor composed
+    assert all(row.mu.value is None for row in facts.rows) and facts.mu.value is None
 
     text = statement_for([first, second])
     assert f"- at the run's δ: ε = {shown(book.total.epsilon)} at δ = {2 * DELTA:.2e}" in text
     assert f"- every release at δ = 1e-06: ε = {shown(sum(at_reference))} at δ = 2.00e-06" in text
     assert f"- every release at δ = 1/n² (its own n): ε = {shown(sum(at_n))}" in text
-    assert f"Gaussian-DP μ (√(Σ μ²) per unit): {math.hypot(*mus):.4f} (CLT approximation)" in text
+    assert f"Gaussian-DP μ (√(Σ μ²) per unit): {NOT_STATED}" in text and "(CLT approximation)" not in text
+    assert f"| 300 | ε = {shown(at_n[0])} at δ = {1 / N**2:.2e} | {NOT_STATED} |" in text
     assert f"| R1 | ε = {shown(at_reference[0])} at δ = 1.00e-06 | {N} |" in text
     assert "| dp-adam | prv | Poisson" in text and "(PRV): RDP gives ε = " in text  # PRV: one ordering only
     assert "add/remove one unit" in text and "(2ε, (1 + e^ε)·δ)" in text
@@ -157,10 +156,12 @@ def test_private_evolution_gets_an_exact_mu_and_a_user_level_release_its_per_que
     assert row.mu.value == pytest.approx(math.sqrt(4) / 2.0) and row.mu.method == "exact"
     assert row.per_query["epsilon"] == pytest.approx(independent(2.0 / math.sqrt(2), 1.0, 4, DELTA))
     assert row.n is None and facts.at_n_squared is None
+    assert facts.mu.value == pytest.approx(1.0) and facts.mu.method == "exact"  # q = 1: exact
     text = statement_for([path])
     assert "K = 8 queries per user" in text and "gaussian-substitution" in text
     assert f"for a single query ε = {shown(derived['epsilon'])} at δ = {DELTA:.2e}" in text
-    assert "| none: every unit in every step (q = 1) | 1 | 4 | 2 | not recorded |" in text  # no clip norm
+    # no clip norm (each vote has L2 norm 1): not applicable; no sensitivity recorded here
+    assert "| none: every unit in every step (q = 1) | 1 | 4 | 2 | — | not recorded |" in text
     assert "| not recorded | skipped (n not recorded) | 1.0000 (exact) |" in text
     assert "- at δ = 1/n²: skipped (n not recorded for a release whose ε depends on δ)" in text
 
@@ -187,6 +188,146 @@ def test_a_canary_audit_is_evidence_with_its_lower_bounds_not_a_release(tmp_path
     assert "| generator | 8.00 | 0.420 | 0.500 | 0.600 |" in audit
     assert "| generator | 1.00 | 1.700 **exceeds the proven ε: do not sign** |" in audit
     assert f"- canary-audit `{tmp_path / 'audit'}`: reads the private data" in text
+
+
+def pe_votes(sigma: float = 2.0, steps: int = 4) -> Guarantee:
+    """Private Evolution's votes at the user unit (q = 1), with their per-query guarantee."""
+    votes = Guarantee(
+        epsilon=epsilon_for(sigma, DELTA, 1.0, steps).epsilon, delta=DELTA, unit="user",
+        mechanism="private-evolution", accountant="rdp",
+        details={"noise_multiplier": sigma, "sample_rate": 1.0, "steps": steps, "accountant_delta": DELTA,
+                 "max_queries_per_user": 8, "num_units": N, "sensitivity": 1.0, "noise_std": sigma},
+    )  # fmt: skip
+    derived = per_query(votes, "gaussian-substitution")
+    return votes.model_copy(update={"details": {**votes.details, "per_query": derived}})
+
+
+def test_mu_is_stated_only_where_exact_and_composed_only_when_every_release_has_one(tmp_path, private_data):
+    _, data = private_data
+    pe = release(tmp_path / "pe", data, pe_votes(), ["u1"], stage="evolve", unit_kind="user")
+    dp = release(tmp_path / "dp", data, gaussian(1.1, 0.02, 60), ["q1"])
+    (alone,) = ledger([pe]).datasets.values()
+    assert dataset_statement(alone).mu.value == pytest.approx(2 / 2.0)  # √T/σ, exact
+    (mixed,) = ledger([pe, dp]).datasets.values()
+    facts = dataset_statement(mixed)
+    assert [row.mu.value for row in facts.rows] == [pytest.approx(1.0), None]
+    assert facts.mu.value is None and str(facts.mu) == NOT_STATED
+    text = statement_for([pe, dp])
+    assert f"Gaussian-DP μ (√(Σ μ²) per unit): {NOT_STATED}" in text and "(CLT approximation)" not in text
+
+
+def test_not_applicable_cells_and_the_recorded_sensitivity_and_noise_std(tmp_path, private_data):
+    _, data = private_data
+    pe = release(tmp_path / "pe", data, pe_votes(), ["u1"], stage="evolve", unit_kind="user")
+    batch = gaussian(1.1, 0.02, 60, sensitivity=2.0, noise_std=2.2, clip_norm=1.0)
+    dp = release(tmp_path / "dp", data, batch, ["q1"])
+    selection = Guarantee(
+        epsilon=1.0, delta=0.0, unit="query", mechanism="report-noisy-max", accountant="pure-composition",
+        details={"epsilon_per_selection": 1.0, "selections": 1, "sensitivity": 1.0},
+    )  # fmt: skip
+    ev = release(tmp_path / "ev", data, selection, ["q2"], stage="eval")
+    text = statement_for([pe, dp, ev])
+    assert "| clip norm | sensitivity (noise std) | ε at its δ |" in text
+    assert "(q = 1) | 1 | 4 | 2 | — | 1 (2) | ε = " in text  # PE: votes of L2 norm 1, no clip norm
+    assert "| 0.02 | 60 | 1.1 | 1.0 | 2 (2.2) | ε = " in text  # batch clipping: noise std 2σC
+    assert "| none: report-noisy-max, 1 selection(s) | — | — | — | — | 1 | ε = 1.000" in text
+    assert "| not recorded |" not in text.split("Releases (as recorded")[1].split("| # | ε at")[0]
+
+
+def at_delta(delta: float, n: int | None) -> Guarantee:
+    """A DP-SGD release at a large δ, over ``n`` units (``None``: n not recorded)."""
+    details = {"noise_multiplier": 1.0, "sample_rate": 0.1, "steps": 10, "accountant_delta": delta}
+    return Guarantee(
+        epsilon=epsilon_for(1.0, delta, 0.1, 10).epsilon, delta=delta, unit="query", mechanism="dp-adam",
+        accountant="rdp", details={**details, **({"num_units": n} if n else {})},
+    )  # fmt: skip
+
+
+def test_a_composed_delta_at_or_above_one_over_n_is_flagged_in_the_statement_and_the_ledger(
+    tmp_path, private_data
+):
+    _, data = private_data
+    wide = [
+        release(tmp_path / f"r{i}", data, at_delta(0.02, 30), ["q1"]) for i in range(2)
+    ]  # each δ = 0.02 < 1/30; together 0.04 ≥ 1/30
+    warning = "not a meaningful guarantee (δ ≥ 1/n = 1/30: one unit's data could be published outright)"
+    text = statement_for(wide)
+    at_run = next(line for line in text.splitlines() if line.startswith("- at the run's δ:"))
+    assert warning in at_run and "do not sign; the total at δ = 1e-6 is the one to read" in at_run
+    assert warning not in next(
+        line for line in text.splitlines() if line.startswith("- every release at δ = 1e-06")
+    )
+    lines = ledger_lines(wide)
+    assert lines[1].startswith("  WARNING: " + warning)
+    unknown = [
+        release(tmp_path / f"u{i}", data, at_delta(0.06, None), ["q1"]) for i in range(2)
+    ]  # no n recorded: only the 0.1 rule
+    assert "not a meaningful guarantee (δ > 0.1: " in statement_for(unknown)
+    assert "not a meaningful guarantee" not in statement_for([unknown[0]])
+    assert not any("WARNING" in line for line in ledger_lines([unknown[0]]))
+
+
+def test_all_datasets_at_every_delta_and_a_shared_name_under_another_key(tmp_path, private_data):
+    _, data = private_data
+    other = {**data, "identity": "hmac:" + "f" * 64}  # the same name, another keyed id
+    first = release(tmp_path / "a", data, gaussian(1.1, 0.02, 60), ["q1"])
+    second = release(tmp_path / "b", other, gaussian(0.9, 0.05, 20), ["q1"])
+    book = ledger([first, second])
+    assert len(book.datasets) == 2
+    text = statement_for([first, second])
+    together = text.split("**All datasets together, per unit:**")[1].split("## Assumptions")[0]
+    at_reference = independent(1.1, 0.02, 60, 1e-6) + independent(0.9, 0.05, 20, 1e-6)
+    at_n = independent(1.1, 0.02, 60, 1 / N**2) + independent(0.9, 0.05, 20, 1 / N**2)
+    assert f"- at the run's δ: ε = {shown(book.total.epsilon)}" in together
+    assert f"- every release at δ = 1e-06: ε = {shown(at_reference)} at δ = 2.00e-06" in together
+    assert f"- every release at δ = 1/n² (its own n): ε = {shown(at_n)}" in together
+    assert "**Same name, different keyed ids**: tiny (" in together and "ffffffffffff" in together
+    assert "may be the same data read under another key: then their releases compose" in together
+
+
+def test_diagnostics_given_by_relative_and_absolute_paths_are_listed_once(
+    tmp_path, private_data, monkeypatch
+):
+    _, data = private_data
+    release(tmp_path / "a", data, gaussian(1.1, 0.02, 60), ["q1"])
+    monkeypatch.chdir(tmp_path)
+    text = statement_for(["a"])
+    assert text.count("diagnostics/units.bin`: private diagnostic") == 1
+    assert f"`{(tmp_path / 'a' / 'diagnostics' / 'units.bin').resolve()}`" in text
+
+
+def audit_artifact(out, data) -> object:
+    with create_artifact(out, "canary-audit", {"model": "tiny-t5"}, inputs=[data]) as writer:
+        (writer.dir / "audit.json").write_text(json.dumps({"delta": 0.0125, "one_run": []}))
+        writer.release(
+            Guarantee.non_private("the audit reads the coins", unit="query"), data, unit_ids=["q1"]
+        )
+        writer.metrics["one-run/generator/eps=8.00"] = {"epsilon_lower_bound": 0.42, "auroc": 0.6}
+    return out
+
+
+AUDIT_WARNING = (
+    "**This statement contains canary-audit results computed from the private data without noise "
+    "(ε = ∞): keep it within the review; generate it without the audit artifact for anything shared.**"
+)
+
+
+def test_an_audit_given_puts_its_infinite_epsilon_at_the_top_and_alone_is_not_called_no_private_read(
+    tmp_path, private_data
+):
+    _, data = private_data
+    audit = audit_artifact(tmp_path / "audit", data)
+    dp = release(tmp_path / "gen", data, gaussian(1.1, 0.02, 60), ["q1"])
+    text = statement_for([dp, audit])
+    assert text.startswith("# Privacy statement\n\n" + AUDIT_WARNING + "\n")
+    assert "## Empirical audit (lower bounds)" in text
+    assert AUDIT_WARNING not in statement_for([dp])
+    alone = statement_for([audit])
+    assert alone.startswith("# Privacy statement\n\n" + AUDIT_WARNING)
+    assert "No artifact here read private data" not in alone
+    assert (
+        "the canary audit did: it read the private data without noise (ε = ∞) and is not a release" in alone
+    )
 
 
 def test_the_cli_writes_the_statement_of_a_real_dp_run_and_refuses_a_directory(

@@ -116,3 +116,43 @@ def test_bad_input(tmp_path, tiny_beir, tiny_causal_dir):
     (empty / "qrels" / "train.tsv").write_text("")
     with pytest.raises(DataError, match="empty"):
         finetune_lm.run(config(tmp_path, empty, tiny_causal_dir))
+
+
+def test_a_dp_run_records_how_far_the_adapters_moved_and_the_public_held_out_loss(
+    tmp_path, tiny_beir, tiny_causal_dir
+):
+    from synthq.dp.learning_check import held_out_loss
+
+    data = helpers.private_copy(tmp_path, tiny_beir, public=("test",))
+    artifact = finetune_lm.run(config(tmp_path, data, tiny_causal_dir, epsilon=8, lora_rank=2, epochs=2))
+    moved = artifact.metrics["weights_moved"]
+    assert moved["what"] == "LoRA adapters" and 0 < moved["tensors_changed"] <= moved["tensors"]
+    loss = artifact.metrics["public_held_out_loss"]
+    assert loss["split"] == "test" and loss["pairs"] > 0  # the declared-public split, never train
+    # "after" is the saved generator's loss on those public pairs, computed independently here
+    pairs = finetune_lm.training_pairs(finetune_lm.load_source(str(data), splits=["test"]), "test")
+    pairs = pairs[: loss["pairs"]]
+    generator = QueryGenerator.load(artifact.path)
+    again = held_out_loss(generator, [p.document for p in pairs], [p.query for p in pairs], 32)
+    assert again == pytest.approx(loss["after"], rel=1e-3) and loss["after"] != loss["before"]
+    # a dataset that declares nothing public: the loss is not measured, and the metric says why
+    private = helpers.private_copy(tmp_path, tiny_beir, "all-private", public=())
+    options = dict(epsilon=8, lora_rank=2, epochs=1)
+    quiet = finetune_lm.run(config(tmp_path, private, tiny_causal_dir, "quiet", **options))
+    assert quiet.metrics["public_held_out_loss"].startswith("not measured")
+
+
+def test_a_run_whose_adapters_never_move_is_refused_in_one_line(
+    tmp_path, tiny_beir, tiny_causal_dir, monkeypatch
+):
+    """The silent failure users met with DP + LoRA: the optimizer steps, but not the adapters
+    (here it holds other tensors). No generator is written."""
+    from synthq.dp.learning_check import NotLearningError
+
+    elsewhere = torch.nn.Parameter(torch.zeros(1))
+    monkeypatch.setattr(finetune_lm, "make_optimizer", lambda *_: torch.optim.SGD([elsewhere], lr=0.1))
+    out = config(tmp_path, tiny_beir, tiny_causal_dir, epsilon=8, lora_rank=2, epochs=1)
+    refusal = r"none of the \d+ trainable tensors \(LoRA adapters\) changed"
+    with pytest.raises(NotLearningError, match=refusal):
+        finetune_lm.run(out)
+    assert not (out.out / "manifest.json").exists()
