@@ -65,13 +65,14 @@ bench: $(STAMP)
 	$(PY) benchmarks/canary_scoring.py && \
 	$(PY) benchmarks/cli_startup.py && \
 	$(PY) benchmarks/data_scale.py --passages 1000000 --repeats 3 > /dev/null
-	$(PY) benchmarks/collect.py benchmarks/results.jsonl benchmarks/results.json --keep pipeline_wall --page docs/performance.md
+	$(PY) benchmarks/collect.py benchmarks/results.jsonl benchmarks/results.json --keep pipeline_wall,first_hour --page docs/performance.md
 
-# The canary audit's and the demo's wall times (about 15 + 10 minutes on 2 cores): rows of the
-# same table, kept by `make bench`.
+# The canary audit's, the demo's and the README guide's first hour (about 15 + 10 + 25 minutes on
+# 2 cores): rows of the same table, kept by `make bench`.
 bench-pipelines: $(STAMP)
 	rm -f benchmarks/pipelines.jsonl
 	export SYNTHQ_BENCH_JSON=benchmarks/pipelines.jsonl && \
 	$(PY) benchmarks/pipeline_wall.py audit && \
-	$(PY) benchmarks/pipeline_wall.py demo
+	$(PY) benchmarks/pipeline_wall.py demo && \
+	$(PY) benchmarks/first_hour.py
 	$(PY) benchmarks/collect.py benchmarks/pipelines.jsonl benchmarks/results.json --page docs/performance.md

@@ -5,7 +5,7 @@ the machine described, then regenerate the performance table of the docs site fr
 
 Each document is keyed ``name[model, batch B]``; a later run with the same key replaces the
 earlier one, so re-running one script refreshes its rows only. ``--keep NAMES`` drops the earlier
-rows of every other benchmark (``make bench`` keeps only ``pipeline_wall``'s).
+rows of every other benchmark (``make bench`` keeps ``pipeline_wall``'s and ``first_hour``'s).
 """
 
 from __future__ import annotations

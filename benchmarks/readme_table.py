@@ -222,6 +222,21 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
                 (labels[run], measured, "—", f"≤ {found['aim_seconds'] / 60:g} min",
                  ", ".join(filter(None, [_load(wall), f"timed {found['timed']}"])))
             )  # fmt: skip
+    first_hour = benchmarks.get("first_hour")
+    if first_hour:
+        steps = first_hour["steps"]
+        parts = [
+            f"{name} {step['wall_seconds'] / 60:.1f} min / {step['peak_rss_gb']:.1f} GB"
+            for name, step in steps.items()
+        ]
+        total, peak = first_hour["total_wall_seconds"] / 60, first_hour["max_peak_rss_gb"]
+        measured = f"{total:.1f} min, peak {peak:.1f} GB ({', '.join(parts)})"
+        aims = first_hour["aims"]
+        out.append(
+            ("the README guide's own-data commands as written, on the shipped data (`first_hour.py`)",
+             measured, "—", f"≤ {aims['total_wall_seconds'] / 60:g} min, ≤ {aims['peak_rss_gb']:g} GB each",
+             _load(first_hour))
+        )  # fmt: skip
     evaluation = benchmarks.get("eval_throughput")
     if evaluation and "generated_search_only" in evaluation:
         search = evaluation["generated_search_only"]

@@ -127,8 +127,8 @@ class GenerateConfig(StageConfig):
     generation_batch_size: int | None = renamed_batch_size(
         "generation_batch_size",
         None,
-        "Documents per generation batch. Default by --profile: 16 on cpu, "
-        "64 on gpu; recorded in the manifest.",
+        "Documents per generation batch. Default by --profile: on cpu as many as fit 8,192 tokens "
+        "of prompts and queries (at most 96), 64 on gpu; recorded in the manifest.",
     )
     max_resample: int = Field(3, ge=0, description="Retries for empty or degenerate queries.")
     profile: Profile = "auto"

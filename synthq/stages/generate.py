@@ -241,9 +241,9 @@ def run(config: GenerateConfig) -> Artifact:
         return done_artifact
     corpus, doc_ids = select_documents(config, root)
     device = distributed.device_for(config.device)
-    chosen = generate_defaults(config, device)
-    settings = config.model_copy(update=chosen.values)  # what runs; the fingerprint keeps config
     generator = QueryGenerator.load(generator_artifact.path, device=device)
+    chosen = generate_defaults(config, device, generator.max_source_length)
+    settings = config.model_copy(update=chosen.values)  # what runs; the fingerprint keeps config
     generator.model.eval()
     info(
         (chosen.line() + "; " if chosen.line() else "")

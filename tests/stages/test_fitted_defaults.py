@@ -97,9 +97,20 @@ def test_generate_records_its_batch(tmp_path, tiny_beir, tiny_causal_dir, profil
         generator=generator.path, corpus=str(tiny_beir), out=tmp_path / "syn", limit=3, profile=profile
     )
     artifact = generate.run(config)
-    expected = {"cpu": 16, "gpu": 64}[profile]
+    prompt = QueryGenerator.load(generator.path).max_source_length
+    expected = {"cpu": min(96, 8192 // (prompt + 16 + config.max_new_tokens)), "gpu": 64}[profile]
     assert artifact.config["generation_batch_size"] == expected
-    assert f"batch {expected} documents ({profile} profile)" in capsys.readouterr().err
+    assert f"batch {expected} documents ({profile} profile" in capsys.readouterr().err
+
+
+def test_a_cpu_generation_batch_holds_a_bounded_number_of_tokens():
+    from synthq.models.defaults import CPU_GENERATION_TOKENS, generation_batch
+
+    assert generation_batch("cpu", 80, 32) == CPU_GENERATION_TOKENS // (80 + 16 + 32) == 64
+    assert generation_batch("cpu", 384, 32) == CPU_GENERATION_TOKENS // (384 + 16 + 32) == 18
+    assert generation_batch("cpu", 8, 8) == 96  # short prompts: capped
+    assert generation_batch("cpu", 100_000, 32) == 1
+    assert generation_batch("gpu", 384, 32) == 64
 
 
 @pytest.mark.parametrize("epsilon", ["inf", 8.0])
