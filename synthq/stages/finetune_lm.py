@@ -209,14 +209,14 @@ def run(config: FinetuneConfig) -> Artifact:
         return done
     dataset = load_source(str(data.root), splits=[config.split])
     settings, fitted = choose_defaults(config, dataset.corpus, data, start.path)
-    if fitted.line():
-        info(fitted.line())
     pairs = training_pairs(dataset, config.split)
     pairs = pairs[: config.limit] if config.limit is not None else pairs  # refused with DP (config)
     randomness = SecretRandomness(config.seed)
     units = training_units(pairs, data.root, config.privacy_unit, config.max_queries_per_user, randomness)
     steps = planned_steps(len(units), config.batch_size, config.epochs, config.max_steps)
-    plan = _plan(config, units, steps)
+    plan = _plan(config, units, steps)  # an impossible budget is refused before anything is said
+    if fitted.line():
+        info(fitted.line())
     generator = _load_generator(settings, start.path, place.rank)
     randomness.seed_torch(place.rank)  # dropout from the run's randomness, not torch's default seed
     trainable = [p for p in generator.model.parameters() if p.requires_grad]

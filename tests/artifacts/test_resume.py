@@ -17,11 +17,11 @@ def test_resume_with_a_changed_config_is_refused(tmp_path, tiny_beir, tiny_causa
     original = finetune_lm.GeneratorTraining.step
     calls = {"n": 0}
 
-    def interrupted(self):
+    def interrupted(self, on_micro_batch=None):
         calls["n"] += 1
         if calls["n"] == 5:
             raise KeyboardInterrupt
-        return original(self)
+        return original(self, on_micro_batch)
 
     monkeypatch.setattr(finetune_lm.GeneratorTraining, "step", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -38,11 +38,11 @@ def test_resume_on_edited_data_is_refused(tmp_path, tiny_beir, tiny_causal_dir, 
     original = finetune_lm.GeneratorTraining.step
     calls = {"n": 0}
 
-    def interrupted(self):
+    def interrupted(self, on_micro_batch=None):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return original(self)
+        return original(self, on_micro_batch)
 
     monkeypatch.setattr(finetune_lm.GeneratorTraining, "step", interrupted)
     options = dict(epsilon=8.0, max_steps=4, checkpoint_every=1)

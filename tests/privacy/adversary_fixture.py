@@ -128,6 +128,7 @@ def run_world(root: Path, data: Path, unit: str, causal: Path, encoder: Path, au
     from synthq.config.generator import EvolveConfig, FilterConfig, FinetuneConfig, GenerateConfig
     from synthq.config.retriever import TrainRetrieverConfig
     from synthq.privacy.ledger import ledger_lines
+    from synthq.privacy.statement import statement_for
     from synthq.retrieval.cache import weights_key
     from synthq.search import bundle_directory, search
     from synthq.stages import (
@@ -290,6 +291,10 @@ def run_world(root: Path, data: Path, unit: str, causal: Path, encoder: Path, au
     ledger_dir = world.root / "ledger"
     ledger_dir.mkdir()
     (ledger_dir / "ledger.txt").write_text("\n".join(ledger_lines(list(world.artifacts.values()))))
+    # the privacy statement a team shares: every release but the canary audit (whose numbers are
+    # ε = ∞ evidence for the review, not part of what is shared)
+    shared = [path for path in world.artifacts.values() if open_artifact(path).stage != "canary-audit"]
+    (ledger_dir / "statement.md").write_text(statement_for(shared))
     world.released["ledger"] = ledger_dir
     world.seconds["export, search, ledger"] = time.perf_counter() - start
     return world

@@ -2,10 +2,10 @@
 query and at the user unit, then attacked the way a reviewer does.
 
 (a) every released byte (manifests, payloads, tables, runs, cards, plots, exported copies, the
-    search bundle, the printed ledger — everything but ``diagnostics/``) is scanned for a plain
-    digest of a private file, of the private directory or of a diagnostics file; for a private
-    query's text or id or a private user id; for un-noised statistics (per-user counts, the p99 of
-    queries per user, the dev scores behind a noisy selection);
+    search bundle, the printed ledger and privacy statement — everything but ``diagnostics/``) is
+    scanned for a plain digest of a private file, of the private directory or of a diagnostics
+    file; for a private query's text or id or a private user id; for un-noised statistics
+    (per-user counts, the p99 of queries per user, the dev scores behind a noisy selection);
 (b) the same pipeline on the dataset minus one unit (a training query; a user), with the same
     secret seeds: every released file that differs belongs to an artifact whose ledger names a
     release of the private dataset, and a public-split eval of BM25 and a public encoder is

@@ -371,12 +371,12 @@ def test_resume_keeps_the_users_bounded_by_the_interrupted_runs_key(tmp_path, ti
     original = finetune_lm.GeneratorTraining.step
     calls = {"n": 0}
 
-    def interrupted(self):
+    def interrupted(self, on_micro_batch=None):
         calls["n"] += 1
         seen.append([list(rows) for rows in self.units.rows])
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return original(self)
+        return original(self, on_micro_batch)
 
     monkeypatch.setattr(finetune_lm.GeneratorTraining, "step", interrupted)
     options = dict(epsilon=8.0, max_steps=4, checkpoint_every=1, batch_size=3, privacy_unit="user",
