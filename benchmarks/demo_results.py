@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import sys
 import time
@@ -92,6 +90,9 @@ def record(run: Path, wall_seconds: float | None = None) -> dict:
             found = pairs[f"{worse} > {better}"]
             found = {**found, "difference": -found["difference"], "ci": [-found["ci"][1], -found["ci"][0]]}
         ordering.append({"better": better, "worse": worse, **found})
+    from benchmarks.collect import machine
+
+    described = machine()
     seconds = wall_seconds
     if seconds is None:  # the stages' own wall times, summed (the run's process adds a little)
         seconds = sum(
@@ -101,8 +102,8 @@ def record(run: Path, wall_seconds: float | None = None) -> dict:
     return {
         "measured": {
             "at": time.strftime("%Y-%m-%d", time.gmtime()),
-            "cpu": _cpu(),
-            "cores": os.cpu_count(),
+            "cpu": described["cpu"],
+            "cores": described["cores"],
             "wall_minutes": round(seconds / 60, 1),
             "timed": "around the process" if wall_seconds is not None else "sum of the stages' wall times",
             "check": "passed",
@@ -111,16 +112,6 @@ def record(run: Path, wall_seconds: float | None = None) -> dict:
         "rows": rows,
         "ordering": ordering,
     }
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def render(snapshot: dict) -> str:
