@@ -10,12 +10,10 @@ import pytest
 
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.manifest import open_artifact
-from synthq.artifacts.records import data_input_record
 from synthq.privacy.accounting import epsilon_for
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.ledger import dataset_totals, ledger, ledger_lines
 from synthq.runtime.errors import ArtifactError
-from tests import helpers
 
 DELTA = 1e-5
 
@@ -38,12 +36,6 @@ def trained(out, data: dict, guarantee: Guarantee, units: list[str], assumption:
         writer.release(guarantee, data, unit_ids=units)
         writer.assume(assumption)
     return str(open_artifact(out).path)
-
-
-@pytest.fixture
-def private_data(tmp_path):
-    root = helpers.write_tiny_beir(tmp_path / "tiny")
-    return root, data_input_record(root, name="tiny", private=True)
 
 
 def test_releases_on_one_dataset_compose_per_unit(tmp_path, private_data):

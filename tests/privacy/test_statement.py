@@ -12,7 +12,6 @@ import pytest
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from synthq.artifacts.create import create_artifact
-from synthq.artifacts.records import data_input_record
 from synthq.privacy.accounting import epsilon_for, per_query
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.ledger import ledger, ledger_lines
@@ -20,7 +19,6 @@ from synthq.privacy.reaccounting import dataset_statement
 from synthq.privacy.statement import statement_for
 from synthq.reporting.eval_files import PER_QUERY_FILE, SELECTION_FILE
 from synthq.stages import train_retriever
-from tests import helpers
 from tests.helpers import one_line, retriever_config, run_main
 
 DELTA = 1e-5
@@ -55,12 +53,6 @@ def release(out, data: dict, guarantee: Guarantee, units: list[str], stage: str 
 
 def shown(value: float) -> str:
     return f"{value:.3f}"
-
-
-@pytest.fixture
-def private_data(tmp_path):
-    root = helpers.write_tiny_beir(tmp_path / "tiny")
-    return root, data_input_record(root, name="tiny", private=True)
 
 
 def test_every_epsilon_and_mu_is_recomputed_from_the_records(tmp_path, private_data):
