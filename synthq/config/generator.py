@@ -93,6 +93,12 @@ class FinetuneConfig(StageConfig):
     checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every N logical steps.")
     privacy_unit: PrivacyUnitName = DEFAULT_PRIVACY_UNIT
     max_queries_per_user: MaxQueriesPerUser = DEFAULT_MAX_QUERIES_PER_USER
+    user_clipping: Literal["per-example", "per-user"] = Field(
+        "per-example",
+        description="--privacy-unit user: per-example clips each of a user's k pairs to C with "
+        "weight 1/k; per-user clips the user's combined gradient to C (a user's pairs share a "
+        "micro-batch). Same sensitivity C, same accountant.",
+    )
     seed: SecretSeed = None
     device: Device = "auto"
     limit: Limit = None
@@ -101,6 +107,12 @@ class FinetuneConfig(StageConfig):
     @model_validator(mode="after")
     def _limit_without_dp(self) -> FinetuneConfig:
         refuse_limit_with_dp(self.limit, math.isfinite(self.epsilon))
+        return self
+
+    @model_validator(mode="after")
+    def _per_user_clipping_needs_users(self) -> FinetuneConfig:
+        if self.user_clipping == "per-user" and self.privacy_unit != "user":
+            raise ValueError("--user-clipping per-user needs --privacy-unit user")
         return self
 
 

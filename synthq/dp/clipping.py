@@ -40,12 +40,49 @@ def clip_factors(norms: torch.Tensor, clip_norm: float, weights: torch.Tensor | 
     return factors if weights is None else factors * weights.to(factors)
 
 
+def group_clip_factors(
+    group_norms: torch.Tensor, groups: torch.Tensor, clip_norm: float, weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-example factors ``w_i · min(1, C / ‖Σ_{j∈u(i)} w_j g_j‖)`` (per-unit clipping): the
+    clipped sum ``Σ_i f_i g_i`` gives each unit ``u`` the contribution
+    ``min(1, C/‖G_u‖) · G_u`` with ``G_u = Σ_{j∈u} w_j g_j``, of norm at most ``C``.
+
+    ``group_norms[u]`` is ``‖G_u‖``; ``groups[i]`` is example ``i``'s unit (``0 .. U-1``)."""
+    per_group = (clip_norm / (group_norms + 1e-6)).clamp(max=1.0)
+    factors = per_group[groups]
+    return factors if weights is None else factors * weights.to(factors)
+
+
+def group_sums(
+    per_sample: dict[str, torch.Tensor], groups: torch.Tensor, weights: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """``{name: [U, *shape]}``: each unit's weighted gradient ``G_u = Σ_{i∈u} w_i g_i``."""
+    count = int(groups.max()) + 1 if groups.numel() else 0
+    sums = {}
+    for name, g in per_sample.items():
+        scaled = g if weights is None else g * weights.to(g.dtype).view(-1, *[1] * (g.dim() - 1))
+        sums[name] = g.new_zeros(count, *g.shape[1:]).index_add_(0, groups, scaled)
+    return sums
+
+
 def clip_and_sum(
-    per_sample: dict[str, torch.Tensor], clip_norm: float, weights: torch.Tensor | None = None
+    per_sample: dict[str, torch.Tensor],
+    clip_norm: float,
+    weights: torch.Tensor | None = None,
+    groups: torch.Tensor | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Clip each example's whole gradient (all parameters together) to ``clip_norm``, scale it by
-    its weight (default 1) and sum. Returns the sum and the per-example norms before clipping."""
-    norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_sample.values()))
-    factors = clip_factors(norms, clip_norm, weights)
+    its weight (default 1) and sum. Returns the sum and the per-example norms before clipping.
+
+    With ``groups`` (each example's unit, ``0 .. U-1``), each unit's weighted gradient
+    ``Σ_{i∈u} w_i g_i`` is clipped instead (:func:`group_clip_factors`), and the norms returned
+    are the units' (``[U]``)."""
+    if groups is None:
+        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_sample.values()))
+        factors = clip_factors(norms, clip_norm, weights)
+    else:
+        sums = group_sums(per_sample, groups, weights)
+        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in sums.values()))
+        factors = group_clip_factors(norms, groups, clip_norm, weights)
     summed = {name: torch.einsum("b,b...->...", factors, g) for name, g in per_sample.items()}
     return summed, norms

@@ -32,7 +32,7 @@ class GeneratorTraining:
         batch_size: the (expected) logical batch size in queries.
         plan: the privacy plan, or ``None`` for non-private training (shuffled epochs of rows).
         randomness: the run's secret randomness (sampling, noise, shuffling).
-        physical_batch_size, grad_sample_mode: as for :class:`~synthq.dp.lm.DPStep`.
+        physical_batch_size, grad_sample_mode, user_clipping: as for :class:`~synthq.dp.lm.DPStep`.
     """
 
     def __init__(
@@ -46,12 +46,13 @@ class GeneratorTraining:
         randomness: SecretRandomness,
         physical_batch_size: int,
         grad_sample_mode: str = "auto",
+        user_clipping: str = "per-example",
     ):
         self.generator, self.optimizer, self.make_batch = generator, optimizer, make_batch
         self.units, self.batch_size, self.plan, self.randomness = units, batch_size, plan, randomness
         self.physical_batch_size = physical_batch_size
         self.dp_step = (
-            DPStep(generator, optimizer, plan, physical_batch_size, grad_sample_mode)
+            DPStep(generator, optimizer, plan, physical_batch_size, grad_sample_mode, user_clipping)
             if plan is not None
             else None
         )
@@ -65,8 +66,12 @@ class GeneratorTraining:
     def step(self, on_micro_batch: MicroBatchProgress | None = None) -> StepResult:
         """One logical step; ``on_micro_batch(done, total)`` after each micro-batch (progress)."""
         if self.plan is not None:
-            rows, weights = self.units.expand(self.plan.sample(self.randomness))
-            result = self.dp_step.step(self.make_batch, rows, weights, self.randomness, on_micro_batch)
+            sample = self.plan.sample(self.randomness)
+            rows, weights = self.units.expand(sample)
+            groups = self.units.positions(sample)
+            result = self.dp_step.step(
+                self.make_batch, rows, weights, self.randomness, on_micro_batch, groups
+            )
         else:
             if len(self.order) < self.batch_size:
                 self.order += torch.randperm(len(self.units), generator=self.randomness.sampling).tolist()

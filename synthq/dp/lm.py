@@ -98,10 +98,10 @@ class VmapClipper:
         self.clip_norm = clip_norm
 
     def clipped_sum(
-        self, batch: dict, weights: torch.Tensor | None = None
+        self, batch: dict, weights: torch.Tensor | None = None, groups: torch.Tensor | None = None
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         per_example, losses = self.per_sample(batch)
-        summed, norms = clip_and_sum(per_example, self.clip_norm, weights)
+        summed, norms = clip_and_sum(per_example, self.clip_norm, weights, groups)
         return summed, norms, losses
 
     def close(self) -> None:
@@ -174,6 +174,68 @@ class PerQueryClipping(Mechanism):
         return self.clip_norm
 
 
+USER_CLIPPING = ("per-example", "per-user")
+
+
+@register_mechanism("per-user")
+class PerUserClipping(Mechanism):
+    """DP-SGD / DP-Adam for a query generator at the user level, clipping each user's *combined*
+    gradient (user-level sampling with per-user clipping, "ULS" in Charles et al.).
+
+    Args:
+        clip_norm: ``C``.
+
+    Inputs:
+        A Poisson sample of users (:meth:`~synthq.dp.units.PrivacyUnits.by_user`), each brought
+        whole into one micro-batch with its rows weighted ``1/k``.
+
+    Privacy unit:
+        One user with all the pairs of their (at most K) kept queries, add/remove adjacency.
+
+    Sensitivity:
+        ``C``. The released sum is ``Σ_u min(1, C/‖G_u‖) G_u`` with
+        ``G_u = Σ_{i∈u} w_i ∇ℓ_i``: adding or removing a user adds or removes one term of norm
+        ≤ ``C`` and changes no other (pair ``j``'s loss reads only pair ``j``, and a user's
+        factor reads only their own rows). Unlike per-example clipping weighted ``1/k``
+        (:class:`PerQueryClipping`), a user whose rows agree keeps up to ``C`` of signal instead
+        of ``C/k`` per row, and rows that disagree can cancel before the clip.
+
+    References:
+        Charles et al., "Fine-tuning large language models with user-level differential privacy"
+        (2024); Chua et al., "Mind the privacy unit!" (2024).
+    """
+
+    sensitivity_rule = "C: a user's rows are summed (weighted 1/k) and the sum clipped to C"
+
+    def __init__(self, clip_norm: float):
+        self.clip_norm = clip_norm
+
+    def sensitivity(self, batch_cap: int | None) -> float:
+        return self.clip_norm
+
+
+def unit_chunks(groups: list[int], limit: int) -> list[list[int]]:
+    """Positions of consecutive rows cut into micro-batches of at most ``limit`` rows that never
+    split a unit (``groups``: each row's unit, a unit's rows adjacent); a unit larger than
+    ``limit`` is a micro-batch of its own."""
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    start = 0
+    while start < len(groups):
+        end = start
+        while end < len(groups) and groups[end] == groups[start]:
+            end += 1
+        unit = list(range(start, end))
+        if current and len(current) + len(unit) > limit:
+            chunks.append(current)
+            current = []
+        current += unit
+        start = end
+    if current:
+        chunks.append(current)
+    return chunks
+
+
 class DPStep:
     """One logical DP step: sampled rows -> weighted clipped sums -> the engine's noise -> optimizer.
 
@@ -186,6 +248,9 @@ class DPStep:
         physical_batch_size: examples per forward/backward (memory bound).
         grad_sample_mode: ``auto`` | ``ghost`` | ``hooks`` | ``vmap`` (see :func:`make_clipper`);
             all compute the same clipped sum.
+        user_clipping: ``per-example`` (each row clipped, weighted ``1/k``:
+            :class:`PerQueryClipping`) or ``per-user`` (each unit's weighted sum clipped:
+            :class:`PerUserClipping`; a unit's rows share a micro-batch).
     """
 
     def __init__(
@@ -195,11 +260,15 @@ class DPStep:
         plan: PrivacyPlan,
         physical_batch_size: int,
         grad_sample_mode: str = "auto",
+        user_clipping: str = "per-example",
     ):
+        if user_clipping not in USER_CLIPPING:
+            raise ValueError(f"user_clipping must be one of {USER_CLIPPING}, not {user_clipping!r}")
         self.generator = generator
         self.optimizer = optimizer
         self.plan = plan
         self.physical_batch_size = physical_batch_size
+        self.per_user = user_clipping == "per-user"
         self.clipper = make_clipper(generator, plan.sensitivity, grad_sample_mode)
         self.mode = self.clipper.mode
         self.parameters = dict(generator.model.named_parameters())
@@ -210,26 +279,47 @@ class DPStep:
         rows: list[int],
         weights: list[float],
         on_micro_batch: MicroBatchProgress | None = None,
+        groups: list[int] | None = None,
     ) -> tuple[dict[str, torch.Tensor], StepResult]:
         """``Σ_i w_i clip_C(∇ℓ_i)`` over ``rows``, summed over ranks (no noise yet);
         ``on_micro_batch(done, total)`` after each micro-batch of this rank's share (progress only:
-        it sees counts of a secret sample, for the console, never for the artifact)."""
+        it sees counts of a secret sample, for the console, never for the artifact). Under
+        per-user clipping ``groups`` gives each row's unit (a unit's rows adjacent), and each
+        unit's weighted sum is clipped instead (whole units per micro-batch and per rank)."""
         device = next(self.generator.model.parameters()).device
         total: dict[str, torch.Tensor] = {}  # the first micro-batch's sum becomes the total
-        losses, norms, tokens = [], [], 0
-        local = distributed.shard(list(zip(rows, weights, strict=True)))  # this rank's share
-        for start in range(0, len(local), self.physical_batch_size):
-            chunk = local[start : start + self.physical_batch_size]
-            batch = {k: v.to(device) for k, v in make_batch([row for row, _ in chunk]).items()}
+        losses, norms, tokens, done = [], [], 0, 0
+        if self.per_user and groups is None:
+            raise ValueError("per-user clipping needs each row's unit (groups)")
+        items = list(zip(rows, weights, groups if self.per_user else [0] * len(rows), strict=True))
+        if self.per_user:  # whole units: per rank, then per micro-batch
+            units = [[items[i] for i in chunk] for chunk in unit_chunks([g for _, _, g in items], 1)]
+            local = [item for unit in distributed.shard(units) for item in unit]
+            chunks = [
+                [local[i] for i in c] for c in unit_chunks([g for _, _, g in local], self.physical_batch_size)
+            ]
+        else:
+            local = distributed.shard(items)  # this rank's share
+            chunks = [
+                local[s : s + self.physical_batch_size]
+                for s in range(0, len(local), self.physical_batch_size)
+            ]
+        for chunk in chunks:
+            batch = {k: v.to(device) for k, v in make_batch([row for row, _, _ in chunk]).items()}
             tokens += int((batch["labels"] != -100).sum())
-            chunk_weights = torch.tensor([w for _, w in chunk], device=device)
-            summed, norm, loss = self.clipper.clipped_sum(batch, chunk_weights)
+            chunk_weights = torch.tensor([w for _, w, _ in chunk], device=device)
+            chunk_groups = None
+            if self.per_user:
+                chunk_groups = torch.unique(torch.tensor([g for _, _, g in chunk]), return_inverse=True)[1]
+                chunk_groups = chunk_groups.to(device)
+            summed, norm, loss = self.clipper.clipped_sum(batch, chunk_weights, chunk_groups)
             for name, value in summed.items():
                 total[name] = total[name].add_(value) if name in total else value
             losses.append(loss.detach())
             norms.append(norm.detach())
+            done += len(chunk)
             if on_micro_batch is not None:
-                on_micro_batch(start + len(chunk), len(local))
+                on_micro_batch(done, len(local))
         total = {  # zeros where this rank's share was empty
             name: total[name] if name in total else torch.zeros_like(self.parameters[name])
             for name in self.clipper.names
@@ -244,8 +334,9 @@ class DPStep:
         weights: list[float],
         randomness: SecretRandomness,
         on_micro_batch: MicroBatchProgress | None = None,
+        groups: list[int] | None = None,
     ) -> StepResult:
-        summed, result = self.clipped_sum(make_batch, rows, weights, on_micro_batch)
+        summed, result = self.clipped_sum(make_batch, rows, weights, on_micro_batch, groups)
         # The same secret noise on every rank, added once to the global sum.
         noisy = self.plan.privatize(list(summed.values()), randomness)
         for name, value in zip(summed, noisy, strict=True):

@@ -105,6 +105,53 @@ def tied_squared_norms(factors: list[tuple]) -> torch.Tensor:
     return total.clamp(min=0)
 
 
+class GroupLayout:
+    """Which examples of a micro-batch form one privacy unit, for per-unit clipping: the norm of a
+    unit's weighted gradient ``‖Σ_{i∈u} w_i ∇ℓ_i‖`` is the norm of one "example" made of all its
+    rows' tokens, each row's output gradients scaled by ``w_i``. For a linear layer,
+    ``‖Σ_{i∈u} w_i Σ_s g_{is} a_{is}ᵀ‖² = Σ_{(i,s),(j,t)} w_i w_j (g_{is}·g_{jt})(a_{is}·a_{jt})``:
+    the ghost norm over the unit's concatenated tokens, i.e. a per-unit Gram matrix across its
+    rows (cross-row terms included).
+
+    Args:
+        groups: ``[b]``, example ``i``'s unit in ``0 .. U-1``.
+        weights: ``[b]`` row weights ``w_i`` (``None``: 1).
+    """
+
+    def __init__(self, groups: torch.Tensor, weights: torch.Tensor | None = None):
+        self.groups = groups
+        self.weights = weights
+        self.count = int(groups.max()) + 1 if groups.numel() else 0
+        sizes = torch.bincount(groups, minlength=self.count)
+        self.width = int(sizes.max()) if self.count else 0
+        # index[u, j]: the j-th example of unit u, or b (a row of zeros) past the unit's size
+        batch = groups.numel()
+        order = torch.argsort(groups, stable=True)
+        starts = torch.cumsum(sizes, 0) - sizes
+        position = torch.arange(batch, device=groups.device) - starts[groups[order]]
+        self.index = torch.full((self.count, self.width), batch, dtype=torch.long, device=groups.device)
+        self.index[groups[order], position] = order
+
+    def rows(self, tensor: torch.Tensor, scale: bool = False) -> torch.Tensor:
+        """``[b, ...]`` -> ``[U, width, ...]``: each unit's examples side by side, zeros after the
+        last (``scale``: each example multiplied by its weight first)."""
+        if scale and self.weights is not None:
+            tensor = tensor * self.weights.to(tensor.dtype).view(-1, *[1] * (tensor.dim() - 1))
+        padded = torch.cat([tensor, tensor.new_zeros(1, *tensor.shape[1:])])
+        return padded[self.index]
+
+    def tokens(self, tensor: torch.Tensor, scale: bool = False) -> torch.Tensor:
+        """``[b, T, ...]`` -> ``[U, width·T, ...]`` (a ``[b, d]`` input -> ``[U, width, d]``): one
+        sequence per unit, its rows' tokens concatenated. Padding rows are zeros (id 0 for an
+        embedding's ids, whose output gradients are zeros there)."""
+        grouped = self.rows(tensor, scale)
+        return grouped if tensor.dim() == 2 and tensor.is_floating_point() else grouped.flatten(1, 2)
+
+    def sums(self, per_example: torch.Tensor) -> torch.Tensor:
+        """``[b, *shape]`` -> ``[U, *shape]``: ``Σ_{i∈u} w_i x_i``."""
+        return self.rows(per_example, scale=True).sum(1)
+
+
 NORM_METHODS = ("auto", "ghost", "instantiate")
 
 
@@ -166,6 +213,7 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         self._instantiated: list[dict[nn.Parameter, torch.Tensor]] = []
         self._grams: dict[tuple, torch.Tensor] = {}  # a a^T of inputs shared by several layers
         self.methods: dict[str, str] = {}
+        self.layout: GroupLayout | None = None  # per-unit clipping: norms of units, not examples
         super().__init__(
             model,
             batch_first=True,
@@ -208,7 +256,7 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         if id(module) in self._tied_modules:
             self._records.append((module, activations, backprops))
             (parameter,) = [p for p in module.parameters(recurse=False) if p.requires_grad]
-            self._factors[id(parameter)].append(_factor(module, activations[0], backprops))
+            self._factors[id(parameter)].append(self._grouped(_factor(module, activations[0], backprops)))
             self.methods[self._names[id(module)]] = "tied"
             return
         method = self._method(module, backprops)
@@ -217,13 +265,20 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
             self._records.append((module, activations, backprops))
             if isinstance(module, nn.Linear) and backprops.dim() == 3:
                 norms = self._linear_ghost_norms(module, activations[0], backprops)
+            elif self.layout is not None:  # one "example" per unit: its rows' tokens, weighted
+                grouped = [self.layout.tokens(a) for a in activations]
+                unit_backprops = self.layout.tokens(backprops, scale=True)
+                norms = self.NORM_SAMPLERS[type(module)](module, grouped, unit_backprops)
             else:
                 norms = self.NORM_SAMPLERS[type(module)](module, activations, backprops)
         else:
             sampler = self.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
             grads = {p: g for p, g in sampler(module, activations, backprops).items() if p.requires_grad}
             self._instantiated.append(grads)
-            norms = {p: g.flatten(1).norm(2, dim=1) for p, g in grads.items()}
+            if self.layout is not None:
+                norms = {p: self.layout.sums(g).flatten(1).norm(2, dim=1) for p, g in grads.items()}
+            else:
+                norms = {p: g.flatten(1).norm(2, dim=1) for p, g in grads.items()}
         for parameter, norm in norms.items():
             if not parameter.requires_grad:
                 continue
@@ -240,11 +295,16 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         ``‖∇W_i‖² = ⟨g_i g_iᵀ, a_i a_iᵀ⟩``, with each input's Gram matrix ``a aᵀ`` computed once:
         the query/key/value projections read one input, and so do an MLP's gate and up
         projections. The records keep every input alive until the update, so its storage
-        address identifies it for the whole backward pass."""
+        address identifies it for the whole backward pass. Under per-unit clipping
+        (:class:`GroupLayout`) both Gram matrices are taken over each unit's concatenated rows."""
         key = (activations.data_ptr(), activations.shape, activations.stride())
+        if self.layout is not None:  # per-unit clipping: Gram matrices across each unit's rows
+            backprops = self.layout.tokens(backprops, scale=True)
         gram = self._grams.get(key)
         if gram is None:
             activations = activations.to(backprops.dtype)
+            if self.layout is not None:
+                activations = self.layout.tokens(activations)
             gram = self._grams[key] = torch.bmm(activations, activations.transpose(1, 2))
         output_gram = torch.bmm(backprops, backprops.transpose(1, 2))
         norms = {}
@@ -263,6 +323,17 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         tokens = backprops[0].numel() // backprops.shape[-1]
         rows, columns = module.weight.shape
         return choose_norm_method(tokens, rows, columns, embedding=isinstance(module, nn.Embedding))
+
+    def _grouped(self, factor: tuple) -> tuple:
+        """A tied use's factors as one example per unit (per-unit clipping), else unchanged."""
+        layout = self.layout
+        if layout is None:
+            return factor
+        if factor[0] == "embedding":
+            _, ids, grad = factor
+            return "embedding", layout.tokens(ids), layout.tokens(grad, scale=True)
+        _, grad, act = factor
+        return "linear", layout.tokens(grad, scale=True), layout.tokens(act)
 
     def get_norm_sample(self) -> torch.Tensor:
         for key, parameter in self._tied.items():

@@ -40,8 +40,8 @@ import torch
 from opacus.grad_sample import GradSampleModule
 from torch import nn
 
-from synthq.dp.clipping import clip_and_sum, clip_factors
-from synthq.dp.lm_ghost import TiedGhostClipping, unsupported_for_ghost
+from synthq.dp.clipping import clip_and_sum, clip_factors, group_clip_factors
+from synthq.dp.lm_ghost import GroupLayout, TiedGhostClipping, unsupported_for_ghost
 from synthq.dp.lm_grad_samplers import batch_relative_attention_bias, register_rms_norm_grad_samplers
 from synthq.models.generator import QueryGenerator
 from synthq.models.sequence_loss import model_inputs, per_sequence_loss
@@ -115,10 +115,12 @@ class HookClipper:
         return grads, losses.detach()
 
     def clipped_sum(
-        self, batch: dict, weights: torch.Tensor | None = None
+        self, batch: dict, weights: torch.Tensor | None = None, groups: torch.Tensor | None = None
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """``Σ_i w_i clip_C(∇ℓ_i)``; with ``groups`` (each row's unit), each unit's weighted
+        gradient is clipped instead (:func:`~synthq.dp.clipping.clip_and_sum`)."""
         grads, losses = self.per_sample_gradients(batch)
-        summed, norms = clip_and_sum(grads, self.clip_norm, weights)
+        summed, norms = clip_and_sum(grads, self.clip_norm, weights, groups)
         return summed, norms, losses
 
     def close(self) -> None:
@@ -187,10 +189,21 @@ class GhostClipper:
         return norms
 
     def clipped_sum(
-        self, batch: dict, weights: torch.Tensor | None = None
+        self, batch: dict, weights: torch.Tensor | None = None, groups: torch.Tensor | None = None
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        losses, norms = self._norms(batch)
-        factors = clip_factors(norms, self.clip_norm, weights)
+        """``Σ_i w_i clip_C(∇ℓ_i)``; with ``groups`` (each row's unit), each unit's weighted
+        gradient ``Σ_{i∈u} w_i ∇ℓ_i`` is clipped instead: its norm comes from Gram matrices
+        across the unit's rows (:class:`~synthq.dp.lm_ghost.GroupLayout`), and the update from
+        the same records with per-row factors (norms returned: the units')."""
+        self.module.layout = None if groups is None else GroupLayout(groups, weights)
+        try:
+            losses, norms = self._norms(batch)
+        finally:
+            self.module.layout = None
+        if groups is None:
+            factors = clip_factors(norms, self.clip_norm, weights)
+        else:
+            factors = group_clip_factors(norms, groups, self.clip_norm, weights)
         by_id = self.module.clipped_gradients(factors)
         summed = {}
         for name, parameter in _trainable(self.generator.model):

@@ -98,6 +98,11 @@ class PrivacyUnits:
             weights += [1.0 / len(members)] * len(members)
         return rows, weights
 
+    def positions(self, units: Sequence[int]) -> list[int]:
+        """For the rows :meth:`expand` gives, the position of each row's unit in ``units``
+        (per-unit clipping groups a unit's rows by it)."""
+        return [place for place, unit in enumerate(units) for _ in self.rows[unit]]
+
 
 def describe_units(units: PrivacyUnits) -> str:
     """``"412 queries"`` or ``"97 users (≤ 8 queries each)"``: the n a run samples from."""

@@ -20,7 +20,8 @@ from synthq.runtime.errors import ArtifactError
 
 def _synthetic_origin(synthetic_path: str) -> tuple[str | None, int, list[str]]:
     """For table labels, read off the set's recipe (:func:`synthetic_recipe`): the generator's
-    model name (``, per user`` for a user-level generator), the queries per document, and the
+    model name (``, per user`` for a user-level generator, ``(per-user clipping)`` when it clipped
+    each user's combined gradient), the queries per document, and the
     filters applied on the way (``filter`` artifacts over a ``generate`` one)."""
     recipe, filters = synthetic_recipe(synthetic_path), []
     kept_per_document = math.inf  # a likelihood filter keeps at most --keep per document
@@ -46,6 +47,8 @@ def _synthetic_origin(synthetic_path: str) -> tuple[str | None, int, list[str]]:
     if not generator or "model" not in generator:
         return None, per_document, filters
     per_user = ", per user" if generator.get("privacy_unit") == "user" else ""
+    if generator.get("user_clipping") == "per-user":
+        per_user += " (per-user clipping)"
     return Path(str(generator["model"])).name + per_user, per_document, filters
 
 

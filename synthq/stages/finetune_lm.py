@@ -46,7 +46,7 @@ from synthq.data.sources import load_source, qrels_splits
 from synthq.dp.engine import PrivacyPlan, planned_steps
 from synthq.dp.generator_training import GeneratorTraining
 from synthq.dp.learning_check import HELD_OUT_PAIRS, HeldOut, LearningCheck
-from synthq.dp.lm import PerQueryClipping
+from synthq.dp.lm import PerQueryClipping, PerUserClipping
 from synthq.dp.noise import SecretRandomness
 from synthq.dp.units import (
     PrivacyUnits,
@@ -118,12 +118,17 @@ def _plan(config: FinetuneConfig, units: PrivacyUnits, steps: int) -> PrivacyPla
         return None
     plan = PrivacyPlan.create(
         num_units=len(units), expected_batch_size=config.batch_size, steps=steps, epsilon=config.epsilon,
-        delta=config.delta, accountant=config.accountant, mechanism=PerQueryClipping(config.clip_norm),
+        delta=config.delta, accountant=config.accountant, mechanism=_mechanism(config)(config.clip_norm),
         unit=units.kind,
     )  # fmt: skip
     if plan.fallback_reason:
         warn(f"accountant: {plan.fallback_reason}; using RDP")
     return plan
+
+
+def _mechanism(config: FinetuneConfig) -> type[PerQueryClipping] | type[PerUserClipping]:
+    """The clipping rule behind the sensitivity: per example weighted 1/k, or per user."""
+    return PerUserClipping if config.user_clipping == "per-user" else PerQueryClipping
 
 
 def _load_generator(config: FinetuneConfig, path: Path, rank: int) -> QueryGenerator:
@@ -179,7 +184,8 @@ def _own_guarantee(config, plan, training: GeneratorTraining, units: PrivacyUnit
     details = {
         **unit_details(units),
         "clip_norm": config.clip_norm,
-        "sensitivity_rule": PerQueryClipping.sensitivity_rule,
+        "sensitivity_rule": _mechanism(config).sensitivity_rule,
+        "user_clipping": config.user_clipping,
         "per_sample_clipping": PER_SAMPLE_CLIPPING[training.mode],
         "trainable": "LoRA adapters" if config.lora_rank else "all parameters",
     }
@@ -231,6 +237,7 @@ def run(config: FinetuneConfig) -> Artifact:
     training = GeneratorTraining(
         generator, make_optimizer(config.optimizer, trainable, config.lr, config.weight_decay), make_batch,
         units, config.batch_size, plan, randomness, settings.physical_batch_size, config.grad_sample_mode,
+        config.user_clipping,
     )  # fmt: skip
     info(
         f"fine-tuning {config.model} ({generator.kind}, {sum(p.numel() for p in trainable):,} trainable) "
@@ -239,6 +246,7 @@ def run(config: FinetuneConfig) -> Artifact:
             f"{describe_units(units)}, q = {plan.sample_rate:.4f}, σ = {plan.noise_multiplier:.3f}, "
             f"C = {config.clip_norm}, "
             f"target ε = {config.epsilon:g} ({plan.accountant}), clipping: {training.mode}"
+            + (", per user" if config.user_clipping == "per-user" else "")
             if plan
             else "non-private (ε = ∞)"
         )
