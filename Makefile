@@ -57,6 +57,7 @@ bench: $(STAMP)
 	export SYNTHQ_BENCH_JSON=benchmarks/results.jsonl && \
 	$(PY) benchmarks/finetune_step.py --models smollm2-135m --modes ghost --steps 5 && \
 	$(PY) benchmarks/finetune_step.py --models smollm2-135m --noise --steps 3 && \
+	$(PY) benchmarks/finetune_step.py --models smollm2-135m --user-clipping --lora 8 --steps 5 && \
 	$(PY) benchmarks/finetune_step.py --models smollm2-135m --phases --steps 3 > /dev/null && \
 	$(PY) benchmarks/retriever_step.py --batch 16 --steps 2 --modes $(RETRIEVER_MODES) --logit-batch 0 && \
 	$(PY) benchmarks/group_phases.py > /dev/null && \

@@ -7,6 +7,11 @@ T5-small-shaped model. The full (and the LoRA) configurations are timed in one p
     python benchmarks/finetune_step.py --profile [--lora 0] [--modes ghost]
     python benchmarks/finetune_step.py --noise [--models smollm2-135m] [--steps 3]
     python benchmarks/finetune_step.py --phases [--models smollm2-135m] [--lora 16] [--no-full]
+    python benchmarks/finetune_step.py --user-clipping [--models smollm2-135m] [--lora 8]
+
+``--user-clipping`` times a ghost DP step that clips each user's combined gradient
+(``--user-clipping per-user``) against the per-example step weighted ``1/k``, at the same rows:
+the batch's rows fall to users of 4, 2, 1, 1, … rows (:data:`USER_SIZES`), one micro-batch.
 
 ``--profile`` runs one step of each side under torch's profiler (after two untimed steps) and
 prints, per operator, the self CPU time of the non-private and the DP step and the difference:
@@ -25,8 +30,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._measure import add_ratios, as_a_stage, emit, measure_interleaved  # noqa: E402
 
+USER_SIZES = (4, 2, 1, 1)  # rows per user, repeated over the batch (--user-clipping)
 
-def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: int):
+
+def user_groups(batch: int) -> tuple[list[int], list[float]]:
+    """Each row's user and weight ``1/k`` for a batch cut into users of :data:`USER_SIZES` rows."""
+    groups, weights, user = [], [], 0
+    while len(groups) < batch:
+        size = min(USER_SIZES[user % len(USER_SIZES)], batch - len(groups))
+        groups += [user] * size
+        weights += [1.0 / size] * size
+        user += 1
+    return groups, weights
+
+
+def make_step(
+    model_spec: str, mode: str | None, lora: int, batch: int, tokens: int, user_clipping: str | None = None
+):
     import torch
 
     from synthq.dp.engine import PrivacyPlan
@@ -65,11 +85,12 @@ def make_step(model_spec: str, mode: str | None, lora: int, batch: int, tokens: 
     indices = list(range(batch))
     if mode is not None:
         plan = PrivacyPlan.with_noise(1.0, 0.1, expected_batch_size=batch)
-        dp = DPStep(generator, optimizer, plan, batch, grad_sample_mode=mode)
+        dp = DPStep(generator, optimizer, plan, batch, mode, user_clipping or "per-example")
         randomness = SecretRandomness(seed=0)
+        groups, weights = user_groups(batch) if user_clipping else (None, [1.0] * len(indices))
 
         def step():
-            dp.step(make_batch, indices, [1.0] * len(indices), randomness)
+            dp.step(make_batch, indices, weights, randomness, groups=groups)
     else:
 
         def step():
@@ -220,6 +241,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="where the DP step's extra time goes")
     parser.add_argument("--noise", action="store_true", help="the step's Gaussian noise alone")
     parser.add_argument("--phases", action="store_true", help="ghost DP and non-private steps by phase")
+    parser.add_argument("--user-clipping", action="store_true", help="per-user vs per-example clipping")
     args = parser.parse_args()
     if args.phases:
         for model in args.models.split(","):
@@ -234,6 +256,23 @@ def main() -> None:
     if args.noise:
         for model in args.models.split(","):
             emit({"benchmark": "dp_noise", "model": model, "results": noise_seconds(model, args.steps)})
+        return
+    if args.user_clipping:
+        for model in args.models.split(","):
+            results = {}
+            for rank in sorted({0, args.lora} - ({0} if args.no_full else set())):
+                kind = "full" if rank == 0 else f"lora{rank}"
+                group = {
+                    f"{clipping}_{kind}": (model, "ghost", rank, args.batch, args.tokens, clipping)
+                    for clipping in ("per-example", "per-user")
+                }
+                results.update(
+                    measure_interleaved(make_step, group, steps=args.steps, memory=not args.no_memory)
+                )
+            add_ratios(results, {name: name.replace("per-user", "per-example") for name in results})
+            emit({"benchmark": "user_clipping_step", "model": model, "batch": args.batch,
+                  "tokens": args.tokens, "users": USER_SIZES, "steps": args.steps,
+                  "results": results})  # fmt: skip
         return
     modes = [m for m in args.modes.split(",") if m]
     if args.profile:
