@@ -300,6 +300,8 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         key = (activations.data_ptr(), activations.shape, activations.stride())
         if self.layout is not None:  # per-unit clipping: Gram matrices across each unit's rows
             backprops = self.layout.tokens(backprops, scale=True)
+            if self._unit_gradient_is_cheaper(module, backprops.shape[1]):
+                return self._unit_gradient_norms(module, self.layout.tokens(activations), backprops)
         gram = self._grams.get(key)
         if gram is None:
             activations = activations.to(backprops.dtype)
@@ -312,6 +314,30 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
             norms[module.weight] = (output_gram * gram).sum((1, 2)).clamp(min=0).sqrt()
         if module.bias is not None and module.bias.requires_grad:
             norms[module.bias] = output_gram.sum((1, 2)).clamp(min=0).sqrt()
+        return norms
+
+    def _unit_gradient_is_cheaper(self, module: nn.Linear, unit_tokens: int) -> bool:
+        """Under per-unit clipping (``auto`` only), whether forming each unit's gradient
+        ``G_uᵀ A_u`` (``L·d·p`` flops for ``L`` = the unit's tokens) costs less than its ghost norm
+        (``L²(d + p)``): a unit of several rows multiplies the ghost norm's cost by its rows
+        squared, the gradient's only by its rows. The gradients are dropped after the norm; the
+        update still comes from the records."""
+        rows, columns = module.weight.shape
+        return self.norm_method == "auto" and rows * columns < unit_tokens * (rows + columns)
+
+    @staticmethod
+    def _unit_gradient_norms(
+        module: nn.Linear, activations: torch.Tensor, backprops: torch.Tensor
+    ) -> dict[nn.Parameter, torch.Tensor]:
+        """``‖G_uᵀ A_u‖`` per unit from its concatenated rows (``[U, L, ·]``), one unit at a time."""
+        activations = activations.to(backprops.dtype)
+        norms = {}
+        if module.weight.requires_grad:
+            norms[module.weight] = torch.stack(
+                [torch.linalg.matrix_norm(g.T @ a) for g, a in zip(backprops, activations, strict=True)]
+            )
+        if module.bias is not None and module.bias.requires_grad:
+            norms[module.bias] = backprops.sum(1).norm(2, dim=1)
         return norms
 
     def _method(self, module: nn.Module, backprops: torch.Tensor) -> str:

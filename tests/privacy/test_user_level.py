@@ -32,6 +32,7 @@ from synthq.models.generator import QueryGenerator
 from synthq.privacy.guarantee import Guarantee, compose_releases
 from synthq.privacy.ledger import ledger_lines
 from synthq.privacy.units import training_units
+from synthq.reporting.labels import _synthetic_origin
 from synthq.runtime.errors import DataError, PrivacyError
 from synthq.stages import evaluate, generate, train_retriever
 from tests.helpers import finetune, retriever_config
@@ -152,31 +153,44 @@ def _tiny_units(tmp_path, tiny_beir, max_queries=8):
     return pairs, training_units(pairs, data, "user", max_queries, SecretRandomness(0))
 
 
-def test_generator_step_moves_by_at_most_c_when_any_user_is_removed(tmp_path, tiny_beir, tiny_causal_dir):
+@pytest.mark.parametrize("clipping", ["per-example", "per-user"])
+@pytest.mark.parametrize("mode", ["vmap", "ghost"])
+def test_generator_step_moves_by_at_most_c_when_any_user_is_removed(
+    tmp_path, tiny_beir, tiny_causal_dir, clipping, mode
+):
     pairs, units = _tiny_units(tmp_path, tiny_beir)
     generator = QueryGenerator.load(tiny_causal_dir, device="cpu", max_source_length=48)
     generator.model.eval()  # no dropout: both neighbours see the same function
     clip = 1e-3
     plan = PrivacyPlan.with_noise(1.0, clip, 4)
     optimizer = torch.optim.SGD([p for p in generator.model.parameters() if p.requires_grad], lr=0.1)
-    step = DPStep(generator, optimizer, plan, physical_batch_size=4, grad_sample_mode="vmap")
+    step = DPStep(
+        generator, optimizer, plan, physical_batch_size=4, grad_sample_mode=mode, user_clipping=clipping
+    )
 
     def make_batch(rows):
         chosen = [pairs[i] for i in rows]
         return generator.training_batch([p.document for p in chosen], [p.query for p in chosen], 16)
 
+    def clipped_sum(sample):
+        return step.clipped_sum(make_batch, *units.expand(sample), groups=units.positions(sample))[0]
+
     everyone = list(range(len(units)))
-    full, _ = step.clipped_sum(make_batch, *units.expand(everyone))
+    full = clipped_sum(everyone)
     differences = {}
     for user in everyone:
-        others, _ = step.clipped_sum(make_batch, *units.expand([u for u in everyone if u != user]))
+        others = clipped_sum([u for u in everyone if u != user])
         differences[units.keys[user]] = float(
             torch.sqrt(sum((full[n] - others[n]).pow(2).sum() for n in full))
         )
     assert max(differences.values()) <= clip * (1 + 1e-4)
     assert max(differences.values()) > 0.9 * clip  # a one-query user reaches the bound: not vacuous
-    assert differences["user0"] > 0.2 * clip  # the heavy user's 5 queries average (weights 1/k)
+    if clipping == "per-example":
+        assert differences["user0"] > 0.2 * clip  # the heavy user's 5 queries average (weights 1/k)
+    else:  # every user's combined gradient is clipped to C: each one moves the sum by C exactly
+        assert min(differences.values()) > (1 - 1e-3) * clip
     assert plan.sensitivity == clip
+    step.clipper.close()
 
 
 @pytest.mark.parametrize("mode", ["group", "sample"])
@@ -269,6 +283,32 @@ def test_user_level_pipeline_states_the_user_everywhere(
     runner = CliRunner()
     shown = runner.invoke(app, ["info", str(generator.path)])
     assert shown.exit_code == 0 and "per user (≤ 4 queries each)" in shown.output
+
+
+def test_per_user_clipping_run_records_its_rule_and_the_same_accounting(tmp_path, tiny_beir, tiny_causal_dir):
+    """``--user-clipping per-user`` changes the clipping, not the accounting: the same σ for the
+    same q and steps, and the rule and label say which clipping ran."""
+    data = with_users(tmp_path, tiny_beir)
+    options = dict(
+        epsilon=8.0, max_steps=2, batch_size=3, privacy_unit="user", max_queries_per_user=4, seed=0
+    )
+    runs = {
+        clipping: finetune(
+            tmp_path, data, tiny_causal_dir, f"gen-{clipping}", user_clipping=clipping, **options
+        )
+        for clipping in ("per-example", "per-user")
+    }
+    example, user = (runs[c].privacy.details for c in ("per-example", "per-user"))
+    assert user["user_clipping"] == "per-user" and example["user_clipping"] == "per-example"
+    assert "sum clipped to C" in user["sensitivity_rule"] and "weighted 1/k" in example["sensitivity_rule"]
+    assert user["noise_multiplier"] == example["noise_multiplier"]
+    assert runs["per-user"].privacy.epsilon == pytest.approx(runs["per-example"].privacy.epsilon)
+    synthetic = generate.run(
+        GenerateConfig(
+            generator=runs["per-user"].path, corpus=str(data), out=tmp_path / "syn", max_new_tokens=4, seed=0
+        )
+    )
+    assert "(per-user clipping)" in _synthetic_origin(str(synthetic.path))[0]
 
 
 def test_direct_dp_retriever_at_the_user_unit(tmp_path, tiny_beir, tiny_encoder_dir):
