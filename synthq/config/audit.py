@@ -123,7 +123,10 @@ class CanaryAuditConfig(StageConfig):
         if clash:
             raise ValueError(f"--finetune: {', '.join(clash)} is set by the audit itself")
         try:
-            FinetuneConfig(data=self.data, model=self.model, out=self.out, **self.finetune)
+            FinetuneConfig(
+                data=self.data, model=self.model, out=self.out, privacy_unit=self.privacy_unit,
+                max_queries_per_user=self.max_queries_per_user, **self.finetune,
+            )  # fmt: skip
         except ValidationError as error:
             raise ValueError(f"--finetune {validation_message(error)}") from None
         return self

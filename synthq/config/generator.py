@@ -113,6 +113,10 @@ class FinetuneConfig(StageConfig):
     def _per_user_clipping_needs_users(self) -> FinetuneConfig:
         if self.user_clipping == "per-user" and self.privacy_unit != "user":
             raise ValueError("--user-clipping per-user needs --privacy-unit user")
+        if self.user_clipping == "per-user" and not math.isfinite(self.epsilon):
+            raise ValueError(
+                "--user-clipping per-user needs a finite --epsilon: without DP nothing is clipped"
+            )
         return self
 
 

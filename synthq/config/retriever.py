@@ -68,6 +68,14 @@ class TrainRetrieverConfig(StageConfig):
         description="Train on the first K pairs of each document (file order), e.g. one query per "
         "document of a set generated with --num-queries 3. Not with --dp.",
     )
+    hard_negatives: int = Field(
+        0,
+        ge=0,
+        description="Non-private: N extra negatives per pair for the in-batch softmax, mined by the "
+        "starting encoder on the corpus (its top documents for the query, without the query's "
+        "positives and near-ties at ≥ 95 % of the positive's score). Free on a synthetic set and a "
+        "public corpus. Not with --dp.",
+    )
     privacy_unit: PrivacyUnitName = DEFAULT_PRIVACY_UNIT
     max_queries_per_user: MaxQueriesPerUser = DEFAULT_MAX_QUERIES_PER_USER
     seed: SecretSeed = None
@@ -79,6 +87,11 @@ class TrainRetrieverConfig(StageConfig):
         refuse_limit_with_dp(self.limit, self.dp is not None)
         if self.dp is None and "epsilon" in self.model_fields_set and math.isfinite(self.epsilon):
             raise ValueError("--epsilon needs --dp: without it the retriever trains non-privately (ε = ∞)")
+        if self.hard_negatives and self.dp is not None:
+            raise ValueError(
+                "--hard-negatives is for non-private training (a synthetic set, or public pairs): "
+                "direct DP with mined negatives is not built"
+            )
         if self.privacy_unit == "user" and self.dp is None:
             raise ValueError("--privacy-unit user needs --dp: training without DP protects no unit (ε = ∞)")
         return self

@@ -292,7 +292,8 @@ class DPStep:
         if self.per_user and groups is None:
             raise ValueError("per-user clipping needs each row's unit (groups)")
         items = list(zip(rows, weights, groups if self.per_user else [0] * len(rows), strict=True))
-        if self.per_user:  # whole units: per rank, then per micro-batch
+        if self.per_user:  # whole units: per rank, then per micro-batch (a unit's rows made adjacent)
+            items.sort(key=lambda item: item[2])
             units = [[items[i] for i in chunk] for chunk in unit_chunks([g for _, _, g in items], 1)]
             local = [item for unit in distributed.shard(units) for item in unit]
             chunks = [

@@ -186,7 +186,8 @@ def _own_guarantee(config, plan, training: GeneratorTraining, units: PrivacyUnit
         "clip_norm": config.clip_norm,
         "sensitivity_rule": _mechanism(config).sensitivity_rule,
         "user_clipping": config.user_clipping,
-        "per_sample_clipping": PER_SAMPLE_CLIPPING[training.mode],
+        "per_sample_clipping": PER_SAMPLE_CLIPPING[training.mode]
+        + ("; norms of each user's combined gradient" if config.user_clipping == "per-user" else ""),
         "trainable": "LoRA adapters" if config.lora_rank else "all parameters",
     }
     assumptions = [training.randomness.assumption(), public_count_assumption(units)]

@@ -34,7 +34,7 @@ from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.on_main import artifact_on_main
 from synthq.config.retriever import TrainRetrieverConfig
-from synthq.data.pairs import Pair, first_pairs_per_document, training_pairs
+from synthq.data.pairs import Pair, document_text, first_pairs_per_document, training_pairs
 from synthq.data.sources import load_source
 from synthq.dp.contrastive import Example
 from synthq.dp.engine import PrivacyPlan, build_mechanism, check_units_fit, planned_steps
@@ -47,6 +47,7 @@ from synthq.dp.units import (
     unit_diagnostics,
 )
 from synthq.models.encoder import (
+    embed,
     features,
     freeze_token_embeddings,
     load_encoder,
@@ -92,8 +93,11 @@ def _embed_rows(encoder, texts: list[str], max_length: int) -> torch.Tensor:
     return encoder(features(encoder, texts, max_length))["sentence_embedding"]
 
 
-def _in_batch_loss(encoder, loss_function, batch: list[Example], config: TrainRetrieverConfig):
-    """sentence-transformers' in-batch softmax over the WHOLE batch, and its gradient.
+def _in_batch_loss(
+    encoder, loss_function, batch: list[Example], config: TrainRetrieverConfig, negatives: list[list[str]]
+):
+    """sentence-transformers' in-batch softmax over the WHOLE batch, and its gradient;
+    ``negatives[i]`` are example ``i``'s mined hard negatives (texts, the same count for all).
 
     Each rank embeds its share of the batch; the embeddings are gathered with their graph, so
     every query sees every rank's documents as negatives (as large-batch contrastive training
@@ -102,11 +106,17 @@ def _in_batch_loss(encoder, loss_function, batch: list[Example], config: TrainRe
     over ranks gives the single-process gradient of the same batch."""
     local = distributed.shard(batch)
     ranks = distributed.topology().world_size
-    queries = _embed_rows(encoder, [e.query for e in local], config.max_query_length)
-    docs = _embed_rows(encoder, [e.document for e in local], config.max_doc_length)
-    queries = distributed.gather_rows(queries, with_grad=True)
-    docs = distributed.gather_rows(docs, with_grad=True)
-    loss = loss_function.compute_loss_from_embeddings([queries, docs], None)
+    local_negatives = distributed.shard(negatives)
+    columns = [[e.query for e in local], [e.document for e in local]]
+    columns += [list(column) for column in zip(*local_negatives, strict=True)] if local_negatives else []
+    if not local:  # an empty share still takes part in every gather, one column per negative
+        columns += [[] for _ in range(len(negatives[0]) if negatives else 0)]
+    lengths = [config.max_query_length] + [config.max_doc_length] * (len(columns) - 1)
+    embeddings = [
+        distributed.gather_rows(_embed_rows(encoder, texts, length), with_grad=True)
+        for texts, length in zip(columns, lengths, strict=True)
+    ]
+    loss = loss_function.compute_loss_from_embeddings(embeddings, None)
     (loss / ranks).backward()
     return loss
 
@@ -117,16 +127,20 @@ def _grad(parameter: torch.nn.Parameter) -> torch.Tensor:
     return parameter.grad
 
 
-def _train_step(encoder, loss_function, batch: list[Example], parameters, config) -> float:
-    """One non-private step's gradient (in-batch softmax, or its GradCache form)."""
+def _train_step(
+    encoder, loss_function, batch: list[Example], parameters, config, negatives: list[list[str]]
+) -> float:
+    """One non-private step's gradient (in-batch softmax, or its GradCache form), with each
+    example's hard negatives (``negatives[i]``, possibly none) as extra candidates."""
     if config.mini_batch_size is None:
-        loss = _in_batch_loss(encoder, loss_function, batch, config)
+        loss = _in_batch_loss(encoder, loss_function, batch, config, negatives)
         distributed.all_reduce_sum([_grad(p) for p in parameters])
         return loss.item()
     # GradCache: chunks without a graph, then replayed with one
     features_pair = [
         features(encoder, [e.query for e in batch], config.max_query_length),
         features(encoder, [e.document for e in batch], config.max_doc_length),
+        *(features(encoder, list(column), config.max_doc_length) for column in zip(*negatives, strict=True)),
     ]
     loss = loss_function(features_pair, None)
     loss.backward()
@@ -250,6 +264,9 @@ def run(config: TrainRetrieverConfig) -> Artifact:
         length = settings.max_query_length if side == "query" else settings.max_doc_length
         return F.normalize(_embed_rows(encoder, texts, length), dim=-1)
 
+    mined, texts = (
+        _hard_negatives(settings, encoder, pairs, dataset.corpus, rng) if config.hard_negatives else ([], {})
+    )
     mechanism, plan = None, None
     if config.dp is None:
         steps = math.ceil(config.epochs * math.ceil(len(pairs) / config.batch_size))
@@ -268,8 +285,12 @@ def run(config: TrainRetrieverConfig) -> Artifact:
                 if plan is None:
                     if not batches:
                         batches = unique_document_batches(pairs, config.batch_size, rng)
-                    batch = [_example(pairs[i]) for i in batches.pop(0)]
-                    value = _train_step(encoder, loss_function, batch, parameters, settings)
+                    chosen = batches.pop(0)
+                    batch = [_example(pairs[i]) for i in chosen]
+                    negatives = (
+                        [[texts[d] for d in mined[i]] for i in chosen] if mined else [[] for _ in chosen]
+                    )
+                    value = _train_step(encoder, loss_function, batch, parameters, settings, negatives)
                 else:
                     rows, weights = units.expand(plan.sample(randomness))
                     batch = [_example(pairs[i], w, units, i) for i, w in zip(rows, weights, strict=True)]
@@ -303,6 +324,47 @@ def run(config: TrainRetrieverConfig) -> Artifact:
             _statistics(losses, elapsed, seen, steps)
         )
     return distributed.on_main(open_artifact, config.out, STAGE)
+
+
+def _hard_negatives(config: TrainRetrieverConfig, encoder, pairs, corpus, rng: random.Random):
+    """Each pair's ``--hard-negatives`` document ids, mined by the starting encoder
+    (:func:`synthq.retrieval.hard_negatives.mine_hard_negatives`), topped up with random documents
+    that are not the query's positives when the top candidates hold too few; and the texts."""
+    from synthq.retrieval.hard_negatives import mine_hard_negatives
+
+    texts = {doc_id: document_text(doc) for doc_id, doc in corpus.items()}
+    judged: dict[str, set[str]] = {}
+    for pair in pairs:
+        judged.setdefault(pair.query_id, set()).add(pair.doc_id)
+
+    def encode(strings: list[str], length: int) -> torch.Tensor:
+        return torch.cat([embed(encoder, strings[i : i + 64], length) for i in range(0, len(strings), 64)])
+
+    info(
+        f"mining {config.hard_negatives} hard negatives per pair with the starting encoder "
+        f"({len(texts):,} documents)"
+    )
+    encoder.eval()
+    try:
+        mined = mine_hard_negatives(
+            lambda strings: encode(strings, config.max_query_length),
+            lambda strings: encode(strings, config.max_doc_length),
+            [pair.query for pair in pairs],
+            [judged[pair.query_id] for pair in pairs],
+            texts,
+            config.hard_negatives,
+        )
+    finally:
+        encoder.train()
+    ids = list(texts)
+    for pair, negatives in zip(pairs, mined, strict=True):
+        while len(negatives) < config.hard_negatives and len(ids) > len(judged[pair.query_id]) + len(
+            negatives
+        ):
+            candidate = ids[rng.randrange(len(ids))]
+            if candidate not in judged[pair.query_id] and candidate not in negatives:
+                negatives.append(candidate)
+    return mined, texts
 
 
 def _dp_guarantee(plan: PrivacyPlan, mechanism, config: TrainRetrieverConfig, units, randomness) -> Guarantee:

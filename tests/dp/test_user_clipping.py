@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from synthq.config.audit import CanaryAuditConfig
 from synthq.config.generator import FinetuneConfig
 from synthq.dp.clipping import clip_and_sum
 from synthq.dp.engine import PrivacyPlan
@@ -184,3 +185,32 @@ def test_per_user_clipping_needs_the_user_unit():
         data="embedded", model="m", out="x", user_clipping="per-user", privacy_unit="user"
     )
     assert config.user_clipping == "per-user"
+
+
+def test_rows_of_one_user_given_apart_are_still_clipped_together(tiny_causal_dir):
+    """``groups`` out of order (user 0's rows first and last) must not split user 0 over two
+    micro-batches, each clipped to C: the sum equals the one with the rows given adjacent."""
+    generator = load(tiny_causal_dir, lora=True)
+    trainable = [p for p in generator.model.parameters() if p.requires_grad]
+    plan = PrivacyPlan.with_noise(0.0, 0.05, expected_batch_size=2)
+    step = DPStep(generator, torch.optim.SGD(trainable, lr=1.0), plan, 2, "ghost", "per-user")
+
+    def make_batch(indices):
+        return generator.training_batch([DOCS[i] for i in indices], [QUERIES[i] for i in indices], 16)
+
+    apart, _ = step.clipped_sum(make_batch, [0, 1, 2], [0.5, 1.0, 0.5], groups=[0, 1, 0])
+    together, _ = step.clipped_sum(make_batch, [0, 2, 1], [0.5, 0.5, 1.0], groups=[0, 0, 1])
+    for name, value in together.items():
+        torch.testing.assert_close(apart[name], value, atol=1e-7, rtol=1e-5, msg=name)
+    step.clipper.close()
+
+
+def test_per_user_clipping_needs_a_finite_epsilon_and_the_audit_accepts_it():
+    with pytest.raises(ValueError, match="needs a finite --epsilon"):
+        FinetuneConfig(
+            data="embedded", model="m", out="x", user_clipping="per-user", privacy_unit="user", epsilon="inf"
+        )
+    audit = CanaryAuditConfig(
+        data="embedded", model="m", out="x", privacy_unit="user", finetune={"user_clipping": "per-user"}
+    )
+    assert audit.finetune["user_clipping"] == "per-user"
