@@ -26,6 +26,21 @@ from synthq.runtime.paths import recorded_location, recorded_path
 # Fields that never change what a stage computes, so they are left out of its fingerprint.
 VOLATILE_CONFIG_KEYS = frozenset({"out", "force", "resume"})
 
+# Fields added to a stage after artifacts were written without them, each with the value that
+# does what a config without the field did. At that value the field is left out of fingerprints
+# and recipes, so upgrading synthq does not make every existing artifact out of date; any other
+# value is part of them. A field whose default changes what the stage computes does not belong
+# here.
+ADDED_FIELD_DEFAULTS = {"user_clipping": "per-example", "hard_negatives": 0}
+
+
+def without_added_defaults(config: dict) -> dict:
+    """``config`` without the fields of :data:`ADDED_FIELD_DEFAULTS` that hold their old-behaviour
+    value: what two configs are compared on (fingerprints, resumes, replicate recipes)."""
+    return {
+        k: v for k, v in config.items() if not (k in ADDED_FIELD_DEFAULTS and v == ADDED_FIELD_DEFAULTS[k])
+    }
+
 
 def input_location(artifact: Artifact, record: dict) -> Path:
     """Where an input that ``artifact`` recorded is now, from any working directory (absolute as
@@ -37,7 +52,11 @@ def input_location(artifact: Artifact, record: dict) -> Path:
 def config_fingerprint(config: Any, inputs: list[dict]) -> str:
     """What decides whether an existing artifact is up to date: the config (minus volatile keys)
     and the manifest hashes of the inputs."""
-    relevant = {k: v for k, v in config_to_dict(config).items() if k not in VOLATILE_CONFIG_KEYS}
+    relevant = {
+        k: v
+        for k, v in without_added_defaults(config_to_dict(config)).items()
+        if k not in VOLATILE_CONFIG_KEYS
+    }
     payload = {"config": relevant, "inputs": sorted(i["sha256"] for i in inputs)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=json_default).encode()).hexdigest()
 
@@ -57,7 +76,8 @@ def check_resumable(path: Path, state: dict, config: Any, inputs: list[dict]) ->
                 f"{path}: cannot resume, the input {record['path']} changed since the interrupted run "
                 "read it; drop --resume to start over on the new data"
             )
-    saved, now = json.loads(state["config"]), config_to_dict(config)
+    saved = without_added_defaults(json.loads(state["config"]))
+    now = without_added_defaults(config_to_dict(config))
     volatile = {"out", "force", "resume", "device"}
     changed = sorted(k for k in set(saved) | set(now) if k not in volatile and saved.get(k) != now.get(k))
     if changed:

@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+from synthq.artifacts.freshness import without_added_defaults
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.runtime.errors import ArtifactError
 
@@ -111,7 +112,11 @@ def _generator_recipe(path: str | None) -> dict | None:
     return (
         None
         if generator is None
-        else {k: v for k, v in generator.config.items() if k not in _RUN_FLAGS | {"seed"}}
+        else {
+            k: v
+            for k, v in without_added_defaults(generator.config).items()
+            if k not in _RUN_FLAGS | {"seed"}
+        }
     )
 
 
@@ -123,7 +128,7 @@ def training_settings(artifact: Artifact) -> tuple[dict, str | None, str | None]
     retriever is its own system) — and its ``replicate``: the manifest hash of the synthetic set
     it was trained on (``None`` for other data)."""
     skip = {"out", "force", "resume", "device"}
-    settings = {k: v for k, v in artifact.config.items() if k not in skip}
+    settings = {k: v for k, v in without_added_defaults(artifact.config).items() if k not in skip}
     data = str(settings.get("data", ""))
     recipe = synthetic_recipe(data) if (Path(data) / "manifest.json").is_file() else None
     replicate = None
