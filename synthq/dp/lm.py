@@ -289,22 +289,7 @@ class DPStep:
         device = next(self.generator.model.parameters()).device
         total: dict[str, torch.Tensor] = {}  # the first micro-batch's sum becomes the total
         losses, norms, tokens, done = [], [], 0, 0
-        if self.per_user and groups is None:
-            raise ValueError("per-user clipping needs each row's unit (groups)")
-        items = list(zip(rows, weights, groups if self.per_user else [0] * len(rows), strict=True))
-        if self.per_user:  # whole units: per rank, then per micro-batch (a unit's rows made adjacent)
-            items.sort(key=lambda item: item[2])
-            units = [[items[i] for i in chunk] for chunk in unit_chunks([g for _, _, g in items], 1)]
-            local = [item for unit in distributed.shard(units) for item in unit]
-            chunks = [
-                [local[i] for i in c] for c in unit_chunks([g for _, _, g in local], self.physical_batch_size)
-            ]
-        else:
-            local = distributed.shard(items)  # this rank's share
-            chunks = [
-                local[s : s + self.physical_batch_size]
-                for s in range(0, len(local), self.physical_batch_size)
-            ]
+        local, chunks = self._micro_batches(rows, weights, groups)
         for chunk in chunks:
             batch = {k: v.to(device) for k, v in make_batch([row for row, _, _ in chunk]).items()}
             tokens += int((batch["labels"] != -100).sum())
@@ -327,6 +312,24 @@ class DPStep:
         }
         distributed.all_reduce_sum(list(total.values()))
         return total, gather_result(len(rows), losses, norms, tokens)
+
+    def _micro_batches(
+        self, rows: list[int], weights: list[float], groups: list[int] | None
+    ) -> tuple[list[tuple], list[list[tuple]]]:
+        """This rank's ``(row, weight, unit)`` items and their micro-batches. Per-user clipping
+        sorts a unit's rows together, gives every rank whole units and never splits a unit over
+        two micro-batches: a unit clipped in parts would move the sum by up to parts × C."""
+        if self.per_user and groups is None:
+            raise ValueError("per-user clipping needs each row's unit (groups)")
+        items = list(zip(rows, weights, groups if self.per_user else [0] * len(rows), strict=True))
+        size = self.physical_batch_size
+        if not self.per_user:
+            local = distributed.shard(items)
+            return local, [local[s : s + size] for s in range(0, len(local), size)]
+        items.sort(key=lambda item: item[2])
+        units = [[items[i] for i in unit] for unit in unit_chunks([g for _, _, g in items], 1)]
+        local = [item for unit in distributed.shard(units) for item in unit]
+        return local, [[local[i] for i in chunk] for chunk in unit_chunks([g for _, _, g in local], size)]
 
     def step(
         self,
