@@ -48,8 +48,7 @@ def group_clip_factors(
     ``min(1, C/‖G_u‖) · G_u`` with ``G_u = Σ_{j∈u} w_j g_j``, of norm at most ``C``.
 
     ``group_norms[u]`` is ``‖G_u‖``; ``groups[i]`` is example ``i``'s unit (``0 .. U-1``)."""
-    per_group = (clip_norm / (group_norms + 1e-6)).clamp(max=1.0)
-    factors = per_group[groups]
+    factors = clip_factors(group_norms, clip_norm)[groups]
     return factors if weights is None else factors * weights.to(factors)
 
 

@@ -264,6 +264,9 @@ class DPStep:
     ):
         if user_clipping not in USER_CLIPPING:
             raise ValueError(f"user_clipping must be one of {USER_CLIPPING}, not {user_clipping!r}")
+        planned = {PerQueryClipping.name: "per-example", PerUserClipping.name: "per-user"}.get(plan.mechanism)
+        if planned is not None and planned != user_clipping:  # the recorded rule is the one that runs
+            raise ValueError(f"the plan's mechanism clips {planned}, not {user_clipping}")
         self.generator = generator
         self.optimizer = optimizer
         self.plan = plan

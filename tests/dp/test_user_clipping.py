@@ -11,7 +11,7 @@ from synthq.config.audit import CanaryAuditConfig
 from synthq.config.generator import FinetuneConfig
 from synthq.dp.clipping import clip_and_sum
 from synthq.dp.engine import PrivacyPlan
-from synthq.dp.lm import USER_CLIPPING, DPStep, unit_chunks
+from synthq.dp.lm import USER_CLIPPING, DPStep, PerUserClipping, unit_chunks
 from synthq.dp.lm_ghost import GroupLayout
 from synthq.dp.lm_hooks import GhostClipper, HookClipper
 from synthq.models.sequence_loss import model_inputs, per_sequence_loss
@@ -214,3 +214,16 @@ def test_per_user_clipping_needs_a_finite_epsilon_and_the_audit_accepts_it():
         data="embedded", model="m", out="x", privacy_unit="user", finetune={"user_clipping": "per-user"}
     )
     assert audit.finetune["user_clipping"] == "per-user"
+
+
+def test_a_step_refuses_clipping_other_than_its_plans_mechanism(tiny_causal_dir):
+    """The sensitivity rule the guarantee records is the clipping that runs."""
+    generator = load(tiny_causal_dir, lora=True)
+    trainable = [p for p in generator.model.parameters() if p.requires_grad]
+    plan = PrivacyPlan.create(
+        num_units=10, expected_batch_size=3, steps=2, epsilon=8.0, delta=1e-3, accountant="rdp",
+        mechanism=PerUserClipping(0.1), unit="user",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="clips per-user, not per-example"):
+        DPStep(generator, torch.optim.SGD(trainable, lr=1.0), plan, 2, "ghost", "per-example")
+    DPStep(generator, torch.optim.SGD(trainable, lr=1.0), plan, 2, "ghost", "per-user").clipper.close()
