@@ -18,7 +18,7 @@ from typing import Any
 from synthq.artifacts.hashing import config_to_dict, json_default
 from synthq.artifacts.locking import check_output_free
 from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact, partial_dir
-from synthq.artifacts.process_state import this_process
+from synthq.artifacts.process_state import may_replace, this_process
 from synthq.artifacts.records import current_input_hash
 from synthq.runtime.errors import ArtifactError
 from synthq.runtime.paths import recorded_location, recorded_path
@@ -106,10 +106,13 @@ def find_up_to_date(out: str | Path, stage: str, config: Any, inputs: list[dict]
     return None
 
 
-def is_still_up_to_date(out: str | Path, stage: str, config: Any) -> bool:
+def is_still_up_to_date(out: str | Path, stage: str, config: Any) -> bool | None:
     """Whether ``out`` holds a ``stage`` artifact for ``config`` whose recorded inputs are
     unchanged on disk. Needs no knowledge of how the stage finds its inputs, so pipelines can
-    plan (``--dry-run``) without running anything."""
+    plan (``--dry-run``) without running anything. ``None`` when that cannot be told from the
+    records: an input is no longer where the artifact recorded it (a checkout or dataset that
+    moved); the stage itself then finds its inputs and reuses the artifact if their content is
+    unchanged (:func:`existing_result`)."""
     artifact = _verified_artifact(out, stage)
     if artifact is None:
         return False
@@ -117,7 +120,7 @@ def is_still_up_to_date(out: str | Path, stage: str, config: Any) -> bool:
     for record in artifact.inputs:
         now = current_input_hash({**record, "path": str(input_location(artifact, record))})
         if now is None:
-            return False
+            return None
         inputs.append({**record, "sha256": now})
     return artifact.manifest.get("fingerprint") == config_fingerprint(config, inputs)
 
@@ -133,7 +136,7 @@ def existing_result(stage: str, config: Any, inputs: list[dict]) -> Artifact | N
 
             debug(f"up to date: {out} ({stage}); pass --force to redo it")
             return artifact
-    check_output_free(out, force=getattr(config, "force", False), inputs=inputs)
+    check_output_free(out, force=may_replace(out, getattr(config, "force", False)), inputs=inputs)
     _refuse_to_discard_silently(out, config)
     this_process.seen[out.resolve()] = _manifest_state(out)
     return None

@@ -68,6 +68,9 @@ class PlannedStage:
     expect_seconds: float | None = None
     up_to_date: bool = False
     forced: bool = False  # by the user (--force NAME or all), not only stale: never resumed
+    # An artifact is there but an input it recorded has moved: whether it is up to date is
+    # decided when the stage runs and finds its inputs (it is reused if their content is the same).
+    decided_at_run: bool = False
 
     @property
     def out(self) -> Path:
@@ -160,19 +163,26 @@ def _concrete_stages(
 
 def _mark_up_to_date(planned: list[PlannedStage]) -> None:
     """Which stages can be skipped: not forced, nothing upstream stale, and their artifact still
-    matches their config and inputs; every other stage is set to replace its output."""
+    matches their config and inputs. Every other stage runs; the pipeline owns its outputs, so a
+    stale one is replaced without ``--force`` (:func:`synthq.pipeline.run.run_plan`), while the
+    stage still reuses an artifact that is up to date for its inputs as they are now (a stage
+    downstream of one that was rerun identically, or whose inputs moved but did not change)."""
     stale: set[str] = set()
+    undecided: set[str] = set()
     for stage in planned:
-        upstream_stale = any(dep in stale for dep in stage.depends_on)
-        stage.up_to_date = (
-            not stage.config.force
-            and not upstream_stale
-            and is_still_up_to_date(stage.out, stage.stage, stage.config)
-        )
-        if not stage.up_to_date:
+        verdict: bool | None
+        if stage.config.force or any(dep in stale for dep in stage.depends_on):
+            verdict = False
+        else:
+            verdict = is_still_up_to_date(stage.out, stage.stage, stage.config)
+            if verdict is True and any(dep in undecided for dep in stage.depends_on):
+                verdict = None  # up to date only if the undecided stages upstream turn out so
+        stage.up_to_date = verdict is True
+        stage.decided_at_run = verdict is None
+        if verdict is False:
             stale.add(stage.name)
-            # The pipeline owns its outputs: a stale one (changed config or inputs) is replaced.
-            stage.config = stage.config.model_copy(update={"force": True})
+        elif verdict is None:
+            undecided.add(stage.name)
 
 
 def _check_keys(mapping: dict, allowed: set[str], where: str) -> None:

@@ -12,7 +12,12 @@ def describe_plan(plan: Plan) -> list[str]:
     """One line for the pipeline, then one per stage: run or skip, its estimate, what it needs."""
     lines = [f"pipeline {plan.name!r} -> {plan.out} ({len(plan.stages)} stages)"]
     for number, stage in enumerate(plan.stages, 1):
-        status = "up to date, skip" if stage.up_to_date else "run"
+        if stage.up_to_date:
+            status = "up to date, skip"
+        elif stage.decided_at_run:
+            status = "run unless up to date (decided when it runs: an input it recorded has moved)"
+        else:
+            status = "run"
         estimate = estimate_seconds(stage)
         hint = f", ~{minutes(estimate)}" if estimate and not stage.up_to_date else ""
         needs = f" <- {', '.join(stage.depends_on)}" if stage.depends_on else ""

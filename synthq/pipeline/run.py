@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from synthq.artifacts.process_state import owned_by_pipeline
 from synthq.config.registry import stage_entry
 from synthq.pipeline.plan import Plan, PlannedStage
 from synthq.pipeline.progress import estimate_seconds, minutes, time_by_kind
@@ -42,7 +43,8 @@ def run_plan(plan: Plan) -> dict[str, Path]:
         console.rule(f"{header} (elapsed {minutes(elapsed)}{eta})")
         _stop_on_changed_code(plan, code, stage)
         stage_started = time.perf_counter()
-        artifact = _run_stage(plan, stage, run_functions[stage.stage], code)
+        with owned_by_pipeline(stage.out):
+            artifact = _run_stage(plan, stage, run_functions[stage.stage], code)
         remaining_estimate = max(remaining_estimate - estimate, 0.0)
         results[stage.name] = Path(artifact.path)
         stage_times.append((stage.stage, time.perf_counter() - stage_started))
@@ -77,8 +79,8 @@ def _run_stage(plan: Plan, stage: PlannedStage, run: Callable, code: dict[str, t
 def _continuing(stage: PlannedStage):
     """The stage's config, resuming the checkpoint an interrupted run of it left (a rerun of the
     same pipeline continues, as its interruption message promises; ``--force STAGE`` starts over).
-    A stale stage's config carries ``force`` (the pipeline owns its outputs); only the user's
-    ``--force`` means starting over."""
+    A stale stage may replace its output without ``force`` (the pipeline owns its outputs);
+    only the user's ``--force`` means starting over."""
     from synthq.artifacts.freshness import interrupted_checkpoint
 
     config = stage.config

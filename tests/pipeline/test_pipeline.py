@@ -112,6 +112,38 @@ def test_run_skip_force_and_dry_run(tmp_path):
     # an override changes a config: that stage and its dependants are stale
     plan = plan_pipeline(path, overrides=["stages.2.config.value=9"])
     assert [s.name for s in plan.stages if not s.up_to_date] == ["third"]
+    # ... and is replaced without --force (the pipeline owns its outputs), its config unforced
+    assert not plan.stage("third").config.force
+    CALLS.clear()
+    run_plan(plan)
+    assert CALLS == ["third"]
+    assert (tmp_path / "runs" / "third" / "value.txt").read_text() == "9.0"
+    # the ownership ends with the run: a stage run by hand still needs --force to replace it
+    with pytest.raises(SynthqError, match="pass --force to replace it"):
+        run(plan.stage("third").config.model_copy(update={"value": 7.0}))
+
+
+def test_moved_inputs_are_checked_when_the_stage_runs(tmp_path, monkeypatch):
+    """Artifacts whose recorded inputs moved (a checkout renamed, a worktree removed) cannot be
+    judged from their records alone; the stages then find their inputs as they are now and reuse
+    the artifacts whose inputs' content is unchanged, instead of redoing the whole pipeline."""
+    (tmp_path / "before").mkdir()
+    monkeypatch.chdir(tmp_path / "before")
+    path = Path("p.yaml")
+    path.write_text(PIPELINE.format(out="runs"))
+    run_plan(plan_pipeline(path))
+    (tmp_path / "before").rename(tmp_path / "after")
+    monkeypatch.chdir(tmp_path / "after")
+    CALLS.clear()
+    plan = plan_pipeline(path)
+    assert [s.name for s in plan.stages if s.up_to_date] == ["first-1", "first-3"]
+    assert [s.name for s in plan.stages if s.decided_at_run] == ["second", "third"]
+    assert "decided when it runs" in "\n".join(describe_plan(plan))
+    run_plan(plan)
+    assert CALLS == []  # nothing redone: every input's content is the same
+    # a real change upstream is still seen when the stage runs
+    run_plan(plan_pipeline(path, overrides=["stages.0.config.value=4"]))
+    assert CALLS == ["first-1", "first-3", "second", "third"]
 
 
 def test_time_by_kind_adds_up_to_the_wall_time():
