@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,30 +27,33 @@ class ProcessRecord:
     written: list[Path] = field(default_factory=list)  # artifacts finished by this process, in order
     writing: list[Path] = field(default_factory=list)  # outputs this process is writing now, innermost last
     failed: list[Path] = field(default_factory=list)  # outputs whose write failed, last last
-    # Outputs a running pipeline owns (the stage it is running now): reused when up to date for
-    # the stage's inputs as they are now, replaced when not, without the user's --force.
-    pipeline_owned: set[Path] = field(default_factory=set)
 
 
 this_process = ProcessRecord()
 
 
+# Outputs a running pipeline owns (the stage it is running now): reused when up to date for the
+# stage's inputs as they are now, replaced when not, without the user's --force. A context
+# variable, not process state: another thread's direct stage call on the same path is not owned.
+_pipeline_owned: ContextVar[frozenset[Path]] = ContextVar("synthq_pipeline_owned", default=frozenset())
+
+
 @contextmanager
-def owned_by_pipeline(out: str | Path) -> Iterator[None]:
-    """While a pipeline runs the stage writing ``out``: a stale artifact there may be replaced
-    (the pipeline owns its outputs); one up to date for the stage's current inputs is reused."""
-    key = Path(out).resolve()
-    this_process.pipeline_owned.add(key)
+def owned_by_pipeline(*outs: str | Path) -> Iterator[None]:
+    """While a pipeline runs the stage writing ``outs`` (in this thread or task): a stale
+    artifact there may be replaced (the pipeline owns its outputs); one up to date for the
+    stage's current inputs is reused."""
+    token = _pipeline_owned.set(_pipeline_owned.get() | {Path(out).resolve() for out in outs})
     try:
         yield
     finally:
-        this_process.pipeline_owned.discard(key)
+        _pipeline_owned.reset(token)
 
 
 def may_replace(out: str | Path, force: bool) -> bool:
     """Whether an existing, out-of-date artifact at ``out`` may be replaced: with the user's
     ``--force``, or when a running pipeline owns ``out``."""
-    return force or Path(out).resolve() in this_process.pipeline_owned
+    return force or Path(out).resolve() in _pipeline_owned.get()
 
 
 def writes_so_far() -> int:

@@ -141,6 +141,7 @@ def _concrete_stages(
             options = substitute(options, scope)
             used: list[str] = []
             options = resolve_references(options, known, where, used)
+            used += _named_by_path(options, known)
             options["out"] = str(root / stage_name)
             options["force"] = stage_name in force or "all" in force
             try:
@@ -159,6 +160,29 @@ def _concrete_stages(
                 )
             )
     return planned, known
+
+
+def _named_by_path(options: Any, known: dict[str, Path]) -> list[str]:
+    """Earlier stages a config names by their output path rather than ``@stage`` (``data:
+    runs/x/gen``): dependencies all the same, so that one rerun upstream is never followed by a
+    skip of a stage that read the old output."""
+    outputs = {path.resolve(): name for name, path in known.items()}
+    found: list[str] = []
+
+    def visit(value: Any) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                visit(item)
+        elif isinstance(value, str | Path) and str(value).strip():
+            name = outputs.get(Path(value).expanduser().resolve())
+            if name is not None:
+                found.append(name)
+
+    visit({k: v for k, v in options.items() if k != "out"})
+    return found
 
 
 def _mark_up_to_date(planned: list[PlannedStage]) -> None:

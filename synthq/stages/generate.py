@@ -22,6 +22,7 @@ rank 0 merges them (:func:`run_over_ranks`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import ChainMap
@@ -31,6 +32,7 @@ from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import config_fingerprint, existing_result, find_up_to_date
 from synthq.artifacts.locking import check_output_free
 from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.artifacts.process_state import may_replace, owned_by_pipeline
 from synthq.config.generator import GenerateConfig
 from synthq.data.beir_io import read_corpus, read_qrels, read_queries
 from synthq.data.pairs import document_text
@@ -192,7 +194,7 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
     inputs = [a.input_record() for a in artifacts]
     if not force and (existing := find_up_to_date(out, STAGE, merged_config, inputs)) is not None:
         return existing
-    check_output_free(out, force, inputs)
+    check_output_free(out, may_replace(out, force), inputs)
     with create_artifact(out, STAGE, merged_config, inputs) as writer:
         corpus, done = ChainMap(*[read_corpus(a.path / "corpus.jsonl") for a in artifacts]), {}
         for artifact in artifacts:
@@ -225,7 +227,10 @@ def run_over_ranks(config: GenerateConfig) -> Artifact:
     mine = config.model_copy(
         update={"shard": f"{place.rank}/{place.world_size}", "out": shard_paths[place.rank], "resume": True}
     )
-    run(mine)
+    with contextlib.ExitStack() as owned:
+        if may_replace(out, force=False):  # a pipeline owns out, so the shards it is made of too
+            owned.enter_context(owned_by_pipeline(*shard_paths))
+        run(mine)
     distributed.barrier()
     return distributed.on_main(merge, shard_paths, out, force=config.force)
 

@@ -146,6 +146,39 @@ def test_moved_inputs_are_checked_when_the_stage_runs(tmp_path, monkeypatch):
     assert CALLS == ["first-1", "first-3", "second", "third"]
 
 
+def test_a_stage_named_by_its_output_path_is_a_dependency(tmp_path):
+    """``sources: [<out>/second]`` instead of ``@second``: rerunning second must rerun third too,
+    never skip it on the old output."""
+    path = write(tmp_path, PIPELINE.replace('["@second"]', '["{out}/second"]'))
+    plan = plan_pipeline(path)
+    assert plan.stage("third").depends_on == ["second"]
+    run_plan(plan)
+    CALLS.clear()
+    plan = plan_pipeline(path, overrides=["stages.1.config.value=7"])
+    assert [s.name for s in plan.stages if not s.up_to_date] == ["second", "third"]
+    run_plan(plan)
+    assert CALLS == ["second", "third"]
+
+
+def test_pipeline_ownership_stays_in_its_thread(tmp_path):
+    """A pipeline may replace its stale outputs without --force; another thread's direct call on
+    the same path may not, during the stage or after it."""
+    import threading
+
+    from synthq.artifacts.process_state import may_replace, owned_by_pipeline
+
+    out = tmp_path / "runs" / "x"
+    seen: list[bool] = []
+    with owned_by_pipeline(out):
+        assert may_replace(out, force=False)
+        thread = threading.Thread(target=lambda: seen.append(may_replace(out, force=False)))
+        thread.start()
+        thread.join()
+    assert seen == [False]
+    assert not may_replace(out, force=False)
+    assert may_replace(out, force=True)
+
+
 def test_time_by_kind_adds_up_to_the_wall_time():
     line = time_by_kind([("train-retriever", 30.0), ("evolve", 300.0), ("train-retriever", 90.0)], 600.0)
     assert line == (
