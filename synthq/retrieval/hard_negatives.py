@@ -61,17 +61,21 @@ def mine_hard_negatives(
         best_scores = torch.full((len(unique), 0), -float("inf"))
         best_rows = torch.zeros((len(unique), 0), dtype=torch.long)
         keep = depth + max((len(p) for p in positives), default=0)  # positives are skipped later
+        judged_ids = {doc for judged in positives for doc in judged}
+        judged_vectors: dict[str, torch.Tensor] = {}  # kept from the pass, never encoded twice
         for start in range(0, len(ids), chunk):
-            documents = encode_documents([corpus[i] for i in ids[start : start + chunk]])
+            part = ids[start : start + chunk]
+            documents = encode_documents([corpus[i] for i in part])
+            for row, doc_id in enumerate(part):
+                if doc_id in judged_ids:
+                    judged_vectors[doc_id] = documents[row].float().cpu()
             scores = (query_embeddings @ documents.T).float().cpu()
             top_scores, top_rows = scores.topk(min(keep, scores.shape[1]), dim=1)
             scores = torch.cat([best_scores, top_scores], dim=1)
             rows = torch.cat([best_rows, top_rows + start], dim=1)
             best_scores, order = scores.topk(min(keep, scores.shape[1]), dim=1)
             best_rows = rows.gather(1, order)
-        positive_scores = _positive_scores(
-            encode_documents, query_embeddings, unique, queries, positives, corpus
-        )
+        positive_scores = _positive_scores(judged_vectors, query_embeddings, unique, queries, positives)
     negatives = []
     for query, judged in zip(queries, positives, strict=True):
         row = where[query]
@@ -88,13 +92,9 @@ def mine_hard_negatives(
     return negatives
 
 
-def _positive_scores(encode_documents, query_embeddings, unique, queries, positives, corpus) -> dict:
-    """The best score of each (query, judged set) among its judged documents in the corpus."""
-    needed = sorted({doc for judged in positives for doc in judged if doc in corpus})
-    embedded = {}
-    for start in range(0, len(needed), 1024):
-        part = needed[start : start + 1024]
-        embedded.update(zip(part, encode_documents([corpus[d] for d in part]).float().cpu(), strict=True))
+def _positive_scores(embedded: dict, query_embeddings, unique, queries, positives) -> dict:
+    """The best score of each (query, judged set) among its judged documents in the corpus
+    (``embedded``: their embeddings, kept from the mining pass)."""
     where = {query: i for i, query in enumerate(unique)}
     scores = {}
     for query, judged in zip(queries, positives, strict=True):

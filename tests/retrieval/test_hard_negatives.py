@@ -53,6 +53,22 @@ def test_depth_bounds_the_candidates_and_count_zero_mines_nothing():
     assert mine_hard_negatives(encode_queries, encode_documents, ["q"], [{"pos"}], CORPUS, count=0) == [[]]
 
 
+@pytest.mark.parametrize("chunk", [1, 4, 100])
+def test_every_document_is_encoded_once(chunk):
+    """The positives' scores reuse the mining pass's embeddings: on MS MARCO a second encoding of
+    the judged documents costs as much as training on them."""
+    seen: list[str] = []
+
+    def counting(texts: list[str]) -> torch.Tensor:
+        seen.extend(texts)
+        return encode_documents(texts)
+
+    mine_hard_negatives(
+        encode_queries, counting, ["q", "q"], [{"pos"}, {"pos", "other-pos"}], CORPUS, 2, chunk=chunk
+    )
+    assert sorted(seen) == sorted(CORPUS)
+
+
 def test_the_loss_with_negatives_is_the_in_batch_softmax_over_positives_and_negatives(tiny_encoder_dir):
     encoder = load_encoder(tiny_encoder_dir)
     encoder.eval()
