@@ -47,8 +47,10 @@ class FinetuneConfig(StageConfig):
     delta: float | None = Field(None, gt=0, lt=1, description="δ; default 1/(2n).")
     clip_norm: float = Field(0.1, gt=0, description="Per-example clipping norm C (paper: 0.1).")
     accountant: Accountant = Field("rdp", description="Privacy accountant: rdp (Opacus RDP) or prv.")
-    optimizer: Literal["adam", "adafactor", "sgd"] = Field(
-        "adam", description="adam (DP-Adam), adafactor or sgd."
+    optimizer: Literal["adam", "adam-bc", "adafactor", "sgd"] = Field(
+        "adam",
+        description="adam (DP-Adam), adam-bc (DP-Adam with the noise's variance removed from the "
+        "second moment, DP-AdamBC: Adam's adaptivity back under DP), adafactor or sgd.",
     )
     lr: float = Field(1e-3, gt=0, description="Learning rate (paper: 1e-3).")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")

@@ -128,6 +128,16 @@ def planned_steps(num_units: int, batch_size: int, epochs: float, max_steps: int
     return max(steps, 1)
 
 
+def noise_to_signal(noise_multiplier: float, expected_batch_size: float) -> float:
+    """σ / B: the noise-to-signal ratio of one DP step (McKenna et al., ICML 2025: the quantity
+    that governs DP training). The optimizer receives the mean of B clipped unit gradients, whose
+    norm is at most the clipping norm C (every unit pointing the same way), plus Gaussian noise of
+    standard deviation σC/B in every coordinate. In the direction of the true gradient the noise's
+    standard deviation is therefore at least σ/B times the largest possible signal; over d
+    coordinates its norm is about √d times that."""
+    return noise_multiplier / expected_batch_size
+
+
 # ---------------------------------------------------------------------------------------------
 # The plan
 
@@ -216,6 +226,17 @@ class PrivacyPlan:
     @property
     def noise_std(self) -> float:
         return self.noise_multiplier * self.sensitivity
+
+    @property
+    def gradient_noise_variance(self) -> float:
+        """Φ = (σΔ / B)²: the per-coordinate variance of the noise in the gradient the optimizer
+        receives (:meth:`privatize` divides the noisy sum by the expected batch B)."""
+        return (self.noise_std / self.expected_batch_size) ** 2
+
+    @property
+    def noise_to_signal(self) -> float:
+        """σ / B (:func:`noise_to_signal`)."""
+        return noise_to_signal(self.noise_multiplier, self.expected_batch_size)
 
     def sample(self, randomness: SecretRandomness) -> list[int]:
         """The unit indices of the next logical batch."""

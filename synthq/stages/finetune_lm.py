@@ -131,6 +131,13 @@ def _mechanism(config: FinetuneConfig) -> type[PerQueryClipping] | type[PerUserC
     return PerUserClipping if config.user_clipping == "per-user" else PerQueryClipping
 
 
+def _optimizer(config: FinetuneConfig, trainable: list[torch.nn.Parameter], plan: PrivacyPlan | None):
+    """The optimizer; ``adam-bc`` removes the plan's gradient-noise variance (public: σ, Δ, B)
+    from Adam's second moment (0 without DP)."""
+    noise_variance = plan.gradient_noise_variance if plan is not None else 0.0
+    return make_optimizer(config.optimizer, trainable, config.lr, config.weight_decay, noise_variance)
+
+
 def _load_generator(config: FinetuneConfig, path: Path, rank: int) -> QueryGenerator:
     """The starting model (LoRA applied), identical on every rank, in train mode."""
     if config.seed is not None:  # public randomness (LoRA init, dropout): reproducible when asked
@@ -236,7 +243,7 @@ def run(config: FinetuneConfig) -> Artifact:
         )
 
     training = GeneratorTraining(
-        generator, make_optimizer(config.optimizer, trainable, config.lr, config.weight_decay), make_batch,
+        generator, _optimizer(config, trainable, plan), make_batch,
         units, config.batch_size, plan, randomness, settings.physical_batch_size, config.grad_sample_mode,
         config.user_clipping,
     )  # fmt: skip
@@ -245,7 +252,8 @@ def run(config: FinetuneConfig) -> Artifact:
         f"for {steps} steps, "
         + (
             f"{describe_units(units)}, q = {plan.sample_rate:.4f}, σ = {plan.noise_multiplier:.3f}, "
-            f"C = {config.clip_norm}, "
+            f"C = {config.clip_norm}, noise/signal σ/B = {plan.noise_to_signal:.3g} "
+            f"(σC/B = {plan.noise_std / plan.expected_batch_size:.3g} per coordinate), "
             f"target ε = {config.epsilon:g} ({plan.accountant}), clipping: {training.mode}"
             + (", per user" if config.user_clipping == "per-user" else "")
             if plan

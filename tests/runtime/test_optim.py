@@ -4,10 +4,65 @@ optimizer by name."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from synthq.runtime.optim import OPTIMIZERS, adam, make_optimizer
+from synthq.runtime.optim import OPTIMIZERS, AdamBC, adam, make_optimizer
+
+
+def adam_bc_reference(theta, grads, lr, phi, beta1=0.9, beta2=0.999, floor=1e-8, weight_decay=0.0):
+    """Algorithm 1 of Tang et al. (DP-AdamBC, AAAI 2024), written out in numpy float64."""
+    theta, m, v = theta.astype(np.float64), np.zeros_like(theta, np.float64), np.zeros_like(theta, np.float64)
+    for t, g in enumerate(grads, start=1):
+        g = g + weight_decay * theta
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+        theta = theta - lr * m_hat / np.sqrt(np.maximum(v_hat - phi, floor))
+    return theta
+
+
+@pytest.mark.parametrize(("phi", "weight_decay"), [(0.0, 0.0), (0.04, 0.0), (0.04, 0.1), (25.0, 0.0)])
+def test_adam_bc_follows_the_papers_update_rule(phi, weight_decay):
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(6, 4))
+    grads = [rng.normal(scale=0.5, size=(6, 4)) for _ in range(7)]
+    weight = torch.nn.Parameter(torch.tensor(start, dtype=torch.float64))
+    optimizer = AdamBC([weight], lr=0.01, noise_variance=phi, weight_decay=weight_decay)
+    for g in grads:
+        weight.grad = torch.tensor(g)
+        optimizer.step()
+    expected = adam_bc_reference(start, grads, 0.01, phi, weight_decay=weight_decay)
+    np.testing.assert_allclose(weight.detach().numpy(), expected, rtol=1e-10, atol=1e-12)
+    if phi == 25.0:  # every second moment below Φ: the floor divides, so the step is lr·m̂/√γ
+        assert np.abs(weight.detach().numpy() - start).max() > 100
+
+
+def test_adam_bc_gives_back_the_adaptivity_that_dp_noise_takes_from_adam():
+    """Two coordinates whose true gradients differ 100-fold, under DP noise of std 1: Adam's
+    second moment is the noise's, so it moves both at the same rate (SGD); AdamBC's is the
+    signal's, so each coordinate moves at about lr per step, the small one included."""
+    torch.manual_seed(0)
+    true = torch.tensor([1.0, 0.01], dtype=torch.float64)
+    moved = {}
+    for name, make in (("adam", lambda w: torch.optim.Adam([w], lr=1e-3)),
+                       ("adam-bc", lambda w: AdamBC([w], lr=1e-3, noise_variance=1.0, floor=1e-6))):  # fmt: skip
+        weight = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        optimizer = make(weight)
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(3000):
+            weight.grad = true + torch.randn(2, generator=generator, dtype=torch.float64)
+            optimizer.step()
+        moved[name] = -weight.detach()
+    ratio_adam = moved["adam"][1] / moved["adam"][0]
+    assert abs(ratio_adam - 0.01) < 0.01  # Adam under noise: steps proportional to the gradient
+    assert moved["adam-bc"][1] > 10 * moved["adam"][1]  # the small coordinate moves far more
+
+
+def test_adam_bc_refuses_a_negative_noise_variance():
+    with pytest.raises(ValueError, match="noise_variance"):
+        AdamBC([torch.nn.Parameter(torch.zeros(1))], lr=0.1, noise_variance=-1.0)
 
 
 @pytest.mark.parametrize(("decoupled", "reference"), [(False, torch.optim.Adam), (True, torch.optim.AdamW)])
@@ -39,6 +94,7 @@ def test_parameters_on_a_device_without_a_fused_kernel_get_the_default():
     ("name", "kind", "fused"),
     [
         ("adam", "Adam", True),
+        ("adam-bc", "AdamBC", False),
         ("adamw", "AdamW", True),
         ("adafactor", "Adafactor", False),
         ("sgd", "SGD", False),

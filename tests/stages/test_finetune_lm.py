@@ -156,3 +156,24 @@ def test_a_run_whose_adapters_never_move_is_refused_in_one_line(
     with pytest.raises(NotLearningError, match=refusal):
         finetune_lm.run(out)
     assert not (out.out / "manifest.json").exists()
+
+
+def test_adam_bc_removes_the_plans_gradient_noise_variance(tmp_path, tiny_beir, tiny_causal_dir, monkeypatch):
+    """--optimizer adam-bc gets Φ = (σΔ/B)² from the plan's public values (recomputed here from
+    the sealed guarantee), and 0 without DP; the guarantee names the optimizer and is unchanged."""
+    from synthq.runtime import optim
+
+    seen = []
+
+    def spy(name, parameters, lr, weight_decay=0.0, noise_variance=0.0):
+        seen.append((name, noise_variance))
+        return optim.make_optimizer(name, parameters, lr, weight_decay, noise_variance)
+
+    monkeypatch.setattr(finetune_lm, "make_optimizer", spy)
+    dp = finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, "bc", epsilon=8, optimizer="adam-bc"))
+    details = dp.privacy.details
+    phi = (details["noise_multiplier"] * details["sensitivity"] / details["expected_batch_size"]) ** 2
+    assert seen == [("adam-bc", pytest.approx(phi))] and phi > 0
+    assert dp.privacy.mechanism == "dp-adam-bc" and dp.privacy.epsilon <= 8.0
+    finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, "bc-inf", epsilon="inf", optimizer="adam-bc"))
+    assert seen[-1] == ("adam-bc", 0.0)
