@@ -58,7 +58,9 @@ class AdamBC(torch.optim.Optimizer):
     ):
         if noise_variance < 0 or floor <= 0:
             raise ValueError(f"AdamBC needs noise_variance >= 0 and floor > 0, not {noise_variance}, {floor}")
-        defaults = dict(lr=lr, betas=betas, noise_variance=noise_variance, floor=floor, weight_decay=weight_decay)
+        defaults = dict(
+            lr=lr, betas=betas, noise_variance=noise_variance, floor=floor, weight_decay=weight_decay
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -85,7 +87,9 @@ class AdamBC(torch.optim.Optimizer):
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
                 exp_avg.lerp_(grad, 1 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                second = (exp_avg_sq / (1 - beta2**t)).sub_(group["noise_variance"]).clamp_(min=group["floor"])
+                second = (
+                    (exp_avg_sq / (1 - beta2**t)).sub_(group["noise_variance"]).clamp_(min=group["floor"])
+                )
                 p.addcdiv_(exp_avg, second.sqrt_(), value=-group["lr"] / (1 - beta1**t))
         return loss
 

@@ -46,8 +46,11 @@ def test_adam_bc_gives_back_the_adaptivity_that_dp_noise_takes_from_adam():
     torch.manual_seed(0)
     true = torch.tensor([1.0, 0.01], dtype=torch.float64)
     moved = {}
-    for name, make in (("adam", lambda w: torch.optim.Adam([w], lr=1e-3)),
-                       ("adam-bc", lambda w: AdamBC([w], lr=1e-3, noise_variance=1.0, floor=1e-6))):  # fmt: skip
+    makers = {
+        "adam": lambda w: torch.optim.Adam([w], lr=1e-3),
+        "adam-bc": lambda w: AdamBC([w], lr=1e-3, noise_variance=1.0, floor=1e-6),
+    }
+    for name, make in makers.items():
         weight = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
         optimizer = make(weight)
         generator = torch.Generator().manual_seed(1)

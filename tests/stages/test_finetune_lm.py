@@ -175,5 +175,7 @@ def test_adam_bc_removes_the_plans_gradient_noise_variance(tmp_path, tiny_beir, 
     phi = (details["noise_multiplier"] * details["sensitivity"] / details["expected_batch_size"]) ** 2
     assert seen == [("adam-bc", pytest.approx(phi))] and phi > 0
     assert dp.privacy.mechanism == "dp-adam-bc" and dp.privacy.epsilon <= 8.0
-    finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, "bc-inf", epsilon="inf", optimizer="adam-bc"))
+    finetune_lm.run(
+        config(tmp_path, tiny_beir, tiny_causal_dir, "bc-inf", epsilon="inf", optimizer="adam-bc")
+    )
     assert seen[-1] == ("adam-bc", 0.0)
