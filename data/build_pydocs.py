@@ -201,17 +201,20 @@ def split_docstring(doc: str) -> tuple[str, str] | None:
     return summary.strip(), body
 
 
-def make_pair(qualname: str, doc: str) -> dict | None:
+def make_pair(
+    qualname: str, doc: str, user: str | None = None, max_words: int = MAX_DOC_WORDS
+) -> dict | None:
     """A query-document pair, or a distractor document (``query`` None) when the docstring has a
-    substantial body but no usable summary, or None when it is trivial."""
-    user = qualname.split(".")[0]
+    substantial body but no usable summary, or None when it is trivial. ``user`` defaults to the
+    top-level module of ``qualname``; the document keeps the body's first ``max_words`` words."""
+    user = user or qualname.split(".")[0]
     parts = split_docstring(doc)
     if parts is None:
         return None
     summary, body = parts
     if len(words(body)) < MIN_BODY_WORDS:
         return None
-    text = " ".join(words(body)[:MAX_DOC_WORDS])
+    text = " ".join(words(body)[:max_words])
     usable = MIN_QUERY_WORDS <= len(words(summary)) <= MAX_QUERY_WORDS
     if usable and normalise(summary).rstrip(".") in normalise(body):
         usable = False
@@ -251,18 +254,20 @@ def collect() -> tuple[list[dict], dict]:
 # ---------------------------------------------------------------------------- dataset
 
 
-def user_hash(user: str) -> str:
-    return hashlib.sha256(f"{SPLIT_SALT}:{user}".encode()).hexdigest()
+def user_hash(user: str, salt: str = SPLIT_SALT) -> str:
+    return hashlib.sha256(f"{salt}:{user}".encode()).hexdigest()
 
 
-def assign_splits(query_counts: dict[str, int]) -> dict[str, str]:
-    """user -> split. Users in the order of a salted sha256 of their name fill dev to
-    DEV_TARGET queries, then test to TEST_TARGET, skipping users so heavy that they alone would
-    overshoot the split's target by a tenth; everyone else is train. A function of the names and
-    their counts only: stable across runs and machines."""
-    order = sorted(query_counts, key=user_hash)
+def assign_splits(
+    query_counts: dict[str, int], dev: int = DEV_TARGET, test: int = TEST_TARGET, salt: str = SPLIT_SALT
+) -> dict[str, str]:
+    """user -> split. Users in the order of a salted sha256 of their name fill dev to ``dev``
+    queries, then test to ``test``, skipping users so heavy that they alone would overshoot the
+    split's target by a tenth; everyone else is train. A function of the names and their counts
+    only: stable across runs and machines."""
+    order = sorted(query_counts, key=lambda user: user_hash(user, salt))
     assignment, filled = {}, {"dev": 0, "test": 0}
-    for split, target in (("dev", DEV_TARGET), ("test", TEST_TARGET)):
+    for split, target in (("dev", dev), ("test", test)):
         for user in order:
             if user in assignment or filled[split] >= target:
                 continue
@@ -275,8 +280,30 @@ def assign_splits(query_counts: dict[str, int]) -> dict[str, str]:
 
 def build(out: Path) -> dict:
     pairs, stats = collect()
-    # Same body twice (aliases, copied docstrings): keep the first by name; then summaries that
-    # are not unique are ambiguous queries: those pairs become distractor documents.
+    queried, distractors = deduplicate(pairs, stats)
+    splits = assign_splits(Counter(p["user"] for p in queried))
+    documents = sorted(queried + distractors, key=lambda p: p["name"])[:MAX_CORPUS]
+    note = (
+        "train plays the private query log and dev is held out from it (both private); "
+        "test is public. Users are stdlib top-level modules; no user is in two splits."
+    )
+    write_dataset(out, documents, queried, splits, note)
+    build_info = {
+        "python": sys.version.split()[0],
+        "implementation": sys.implementation.name,
+        "stdlib": sysconfig.get_paths()["stdlib"],
+        "builder": "data/build_pydocs.py",
+        "walk": stats,
+    }
+    (out / "build.json").write_text(json.dumps(build_info, indent=2) + "\n", encoding="utf-8")
+    (out / "README.md").write_text(datasheet(out, build_info), encoding="utf-8")
+    return build_info
+
+
+def deduplicate(pairs: list[dict], stats: dict) -> tuple[list[dict], list[dict]]:
+    """``(queried, distractors)``: the same body twice (aliases, copied docstrings) keeps the
+    first by name; a summary that is not unique is an ambiguous query, so its pairs become
+    distractor documents. Counts what it drops in ``stats``."""
     by_body, unique = set(), []
     for pair in pairs:
         key = normalise(pair["text"])
@@ -291,10 +318,15 @@ def build(out: Path) -> dict:
     stats["distractors: summary shared with another docstring"] = sum(
         1 for p in distractors if p["query"] is not None
     )
+    return queried, distractors
 
-    counts = Counter(p["user"] for p in queried)
-    splits = assign_splits(counts)
-    documents = sorted(queried + distractors, key=lambda p: p["name"])[:MAX_CORPUS]
+
+def write_dataset(
+    out: Path, documents: list[dict], queried: list[dict], splits: dict[str, str], note: str
+) -> None:
+    """The BEIR directory at ``out``: ``documents`` as the corpus, each pair of ``queried`` whose
+    document is kept as a query of its user's split (ids ``<split>-<n>`` in name order), one
+    relevant document each, and ``privacy.json`` (train and dev private, test public)."""
     kept = {p["name"] for p in documents}
 
     out.mkdir(parents=True, exist_ok=True)
@@ -319,31 +351,8 @@ def build(out: Path) -> dict:
         with open(out / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as handle:
             handle.write("query-id\tcorpus-id\tscore\n")
             handle.writelines(f"{q}\t{d}\t1\n" for q, d in judged)
-    (out / "privacy.json").write_text(
-        json.dumps(
-            {
-                "private_splits": ["train", "dev"],
-                "public_splits": ["test"],
-                "note": (
-                    "train plays the private query log and dev is held out from it (both private); "
-                    "test is public. Users are stdlib top-level modules; no user is in two splits."
-                ),
-            },
-            indent=2,
-        )
-        + "\n",
-        encoding="utf-8",
-    )
-    build_info = {
-        "python": sys.version.split()[0],
-        "implementation": sys.implementation.name,
-        "stdlib": sysconfig.get_paths()["stdlib"],
-        "builder": "data/build_pydocs.py",
-        "walk": stats,
-    }
-    (out / "build.json").write_text(json.dumps(build_info, indent=2) + "\n", encoding="utf-8")
-    (out / "README.md").write_text(datasheet(out, build_info), encoding="utf-8")
-    return build_info
+    privacy = {"private_splits": ["train", "dev"], "public_splits": ["test"], "note": note}
+    (out / "privacy.json").write_text(json.dumps(privacy, indent=2) + "\n", encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------- datasheet

@@ -74,13 +74,19 @@ def embedded_dir() -> Path:
 
 
 # The named sources synthq ships (found offline, like a directory).
-SHIPPED_SOURCES = ("embedded", "pydocs")
+SHIPPED_SOURCES = ("embedded", "pydocs", "pylibs")
 
 
 def pydocs_dir() -> Path:
     """The shipped standard-library docstring set (``data/pydocs``, ``synthq/_pydocs`` in a wheel):
     summary line -> rest of the docstring, users = top-level modules, test split public."""
     return _shipped_dir("pydocs")
+
+
+def pylibs_dir() -> Path:
+    """The shipped scientific-Python docstring log (``data/pylibs``, ``synthq/_pylibs`` in a wheel):
+    summary line -> rest of the docstring, users = defining modules (1,400+ in train), test public."""
+    return _shipped_dir("pylibs")
 
 
 IRDS_PREFIX = "irds:"
@@ -256,6 +262,8 @@ def resolve_source(spec: str) -> Path:
         return embedded_dir()
     if spec == "pydocs":
         return pydocs_dir()
+    if spec == "pylibs":
+        return pylibs_dir()
     if spec == "msmarco":
         return _download_beir("msmarco")
     if spec.startswith("beir:"):
@@ -269,7 +277,7 @@ def resolve_source(spec: str) -> Path:
         return _download_beir(spec)
     raise DataError(
         "not a directory or known source "
-        "(use embedded, pydocs, msmarco, beir:NAME, irds:ID or a BEIR directory)",
+        "(use embedded, pydocs, pylibs, msmarco, beir:NAME, irds:ID or a BEIR directory)",
         spec,
     )
 
