@@ -16,6 +16,7 @@ import typer
 from synthq import __version__
 from synthq.cli.inspect_commands import data_app, export_command, info_command, key_command, ledger_command
 from synthq.cli.options import config_command, plain_arguments, stage_command
+from synthq.cli.plan_command import plan_command
 from synthq.cli.run_command import run_command
 from synthq.cli.search_command import search_command
 from synthq.cli.stage_commands import STAGE_COMMANDS
@@ -92,6 +93,7 @@ def _add_commands(app: typer.Typer) -> None:
     for stage, command, report in STAGE_COMMANDS:
         stage_command(app, stage, report=report)(command)
     config_command(app, "search", SearchConfig)(search_command)
+    app.command("plan")(plan_command)
     app.command("run")(run_command)
     app.add_typer(data_app, name="data")
 

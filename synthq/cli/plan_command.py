@@ -1,0 +1,128 @@
+"""``synthq plan``: the DP plan of both routes for a log of this size, before any training
+(:mod:`synthq.dp.route_plans`). Reads counts only; imports torch for the accountant."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import typer
+
+from synthq.config.fields import DEFAULT_EPSILON, DEFAULT_MAX_QUERIES_PER_USER
+from synthq.pipeline.progress import minutes as format_minutes
+from synthq.runtime.console import result
+
+
+def plan_command(
+    data: str | None = typer.Option(
+        None,
+        "--data",
+        help="The private log (BEIR directory or pylibs, pydocs, embedded): its units are counted.",
+    ),
+    units: int | None = typer.Option(
+        None, "--units", min=1, help="The number of privacy units, instead of counting them (reads nothing)."
+    ),
+    split: str = typer.Option("train", "--split", help="The private training split."),
+    privacy_unit: str = typer.Option(
+        "user", "--privacy-unit", help="user (each person, ≤ K queries) or query."
+    ),
+    max_queries_per_user: int = typer.Option(
+        DEFAULT_MAX_QUERIES_PER_USER,
+        "--max-queries-per-user",
+        min=1,
+        help="K: rows a user contributes at most.",
+    ),
+    epsilon: float = typer.Option(DEFAULT_EPSILON, "--epsilon", help="Target ε of each route."),
+    delta: float | None = typer.Option(None, "--delta", help="δ; default 1/(2n), as the stages."),
+    accountant: str = typer.Option("rdp", "--accountant", help="rdp or prv."),
+    generator_batch_size: int = typer.Option(
+        64, "--generator-batch-size", min=1, help="finetune-lm --batch-size."
+    ),
+    generator_epochs: float = typer.Option(1.0, "--generator-epochs", help="finetune-lm --epochs."),
+    generator_max_steps: int | None = typer.Option(
+        None, "--generator-max-steps", help="finetune-lm --max-steps."
+    ),
+    retriever_batch_size: int = typer.Option(
+        64, "--retriever-batch-size", min=1, help="train-retriever --dp group --batch-size."
+    ),
+    retriever_epochs: float = typer.Option(
+        1.0, "--retriever-epochs", help="train-retriever --epochs (both routes)."
+    ),
+    documents: int | None = typer.Option(
+        None, "--documents", min=1, help="Public documents to write queries for (default: the log's corpus)."
+    ),
+    num_queries: int = typer.Option(3, "--num-queries", min=1, help="generate --num-queries."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plans as JSON."),
+) -> None:
+    """Before training: each route's DP plan, noise-to-signal σ/B, minutes, and what measured runs say.
+
+    Reads only counts: the number of privacy units in the training split (the count every DP
+    stage records and assumes public) and the size of the public corpus; with --units and
+    --documents, nothing at all.
+    """
+    from synthq.dp import route_plans
+
+    if privacy_unit not in ("user", "query"):
+        raise typer.BadParameter(f"--privacy-unit must be user or query, not {privacy_unit!r}")
+    if accountant not in ("rdp", "prv"):
+        raise typer.BadParameter(f"--accountant must be rdp or prv, not {accountant!r}")
+    if data is None and (units is None or documents is None):
+        raise typer.BadParameter("give --data, or both --units and --documents")
+    if not math.isfinite(epsilon) or epsilon <= 0:
+        raise typer.BadParameter(f"synthq plan needs a finite ε > 0, not {epsilon}")
+    read = "nothing (--units, --documents)"
+    if units is None or documents is None:
+        read_parts = []
+        if units is None:
+            units, what = route_plans.count_units(data, split, privacy_unit)
+            read_parts.append(what)
+        if documents is None:
+            documents, what = route_plans.count_documents(data)
+            read_parts.append(what)
+        read = "; ".join(read_parts) + " (no query or document text)"
+    result(f"synthq plan reads {read}", markup=False)
+    rows = max_queries_per_user if privacy_unit == "user" else 1
+    settings = {
+        "synthetic": route_plans.RouteSettings(
+            "synthetic", generator_batch_size, generator_epochs, generator_max_steps
+        ),
+        "direct-dp": route_plans.RouteSettings("direct-dp", retriever_batch_size, retriever_epochs),
+    }
+    plans = {
+        name: route_plans.plan_route(s, units, epsilon, delta, accountant) for name, s in settings.items()
+    }
+    minutes = {
+        name: route_plans.route_minutes(plan, rows, documents, num_queries, retriever_epochs)
+        for name, plan in plans.items()
+    }
+    runs = route_plans.reference_runs()
+    if as_json:
+        payload = {
+            "units": units, "unit": privacy_unit, "epsilon": epsilon, "documents": documents,
+            "routes": {name: route_plans.describe(plan, minutes[name]) for name, plan in plans.items()},
+            "verdict": route_plans.verdict(plans, runs),
+        }  # fmt: skip
+        typer.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+        return
+    noun = "users" if privacy_unit == "user" else "queries"
+    result(
+        f"{units:,} {noun} (unit: {privacy_unit}), target ε = {epsilon:g}, {documents:,} public documents",
+        markup=False,
+    )
+    for name, plan in plans.items():
+        stage = (
+            "finetune-lm (then generate, train-retriever)"
+            if name == "synthetic"
+            else "train-retriever --dp group"
+        )
+        scaled = ", ".join(f"{factor}× the {noun}: {ratio:.3g}" for factor, ratio in plan.scaled.items())
+        result(
+            f"{name} [{stage}]: B = {plan.settings.batch_size}, q = {plan.sample_rate:.4f}, "
+            f"{plan.steps} steps, "
+            f"σ = {plan.noise_multiplier:.3f} ({plan.accountant}, δ = {plan.delta:.2g}), "
+            f"noise/signal σ/B = {plan.noise_to_signal:.3g} ({scaled}); "
+            f"≤ {format_minutes(60 * minutes[name])} on 2 CPU cores at 128 document tokens",
+            markup=False,
+        )
+    for line in route_plans.verdict(plans, runs):
+        result(line, markup=False)

@@ -1,0 +1,139 @@
+"""synthq plan: each route's DP plan is the one its stage computes (checked against Opacus'
+accountant), σ/B falls with more units, units are counted without reading any text, the costs
+and the measured runs are the ones the project recorded, and the command prints all of it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from opacus.accountants import RDPAccountant
+from typer.testing import CliRunner
+
+from synthq.cli.app import app
+from synthq.data.sources import load_source
+from synthq.data.summary import summarize
+from synthq.data.tables import Queries
+from synthq.dp import route_plans
+from synthq.dp.engine import PrivacyPlan, planned_steps
+from synthq.dp.lm import PerQueryClipping
+from synthq.privacy.accounting import default_delta
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def test_a_route_plan_is_the_stage_plan_and_an_independent_accountant_agrees():
+    settings = route_plans.RouteSettings("synthetic", batch_size=16, epochs=3, max_steps=8)
+    plan = route_plans.plan_route(settings, 44, 8.0, None, "rdp")
+    stage = PrivacyPlan.create(
+        num_units=44, expected_batch_size=16, steps=planned_steps(44, 16, 3, 8), epsilon=8.0, delta=None,
+        accountant="rdp", mechanism=PerQueryClipping(0.1), unit="user",
+    )  # fmt: skip
+    assert (plan.steps, plan.sample_rate, plan.delta) == (8, 16 / 44, default_delta(44))
+    assert plan.noise_multiplier == stage.noise_multiplier
+    accountant = RDPAccountant()
+    accountant.history = [(plan.noise_multiplier, plan.sample_rate, plan.steps)]
+    assert 7.9 <= accountant.get_epsilon(delta=plan.delta) <= 8.0
+    assert plan.noise_to_signal == pytest.approx(plan.noise_multiplier / 16)
+    # ten times the users at the same q and epochs: σ barely moves, so σ/B falls about tenfold
+    assert plan.scaled[10] < plan.noise_to_signal / 5
+
+
+def test_the_batch_is_capped_at_the_units():
+    plan = route_plans.plan_route(route_plans.RouteSettings("direct-dp", 64, 1.0), 20, 8.0, None, "rdp")
+    assert plan.settings.batch_size == 20 and plan.sample_rate == 1.0 and plan.steps == 1
+
+
+def test_units_are_counted_from_ids_without_reading_any_query_text(monkeypatch):
+    def no_text(self, row):
+        raise AssertionError("synthq plan read a query's text")
+
+    monkeypatch.setattr(Queries, "text_at", no_text)
+    users, read = route_plans.count_units("pylibs", "train", "user")
+    queries, _ = route_plans.count_units("pylibs", "train", "query")
+    monkeypatch.undo()
+    summary = summarize(load_source("pylibs"))["splits"]["train"]
+    assert users == summary["users"]["users"] and queries == summary["queries"]
+    assert "user id" in read
+
+
+def test_costs_are_the_benchmarks_measurements():
+    """Each cost in reference_runs.json is the per-row figure of the benchmark it names."""
+    measured = json.loads((ROOT / "benchmarks" / "results.json").read_text())["benchmarks"]
+    table = json.loads((ROOT / "synthq" / "dp" / "reference_runs.json").read_text())["costs"]
+    for name, entry in table.items():
+        if name == "about":
+            continue
+        results = measured[entry["benchmark"]]["results"]
+        if "/" in entry["entry"]:
+            outer, inner = entry["entry"].split("/")
+            assert entry["value"] == pytest.approx(results[outer][inner]["documents_per_second"]), name
+        else:
+            per_row = results[entry["entry"]]["median_step_seconds"] / entry["rows"]
+            assert entry["value"] == pytest.approx(per_row, rel=1e-3), name
+
+
+def test_the_pydocs_reference_runs_have_the_settings_of_their_pipeline():
+    pipeline = yaml.safe_load((ROOT / "pipelines" / "pydocs-strong-start.yaml").read_text())
+    generator = pipeline["defaults"]["finetune-lm"]
+    direct = next(s for s in pipeline["stages"] if s["name"].startswith("ret-dp-group"))["config"]
+    for run in route_plans.reference_runs():
+        if run.dataset != "pydocs":
+            continue
+        source = generator if run.route == "synthetic" else direct
+        assert run.settings.batch_size == source["batch_size"] and run.settings.epochs == source["epochs"]
+        assert run.settings.max_steps == source.get("max_steps")
+        assert run.epsilon == 8 and run.num_units == 44
+
+
+def test_the_verdict_says_no_gain_when_every_route_is_far_noisier_than_any_run_that_gained():
+    runs = route_plans.reference_runs()
+    noisy = route_plans.plan_route(route_plans.RouteSettings("synthetic", 4, 1.0), 8, 1.0, None, "rdp")
+    lines = route_plans.verdict({"synthetic": noisy}, runs)
+    assert lines[-1].startswith("verdict: expect no gain")
+    assert any("pydocs synthetic, round-trip filtered" in line for line in lines)
+
+
+def test_minutes_add_the_routes_work_at_the_measured_costs():
+    plan = route_plans.plan_route(route_plans.RouteSettings("synthetic", 16, 3.0, 8), 44, 8.0, None, "rdp")
+    cost = route_plans.costs()
+    expected = (
+        8 * 16 * 8 * cost["generator_dp_seconds_per_row"]
+        + 100 * 2 / cost["generated_queries_per_second"]
+        + 100 * 2 * 1.0 * cost["retriever_seconds_per_pair"]
+    ) / 60
+    assert route_plans.route_minutes(plan, 8, 100, 2, 1.0) == pytest.approx(expected)
+
+
+def test_the_command_reads_counts_only_and_prints_both_routes(tiny_beir):
+    arguments = ["--units", "44", "--documents", "1839", "--generator-batch-size", "16"]
+    arguments += ["--generator-epochs", "3", "--generator-max-steps", "8", "--json"]
+    result = runner.invoke(app, ["plan", *arguments])
+    assert result.exit_code == 0, result.output
+    first, rest = result.output.split("\n", 1)
+    assert first == "synthq plan reads nothing (--units, --documents)"
+    payload = json.loads(rest)
+    assert set(payload["routes"]) == {"synthetic", "direct-dp"} and payload["units"] == 44
+    assert payload["routes"]["synthetic"]["steps"] == 8
+    assert math.isfinite(payload["routes"]["direct-dp"]["noise_to_signal"])
+    counted = runner.invoke(app, ["plan", "--data", str(tiny_beir), "--privacy-unit", "query"])
+    assert counted.exit_code == 0, counted.output
+    assert counted.output.startswith(f"synthq plan reads the query ids of {tiny_beir}/qrels/train.tsv")
+    assert "17 queries (unit: query)" in counted.output and "σ/B" in counted.output
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--units", "44"], "give --data, or both --units and --documents"),
+        (["--units", "44", "--documents", "9", "--privacy-unit", "person"], "user or query"),
+        (["--units", "44", "--documents", "9", "--epsilon", "inf"], "finite ε"),
+    ],
+)
+def test_the_command_refuses_bad_input_in_one_line(arguments, message):
+    result = runner.invoke(app, ["plan", *arguments])
+    assert result.exit_code == 2 and message in result.output, result.output
