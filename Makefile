@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.synthq-installed
 DOCS_STAMP := $(VENV)/.synthq-docs-installed
 
-.PHONY: demo study test test-fast bench bench-pipelines lint setup docs
+.PHONY: pylibs-logs demo study test test-fast bench bench-pipelines lint setup docs
 
 setup: $(STAMP)
 
@@ -25,6 +25,12 @@ demo: $(STAMP)
 # The full study behind the demo: every grid, generator, filter and per-user row (about 1 hour).
 study: $(STAMP)
 	$(VENV)/bin/synthq run pipelines/study.yaml
+
+# The smaller logs of pipelines/pylibs-curve.yaml: pylibs' training split cut to its first 100
+# and 1,000 users (data/subsample_users.py).
+pylibs-logs: $(STAMP)
+	$(PY) data/subsample_users.py pylibs --users 100 --out runs/logs/pylibs-u100
+	$(PY) data/subsample_users.py pylibs --users 1000 --out runs/logs/pylibs-u1000
 
 test: $(STAMP)
 	$(PY) -m pytest -q
