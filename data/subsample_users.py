@@ -4,8 +4,10 @@
 
 The curve of what a private log buys against its size (docs/results.md) trains on logs of 100,
 1,000 and all users of ``pylibs``; this writes those logs. Users are taken in the order of a
-salted sha256 of their id (a function of the ids alone, so the same N gives the same users, and
-a smaller log is a subset of a larger one); every query of a kept user stays. The corpus, the
+salted sha256 of their id, so the same N gives the same users and a smaller log is a subset of a
+larger one; every query of a kept user stays. Which users make the first N depends on who else is
+in the source, so a DP row trained on the subsample is private with respect to the subsample (the
+log it was given), not to the source it was cut from. The corpus, the
 queries file, ``privacy.json`` and every other split are copied unchanged, so evaluations on dev
 and test are the same as on the full log.
 """

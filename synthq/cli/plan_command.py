@@ -36,17 +36,22 @@ def plan_command(
     delta: float | None = typer.Option(None, "--delta", help="δ; default 1/(2n), as the stages."),
     accountant: str = typer.Option("rdp", "--accountant", help="rdp or prv."),
     generator_batch_size: int = typer.Option(
-        64, "--generator-batch-size", min=1, help="finetune-lm --batch-size."
+        64, "--generator-batch-size", min=1, help="finetune-lm --batch-size (the README recipe's 64)."
     ),
-    generator_epochs: float = typer.Option(1.0, "--generator-epochs", help="finetune-lm --epochs."),
+    generator_epochs: float = typer.Option(
+        1.0, "--generator-epochs", help="finetune-lm --epochs (the README recipe's 1)."
+    ),
     generator_max_steps: int | None = typer.Option(
         None, "--generator-max-steps", help="finetune-lm --max-steps."
     ),
     retriever_batch_size: int = typer.Option(
-        64, "--retriever-batch-size", min=1, help="train-retriever --dp group --batch-size."
+        64, "--retriever-batch-size", min=1, help="train-retriever --dp group --batch-size (the recipe's 64)."
+    ),
+    retriever_group_size: int = typer.Option(
+        8, "--retriever-group-size", min=1, help="train-retriever --group-size (its default 8)."
     ),
     retriever_epochs: float = typer.Option(
-        1.0, "--retriever-epochs", help="train-retriever --epochs (both routes)."
+        1.0, "--retriever-epochs", help="train-retriever --epochs, both routes (the recipe's 1)."
     ),
     documents: int | None = typer.Option(
         None, "--documents", min=1, help="Public documents to write queries for (default: the log's corpus)."
@@ -54,11 +59,12 @@ def plan_command(
     num_queries: int = typer.Option(3, "--num-queries", min=1, help="generate --num-queries."),
     as_json: bool = typer.Option(False, "--json", help="Print the plans as JSON."),
 ) -> None:
-    """Before training: each route's DP plan, noise-to-signal σ/B, minutes, and what measured runs say.
+    """Before training: each route's DP plan, its noise-to-signal, minutes, and what measured runs say.
 
-    Reads only counts: the number of privacy units in the training split (the count every DP
-    stage records and assumes public) and the size of the public corpus; with --units and
-    --documents, nothing at all.
+    Reads only counts: the number of privacy units in the training split, counted as the DP
+    stages count them (the count every DP stage records and assumes public), and the size of the
+    public corpus; with --units and --documents, nothing at all. Its defaults are the README
+    recipe's settings, not the stages' own defaults: every setting used is printed.
     """
     from synthq.dp import route_plans
 
@@ -74,23 +80,27 @@ def plan_command(
     if units is None or documents is None:
         read_parts = []
         if units is None:
-            units, what = route_plans.count_units(data, split, privacy_unit)
+            units, what = route_plans.count_units(data, split, privacy_unit, max_queries_per_user)
             read_parts.append(what)
         if documents is None:
             documents, what = route_plans.count_documents(data)
             read_parts.append(what)
         read = "; ".join(read_parts) + " (no query or document text)"
-    result(f"synthq plan reads {read}", markup=False)
+    if not as_json:
+        result(f"synthq plan reads {read}", markup=False)
     rows = max_queries_per_user if privacy_unit == "user" else 1
     settings = {
-        "synthetic": route_plans.RouteSettings(
+        "synthetic": route_plans.route_settings(
             "synthetic", generator_batch_size, generator_epochs, generator_max_steps
         ),
-        "direct-dp": route_plans.RouteSettings("direct-dp", retriever_batch_size, retriever_epochs),
+        "direct-dp": route_plans.route_settings(
+            "direct-dp", retriever_batch_size, retriever_epochs, group_size=retriever_group_size
+        ),
     }
     plans = {
-        name: route_plans.plan_route(s, units, epsilon, delta, accountant) for name, s in settings.items()
-    }
+        name: route_plans.plan_route(s, units, epsilon, delta, accountant, privacy_unit)
+        for name, s in settings.items()
+    }  # a batch larger than the units is refused here, as the stages refuse it
     minutes = {
         name: route_plans.route_minutes(plan, rows, documents, num_queries, retriever_epochs)
         for name, plan in plans.items()
@@ -98,9 +108,9 @@ def plan_command(
     runs = route_plans.reference_runs()
     if as_json:
         payload = {
-            "units": units, "unit": privacy_unit, "epsilon": epsilon, "documents": documents,
+            "reads": read, "units": units, "unit": privacy_unit, "epsilon": epsilon, "documents": documents,
             "routes": {name: route_plans.describe(plan, minutes[name]) for name, plan in plans.items()},
-            "verdict": route_plans.verdict(plans, runs),
+            "verdict": route_plans.verdict(plans, runs, accountant),
         }  # fmt: skip
         typer.echo(json.dumps(payload, indent=2, ensure_ascii=False))
         return
@@ -117,12 +127,14 @@ def plan_command(
         )
         scaled = ", ".join(f"{factor}× the {noun}: {ratio:.3g}" for factor, ratio in plan.scaled.items())
         result(
-            f"{name} [{stage}]: B = {plan.settings.batch_size}, q = {plan.sample_rate:.4f}, "
-            f"{plan.steps} steps, "
+            f"{name} [{stage}]: B = {plan.settings.batch_size}, {plan.settings.epochs:g} epochs"
+            + (f" (at most {plan.settings.max_steps} steps)" if plan.settings.max_steps else "")
+            + (f", groups of {plan.settings.group_size}" if plan.settings.group_size > 1 else "")
+            + f": q = {plan.sample_rate:.4f}, {plan.steps} steps, "
             f"σ = {plan.noise_multiplier:.3f} ({plan.accountant}, δ = {plan.delta:.2g}), "
-            f"noise/signal σ/B = {plan.noise_to_signal:.3g} ({scaled}); "
+            f"noise/signal {plan.noise_to_signal:.3g} ({scaled}); "
             f"≤ {format_minutes(60 * minutes[name])} on 2 CPU cores at 128 document tokens",
             markup=False,
         )
-    for line in route_plans.verdict(plans, runs):
+    for line in route_plans.verdict(plans, runs, accountant):
         result(line, markup=False)

@@ -179,7 +179,8 @@ class PrivacyPlan:
     ) -> PrivacyPlan:
         if expected_batch_size > num_units:
             raise PrivacyError(
-                f"the batch size {expected_batch_size} is larger than the {num_units} privacy units ({unit}s)"
+                f"the batch size {expected_batch_size} is larger than the {num_units} privacy units "
+                f"({'queries' if unit == 'query' else unit + 's'})"
             )
         delta = default_delta(num_units) if delta is None else delta
         validate_budget(epsilon, delta, num_units)

@@ -21,11 +21,11 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-from synthq.dp.engine import PrivacyPlan, noise_to_signal, planned_steps
+from synthq.dp.engine import PrivacyPlan, planned_steps
 from synthq.privacy.accounting import default_delta, noise_multiplier_for
 
 REFERENCE_RUNS = "reference_runs.json"
@@ -34,17 +34,34 @@ SCALES = (10,)
 
 @dataclass(frozen=True)
 class RouteSettings:
-    """What a route's stage would be run with: expected batch B (units), epochs, step cap."""
+    """What a route's stage would be run with: expected batch B (units), epochs, step cap, and
+    how its clipped sum is formed: ``group_size`` S units share one clipped term (1: every unit
+    is clipped alone) and the sensitivity is ``sensitivity_factor`` × C."""
 
     route: str
     batch_size: int
     epochs: float
     max_steps: int | None = None
+    group_size: int = 1
+    sensitivity_factor: float = 1.0
+
+
+GENERATOR = {"group_size": 1, "sensitivity_factor": 1.0}  # finetune-lm: each unit clipped to C, Δ = C
+DIRECT_DP_GROUP = {"sensitivity_factor": 2.0}  # train-retriever --dp group: groups of S clipped to C, Δ = 2C
+
+
+def route_noise_to_signal(noise_multiplier: float, settings: RouteSettings) -> float:
+    """The noise's standard deviation per coordinate over the largest signal the clipped sum can
+    carry: σΔ / (⌈B/S⌉ C). For finetune-lm (S = 1, Δ = C) that is σ/B
+    (:func:`~synthq.dp.engine.noise_to_signal`); for direct DP group clipping (Δ = 2C, one clipped
+    term per group of S) it is 2σ/⌈B/S⌉ — 16× σ/B at S = 8."""
+    terms = math.ceil(settings.batch_size / settings.group_size)
+    return noise_multiplier * settings.sensitivity_factor / terms
 
 
 @dataclass(frozen=True)
 class RoutePlan:
-    """One route's DP plan at ``num_units`` and what σ/B becomes with more units."""
+    """One route's DP plan at ``num_units`` and what its noise-to-signal becomes with more units."""
 
     settings: RouteSettings
     num_units: int
@@ -57,19 +74,25 @@ class RoutePlan:
 
     @property
     def noise_to_signal(self) -> float:
-        return noise_to_signal(self.noise_multiplier, self.settings.batch_size)
+        return route_noise_to_signal(self.noise_multiplier, self.settings)
 
 
-def plan_route(settings: RouteSettings, num_units: int, epsilon: float, delta: float | None, accountant: str):
-    """The route's plan as its stage would make it (batch capped at ``num_units``), and σ/B at
-    10× and 100× the units with the same sampling rate, epochs and step cap."""
-    batch = min(settings.batch_size, num_units)
-    settings = RouteSettings(settings.route, batch, settings.epochs, settings.max_steps)
-    steps = planned_steps(num_units, batch, settings.epochs, settings.max_steps)
+def plan_route(
+    settings: RouteSettings,
+    num_units: int,
+    epsilon: float,
+    delta: float | None,
+    accountant: str,
+    unit: str = "query",
+):
+    """The route's plan as its stage would make it (a batch larger than the units is refused, as
+    the stages refuse it), and its noise-to-signal at 10× the units with the same sampling rate,
+    epochs and step cap."""
+    steps = planned_steps(num_units, settings.batch_size, settings.epochs, settings.max_steps)
     delta = default_delta(num_units) if delta is None else delta
     plan = PrivacyPlan.create(
-        num_units=num_units, expected_batch_size=batch, steps=steps, epsilon=epsilon, delta=delta,
-        accountant=accountant, mechanism=_unit_sensitivity(), unit="query",
+        num_units=num_units, expected_batch_size=settings.batch_size, steps=steps, epsilon=epsilon,
+        delta=delta, accountant=accountant, mechanism=_unit_sensitivity(), unit=unit,
     )  # fmt: skip
     scaled = {factor: _scaled_ratio(settings, num_units, factor, epsilon, accountant) for factor in SCALES}
     return RoutePlan(
@@ -88,20 +111,22 @@ def plan_route(settings: RouteSettings, num_units: int, epsilon: float, delta: f
 def _scaled_ratio(
     settings: RouteSettings, num_units: int, factor: int, epsilon: float, accountant: str
 ) -> float:
-    """σ/B with ``factor`` × the units and the batch (same q, epochs and step cap), δ = 1/(2n)."""
+    """Noise-to-signal with ``factor`` × the units and the batch (same q, epochs and step cap),
+    at the default δ = 1/(2n) of that larger log."""
     more, bigger = num_units * factor, settings.batch_size * factor
     steps = planned_steps(more, bigger, settings.epochs, settings.max_steps)
     sigma = noise_multiplier_for(epsilon, default_delta(more), bigger / more, steps, accountant)
-    return noise_to_signal(sigma.noise_multiplier, bigger)
+    return route_noise_to_signal(sigma.noise_multiplier, replace(settings, batch_size=bigger))
 
 
 @functools.cache
 def _reference_ratio(settings: RouteSettings, num_units: int, epsilon: float, accountant: str) -> float:
-    """σ/B of a measured run, as its stage planned it (calibrated once per process)."""
-    batch = min(settings.batch_size, num_units)
-    steps = planned_steps(num_units, batch, settings.epochs, settings.max_steps)
-    sigma = noise_multiplier_for(epsilon, default_delta(num_units), batch / num_units, steps, accountant)
-    return noise_to_signal(sigma.noise_multiplier, batch)
+    """Noise-to-signal of a measured run, as its stage planned it (calibrated once per process)."""
+    steps = planned_steps(num_units, settings.batch_size, settings.epochs, settings.max_steps)
+    sigma = noise_multiplier_for(
+        epsilon, default_delta(num_units), settings.batch_size / num_units, steps, accountant
+    )
+    return route_noise_to_signal(sigma.noise_multiplier, settings)
 
 
 def _unit_sensitivity():
@@ -109,6 +134,16 @@ def _unit_sensitivity():
     from synthq.dp.lm import PerQueryClipping
 
     return PerQueryClipping(1.0)
+
+
+def route_settings(
+    route: str, batch_size: int, epochs: float, max_steps: int | None = None, group_size: int = 8
+):
+    """A route's settings: the synthetic route's generator clips each unit (``group_size`` is for
+    direct DP only), direct DP clips groups of ``group_size``."""
+    if route == "synthetic":
+        return RouteSettings(route, batch_size, epochs, max_steps, **GENERATOR)
+    return RouteSettings(route, batch_size, epochs, max_steps, group_size=group_size, **DIRECT_DP_GROUP)
 
 
 @dataclass(frozen=True)
@@ -130,6 +165,12 @@ class ReferenceRun:
     def noise_to_signal(self, accountant: str = "rdp") -> float:
         return _reference_ratio(self.settings, self.num_units, self.epsilon, accountant)
 
+    @property
+    def steps(self) -> int:
+        return planned_steps(
+            self.num_units, self.settings.batch_size, self.settings.epochs, self.settings.max_steps
+        )
+
 
 def reference_runs() -> list[ReferenceRun]:
     """The measured runs shipped with synthq (``synthq/dp/reference_runs.json``)."""
@@ -141,7 +182,7 @@ def reference_runs() -> list[ReferenceRun]:
             unit=row["unit"],
             num_units=row["num_units"],
             route=row["route"],
-            settings=RouteSettings(row["route"], **row["settings"]),
+            settings=route_settings(row["route"], **row["settings"]),
             epsilon=row["epsilon"],
             share_of_gain=row["share_of_gain"],
             beats=row["beats"],
@@ -151,66 +192,73 @@ def reference_runs() -> list[ReferenceRun]:
     ]
 
 
-def count_units(data: str, split: str, unit: str) -> tuple[int, str]:
-    """``(n, what was read)``: the split's privacy units counted from its qrels (query ids) and,
-    at the user unit, the user id of each judged query — no query or document text is used."""
-    import numpy as np
+def count_units(data: str, split: str, unit: str, max_queries_per_user: int) -> tuple[int, str]:
+    """``(n, what was read)``: the split's privacy units exactly as the DP stages count them
+    (:func:`~synthq.privacy.units.training_units` over the pairs of relevance ≥ 1), from the
+    qrels and, at the user unit, the user id of each judged query; no text is decoded."""
+    from synthq.data.pairs import training_pairs
+    from synthq.data.sources import load_source
+    from synthq.dp.noise import SecretRandomness
+    from synthq.privacy.units import training_units
 
-    from synthq.data.beir_io import read_qrels, read_queries
-    from synthq.data.sources import resolve_source
-    from synthq.data.users import query_users
-
-    root = resolve_source(data)
-    qrels = read_qrels(Path(root) / "qrels" / f"{split}.tsv")
-    query_ids = list(qrels.keys())
+    dataset = load_source(data, splits=[split])
+    pairs = training_pairs(dataset, split)
+    units = training_units(pairs, dataset.root, unit, max_queries_per_user, SecretRandomness(0))
+    where = f"{dataset.root}/qrels/{split}.tsv"
     if unit == "query":
-        return len(query_ids), f"the query ids of {root}/qrels/{split}.tsv"
-    queries = read_queries(Path(root) / "queries.jsonl")
-    rows = np.array([queries.row(q) for q in query_ids], dtype=np.int64)
-    users = query_users(root, queries, rows)
-    return len(set(users)), f"the query ids of {root}/qrels/{split}.tsv and the user id of each"
+        return len(units), f"the relevant judgements of {where}"
+    return len(units), f"the relevant judgements of {where} and the user id of each judged query"
 
 
 GAINED = 0.10  # a measured run "gained" when it recovered at least this share of the gain
 
 
-def verdict(plans: dict[str, RoutePlan], runs: list[ReferenceRun]) -> list[str]:
-    """Each route's σ/B beside the measured runs of that route (nearest σ/B first), then what
-    they say: no gain to expect when every route is noisier than twice the noisiest measured run
-    that still recovered a tenth of the non-private gain."""
+def verdict(plans: dict[str, RoutePlan], runs: list[ReferenceRun], accountant: str = "rdp") -> list[str]:
+    """Each route's noise-to-signal beside the measured runs of that route (nearest first), then
+    what they say. A route can be hoped for when its noise-to-signal is at most twice that of the
+    noisiest measured run that still recovered a tenth of the non-private gain, with at least half
+    that run's steps (fewer steps lower σ but train less); when no route can, expect no gain."""
+
+    def ratio(run: ReferenceRun) -> float:
+        return run.noise_to_signal(accountant)
+
     lines = []
     for route, plan in plans.items():
         same = sorted(
             (run for run in runs if run.route == route),
-            key=lambda run: abs(math.log(run.noise_to_signal() / plan.noise_to_signal)),
+            key=lambda run: abs(math.log(ratio(run) / plan.noise_to_signal)),
         )
-        lines.append(f"{route}: your σ/B = {plan.noise_to_signal:.3g}; measured runs of this route:")
+        lines.append(
+            f"{route}: noise/signal {plan.noise_to_signal:.3g} in {plan.steps} steps; measured runs:"
+        )
         lines += [
-            f"  {run.name} ({run.num_units:,} {run.unit}s, ε = {run.epsilon:g}, "
-            f"σ/B = {run.noise_to_signal():.3g}): "
-            f"{100 * run.share_of_gain:.0f} % of the non-private gain; beats {run.beats} ({run.source})"
+            f"  {run.name} ({run.num_units:,} {run.unit}s, ε = {run.epsilon:g}, noise/signal "
+            f"{ratio(run):.3g} in {run.steps} steps): {100 * run.share_of_gain:.0f} % of the non-private "
+            f"gain; beats {run.beats} ({run.source})"
             for run in same
         ] or ["  none yet"]
     gained = [run for run in runs if run.share_of_gain >= GAINED]
-    least_noisy = min(plan.noise_to_signal for plan in plans.values())
     if not gained:
         lines.append("no measured run recovered a tenth of the non-private gain yet: no verdict")
+        return lines
+    noisiest = max(gained, key=ratio)
+    hopeful = [
+        name
+        for name, plan in plans.items()
+        if plan.noise_to_signal <= 2 * ratio(noisiest) and plan.steps >= noisiest.steps / 2
+    ]
+    reference = f"{noisiest.name}: noise/signal {ratio(noisiest):.3g} in {noisiest.steps} steps"
+    if not hopeful:
+        lines.append(
+            "verdict: expect no gain over the public start. Every route is noisier than twice the "
+            f"noisiest measured run that still gained, or takes fewer than half its steps ({reference})."
+        )
     else:
-        noisiest = max(gained, key=lambda run: run.noise_to_signal())
-        if least_noisy > 2 * noisiest.noise_to_signal():
-            lines.append(
-                f"verdict: expect no gain over the public start. Every route's σ/B is above twice that of "
-                f"the noisiest measured run that still gained ({noisiest.name}, "
-                f"{noisiest.noise_to_signal():.3g})."
-            )
-        else:
-            best = min(plans.values(), key=lambda plan: plan.noise_to_signal)
-            lines.append(
-                f"verdict: DP can carry signal here: the {best.settings.route} route's σ/B "
-                f"({best.noise_to_signal:.3g}) is within twice that of a measured run that gained "
-                f"({noisiest.name}, {noisiest.noise_to_signal():.3g}). Compare both routes against the "
-                "untrained public model on your own split before you release either."
-            )
+        lines.append(
+            f"verdict: DP can carry signal on the {' and '.join(hopeful)} route: within twice the noise "
+            f"of a measured run that gained, with at least half its steps ({reference}). Compare against "
+            "the untrained public model on your own split before you release either."
+        )
     return lines
 
 
@@ -227,6 +275,7 @@ def describe(plan: RoutePlan, minutes: float) -> dict:
     """A route's plan as JSON."""
     return {
         "batch_size": plan.settings.batch_size, "epochs": plan.settings.epochs, "steps": plan.steps,
+        "group_size": plan.settings.group_size, "sensitivity_factor": plan.settings.sensitivity_factor,
         "sample_rate": plan.sample_rate, "noise_multiplier": plan.noise_multiplier, "delta": plan.delta,
         "accountant": plan.accountant, "noise_to_signal": plan.noise_to_signal,
         "noise_to_signal_with_more_units": {str(k): v for k, v in plan.scaled.items()},

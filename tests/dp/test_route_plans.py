@@ -21,13 +21,15 @@ from synthq.dp import route_plans
 from synthq.dp.engine import PrivacyPlan, planned_steps
 from synthq.dp.lm import PerQueryClipping
 from synthq.privacy.accounting import default_delta
+from synthq.runtime.errors import PrivacyError
+from tests import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
 def test_a_route_plan_is_the_stage_plan_and_an_independent_accountant_agrees():
-    settings = route_plans.RouteSettings("synthetic", batch_size=16, epochs=3, max_steps=8)
+    settings = route_plans.route_settings("synthetic", batch_size=16, epochs=3, max_steps=8)
     plan = route_plans.plan_route(settings, 44, 8.0, None, "rdp")
     stage = PrivacyPlan.create(
         num_units=44, expected_batch_size=16, steps=planned_steps(44, 16, 3, 8), epsilon=8.0, delta=None,
@@ -43,9 +45,21 @@ def test_a_route_plan_is_the_stage_plan_and_an_independent_accountant_agrees():
     assert plan.scaled[10] < plan.noise_to_signal / 5
 
 
-def test_the_batch_is_capped_at_the_units():
-    plan = route_plans.plan_route(route_plans.RouteSettings("direct-dp", 64, 1.0), 20, 8.0, None, "rdp")
-    assert plan.settings.batch_size == 20 and plan.sample_rate == 1.0 and plan.steps == 1
+def test_a_batch_larger_than_the_units_is_refused_as_the_stages_refuse_it():
+    with pytest.raises(PrivacyError, match="larger than the 20 privacy units"):
+        route_plans.plan_route(route_plans.route_settings("direct-dp", 64, 1.0), 20, 8.0, None, "rdp")
+
+
+def test_direct_dp_noise_to_signal_counts_groups_and_its_2c_sensitivity():
+    """Group clipping adds noise of std 2σC (Δ = 2C) to a sum of ⌈B/S⌉ terms of norm ≤ C: its
+    noise-to-signal is 2σ/⌈B/S⌉, 16× σ/B at S = 8."""
+    direct = route_plans.plan_route(route_plans.route_settings("direct-dp", 16, 3.0), 44, 8.0, None, "rdp")
+    assert direct.noise_to_signal == pytest.approx(2 * direct.noise_multiplier / 2)
+    assert direct.noise_to_signal == pytest.approx(16 * direct.noise_multiplier / 16)
+    odd = route_plans.plan_route(
+        route_plans.route_settings("direct-dp", 20, 1.0, group_size=8), 44, 8.0, None, "rdp"
+    )
+    assert odd.noise_to_signal == pytest.approx(2 * odd.noise_multiplier / 3)
 
 
 def test_units_are_counted_from_ids_without_reading_any_query_text(monkeypatch):
@@ -53,12 +67,32 @@ def test_units_are_counted_from_ids_without_reading_any_query_text(monkeypatch):
         raise AssertionError("synthq plan read a query's text")
 
     monkeypatch.setattr(Queries, "text_at", no_text)
-    users, read = route_plans.count_units("pylibs", "train", "user")
-    queries, _ = route_plans.count_units("pylibs", "train", "query")
+    users, read = route_plans.count_units("pylibs", "train", "user", 8)
+    queries, _ = route_plans.count_units("pylibs", "train", "query", 8)
     monkeypatch.undo()
     summary = summarize(load_source("pylibs"))["splits"]["train"]
     assert users == summary["users"]["users"] and queries == summary["queries"]
     assert "user id" in read
+
+
+def test_units_are_the_stages_units_when_a_judgement_is_not_relevant(tmp_path):
+    """A qrels row of relevance 0 is no training pair: the stages do not count its query (nor its
+    user, when it has no other), so neither does the plan."""
+    root = helpers.write_tiny_beir(tmp_path / "log")
+    queries = [json.loads(line) for line in (root / "queries.jsonl").read_text().splitlines()]
+    with open(root / "queries.jsonl", "w") as handle:
+        for number, record in enumerate(queries):
+            handle.write(json.dumps({**record, "metadata": {"user_id": f"u{number % 5}"}}) + "\n")
+    qrels = (root / "qrels" / "train.tsv").read_text().splitlines()
+    train_users = {f"u{n % 5}" for n, r in enumerate(queries) if r["_id"].startswith("tr-")}
+    first = qrels[1].split("\t")
+    (root / "qrels" / "train.tsv").write_text("\n".join([*qrels, f"zero-judged\t{first[1]}\t0"]) + "\n")
+    with open(root / "queries.jsonl", "a") as handle:
+        handle.write(
+            json.dumps({"_id": "zero-judged", "text": "x", "metadata": {"user_id": "u-zero"}}) + "\n"
+        )
+    assert route_plans.count_units(str(root), "train", "user", 8)[0] == len(train_users)
+    assert route_plans.count_units(str(root), "train", "query", 8)[0] == len(qrels) - 1
 
 
 def test_costs_are_the_benchmarks_measurements():
@@ -86,20 +120,21 @@ def test_the_pydocs_reference_runs_have_the_settings_of_their_pipeline():
             continue
         source = generator if run.route == "synthetic" else direct
         assert run.settings.batch_size == source["batch_size"] and run.settings.epochs == source["epochs"]
+        assert run.settings.group_size == source.get("group_size", 1)
         assert run.settings.max_steps == source.get("max_steps")
         assert run.epsilon == 8 and run.num_units == 44
 
 
 def test_the_verdict_says_no_gain_when_every_route_is_far_noisier_than_any_run_that_gained():
     runs = route_plans.reference_runs()
-    noisy = route_plans.plan_route(route_plans.RouteSettings("synthetic", 4, 1.0), 8, 1.0, None, "rdp")
+    noisy = route_plans.plan_route(route_plans.route_settings("synthetic", 4, 1.0), 8, 1.0, None, "rdp")
     lines = route_plans.verdict({"synthetic": noisy}, runs)
     assert lines[-1].startswith("verdict: expect no gain")
     assert any("pydocs synthetic, round-trip filtered" in line for line in lines)
 
 
 def test_minutes_add_the_routes_work_at_the_measured_costs():
-    plan = route_plans.plan_route(route_plans.RouteSettings("synthetic", 16, 3.0, 8), 44, 8.0, None, "rdp")
+    plan = route_plans.plan_route(route_plans.route_settings("synthetic", 16, 3.0, 8), 44, 8.0, None, "rdp")
     cost = route_plans.costs()
     expected = (
         8 * 16 * 8 * cost["generator_dp_seconds_per_row"]
@@ -111,19 +146,29 @@ def test_minutes_add_the_routes_work_at_the_measured_costs():
 
 def test_the_command_reads_counts_only_and_prints_both_routes(tiny_beir):
     arguments = ["--units", "44", "--documents", "1839", "--generator-batch-size", "16"]
-    arguments += ["--generator-epochs", "3", "--generator-max-steps", "8", "--json"]
+    arguments += [
+        "--generator-epochs",
+        "3",
+        "--generator-max-steps",
+        "8",
+        "--retriever-batch-size",
+        "16",
+        "--json",
+    ]
     result = runner.invoke(app, ["plan", *arguments])
     assert result.exit_code == 0, result.output
-    first, rest = result.output.split("\n", 1)
-    assert first == "synthq plan reads nothing (--units, --documents)"
-    payload = json.loads(rest)
+    payload = json.loads(result.output)  # stdout is the JSON alone
+    assert payload["reads"] == "nothing (--units, --documents)"
     assert set(payload["routes"]) == {"synthetic", "direct-dp"} and payload["units"] == 44
     assert payload["routes"]["synthetic"]["steps"] == 8
     assert math.isfinite(payload["routes"]["direct-dp"]["noise_to_signal"])
-    counted = runner.invoke(app, ["plan", "--data", str(tiny_beir), "--privacy-unit", "query"])
+    small = ["--generator-batch-size", "4", "--retriever-batch-size", "8"]
+    counted = runner.invoke(app, ["plan", "--data", str(tiny_beir), "--privacy-unit", "query", *small])
     assert counted.exit_code == 0, counted.output
-    assert counted.output.startswith(f"synthq plan reads the query ids of {tiny_beir}/qrels/train.tsv")
-    assert "17 queries (unit: query)" in counted.output and "σ/B" in counted.output
+    assert counted.output.startswith(
+        f"synthq plan reads the relevant judgements of {tiny_beir}/qrels/train.tsv"
+    )
+    assert "17 queries (unit: query)" in counted.output and "noise/signal" in counted.output
 
 
 @pytest.mark.parametrize(
