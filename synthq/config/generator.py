@@ -129,7 +129,16 @@ class FinetuneConfig(StageConfig):
 class GenerateConfig(StageConfig):
     """``synthq generate``: nucleus-sample synthetic queries for public documents."""
 
-    generator: Path = Field(description="A finetune-lm artifact.")
+    generator: Path = Field(
+        description="A finetune-lm artifact, or a public model (alias, hub id or local directory): "
+        "the ε = 0 control, queries written with no private data."
+    )
+    few_shot: str | None = Field(
+        None,
+        description="SOURCE:SPLIT of public (document, query) pairs to show a public causal model in "
+        "every prompt (InPars-style few-shot); the split must be declared public. Default: zero-shot.",
+    )
+    few_shot_examples: int = Field(3, ge=1, le=16, description="--few-shot: examples in each prompt.")
     corpus: PublicCorpus = "embedded"
     documents: DocumentList = None
     split: str | None = Field(

@@ -14,6 +14,14 @@ remove its document from the release), so it is allowed only as a named assumpti
 judged-document set of split S is public", the paper's MS MARCO setting) that the guarantee
 records and every report prints.
 
+A public model as ``--generator`` (an alias, hub id or local directory that is not a synthq
+artifact) writes queries with no private data at all: the ε = 0 control that says how much of a
+synthetic set's value came from the private log. ``--few-shot SOURCE:SPLIT`` shows a causal public
+model ``--few-shot-examples`` public pairs in every prompt (InPars, Bonifacio et al. 2022); the
+split must be declared public (fail closed), and the examples are drawn with the recorded seed.
+The artifact is public (ε = 0), with the model's public-by-assumption note when it is not a
+packaged alias.
+
 Sampling is reproducible per document (see :mod:`synthq.models.sampling`), so ``--shard i/n`` runs
 merged with ``--merge`` equal one unsharded run, and ``--resume`` continues from the documents
 already finished. Under ``torchrun`` one command does both: each rank generates its shard and
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import time
 from collections import ChainMap
 from pathlib import Path
@@ -35,8 +44,8 @@ from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.process_state import may_replace, owned_by_pipeline
 from synthq.config.generator import GenerateConfig
 from synthq.data.beir_io import read_corpus, read_qrels, read_queries
-from synthq.data.pairs import document_text
-from synthq.data.sources import resolve_source
+from synthq.data.pairs import document_text, training_pairs
+from synthq.data.sources import load_source, resolve_source
 from synthq.data.synthetic import (
     public_documents,
     write_synthetic,
@@ -45,12 +54,14 @@ from synthq.data.tables import Corpus
 from synthq.models.defaults import generate_defaults
 from synthq.models.generator import QueryGenerator
 from synthq.models.sampling import Request, length_sorted_batches, sample_with_retries
-from synthq.privacy.inputs import public_documents_input
+from synthq.privacy.inputs import data_input, model_input, public_documents_input
+from synthq.privacy.splits import split_is_private
 from synthq.runtime import distributed
 from synthq.runtime.console import info, progress, warn
-from synthq.runtime.errors import ArtifactError, DataError, SynthqError
+from synthq.runtime.errors import ArtifactError, DataError, PrivacyError, SynthqError
 
 STAGE = "generate"
+FEW_SHOT_TOKENS = 96  # an example's document in a few-shot prompt, in tokens
 # Documents whose texts (and prompt lengths, for length-sorted batches) are held at once.
 GENERATION_CHUNK = 8192
 PROGRESS_FILE = "done.jsonl"
@@ -235,18 +246,71 @@ def run_over_ranks(config: GenerateConfig) -> Artifact:
     return distributed.on_main(merge, shard_paths, out, force=config.force)
 
 
+def few_shot_pairs(config: GenerateConfig) -> tuple[list[tuple[str, str]], dict]:
+    """``--few-shot SOURCE:SPLIT``: ``few_shot_examples`` (document, query) pairs of a split the
+    source declares public, drawn with the config's seed, and the input record of that source."""
+    source, _, split = str(config.few_shot).rpartition(":")
+    if not source or not split:
+        raise DataError(f"--few-shot must be SOURCE:SPLIT (e.g. pydocs:test), not {config.few_shot!r}")
+    root = resolve_source(source)
+    if split_is_private(source, root, split):
+        raise PrivacyError(
+            f"--few-shot {config.few_shot}: split {split!r} is not declared public in {root}/privacy.json; "
+            "its pairs would go into every prompt of a set that claims ε = 0"
+        )
+    pairs = training_pairs(load_source(source, splits=[split]), split)
+    if len(pairs) < config.few_shot_examples:
+        raise DataError(
+            f"--few-shot: split {split!r} has {len(pairs)} pairs, fewer than {config.few_shot_examples}"
+        )
+    chosen = random.Random(config.seed).sample(range(len(pairs)), config.few_shot_examples)
+    examples = [(pairs[i].document, pairs[i].query) for i in sorted(chosen)]
+    record = {**data_input(source, private=False).record, "role": "few-shot examples", "split": split}
+    return examples, record
+
+
+def few_shot_template(examples: list[tuple[str, str]], template: str, tokenizer, max_tokens: int) -> str:
+    """``template`` preceded by each example written in it with its query (documents cut to
+    ``max_tokens`` tokens; braces escaped, so only the last ``{document}`` is filled)."""
+    shown = []
+    for document, query in examples:
+        ids = tokenizer(document, add_special_tokens=False)["input_ids"][:max_tokens]
+        text = template.format(document=tokenizer.decode(ids)) + " " + " ".join(query.split()) + "\n\n"
+        shown.append(text.replace("{", "{{").replace("}", "}}"))
+    return "".join(shown) + template
+
+
+def _load_generator(config: GenerateConfig, start, device: str) -> QueryGenerator:
+    """The generator: a finetune-lm artifact as trained, or a public model (with the few-shot
+    prompt when asked)."""
+    generator = QueryGenerator.load(start.path, device=device)
+    if config.few_shot is None:
+        return generator
+    if start.artifact is not None or generator.kind != "causal":
+        raise DataError(
+            "--few-shot writes prompts for a public causal model; a finetune-lm generator was trained "
+            "on its own prompt, and a seq2seq model reads none"
+        )
+    examples, _ = few_shot_pairs(config)
+    generator.template = few_shot_template(examples, generator.template, generator.tokenizer, FEW_SHOT_TOKENS)
+    return generator
+
+
 def run(config: GenerateConfig) -> Artifact:
     if distributed.setup(config.device).world_size > 1 and config.shard is None:
         return run_over_ranks(config)
-    generator_artifact = open_artifact(config.generator, stage="finetune-lm")
+    start = model_input(str(config.generator), stage="finetune-lm")
+    generator_artifact = start.artifact
     root = resolve_source(config.corpus)
     documents, assumptions = public_documents_input(root, config.corpus, config.documents, config.split)
-    inputs = [generator_artifact.input_record(), *documents]
+    inputs = [start.record, *documents]
+    if config.few_shot is not None:
+        inputs.append(few_shot_pairs(config)[1])
     if (done_artifact := existing_result(STAGE, config, inputs)) is not None:
         return done_artifact
     corpus, doc_ids = select_documents(config, root)
     device = distributed.device_for(config.device)
-    generator = QueryGenerator.load(generator_artifact.path, device=device)
+    generator = _load_generator(config, start, device)
     chosen = generate_defaults(config, device, generator.max_source_length)
     settings = config.model_copy(update=chosen.values)  # what runs; the fingerprint keeps config
     generator.model.eval()
@@ -282,7 +346,11 @@ def run(config: GenerateConfig) -> Artifact:
                 "query_tokens_per_second": round(tokens / max(elapsed, 1e-9), 3),
             }
         )
-        writer.inherit(generator_artifact)
+        if generator_artifact is not None:
+            writer.inherit(generator_artifact)
+        else:  # a public model, public examples, public documents: nothing private read (ε = 0)
+            writer.assume(*start.guarantee.assumptions)
+            writer.public()
         if assumptions:
             writer.assume(*assumptions)
         if config.split is not None:

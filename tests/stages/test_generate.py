@@ -398,7 +398,7 @@ def test_cli_shards_and_merge(tmp_path, causal_generator, tiny_beir):
 
 
 def test_bad_input(tmp_path, causal_generator, tiny_beir):
-    with pytest.raises(ArtifactError, match="no such artifact"):
+    with pytest.raises(SynthqError, match="no such model directory"):  # neither an artifact nor a model
         make(tmp_path, type("A", (), {"path": tmp_path / "nope"})(), tiny_beir, "x")
     with pytest.raises(ValueError, match="i/n"):  # the config refuses it before any work
         make(tmp_path, causal_generator, tiny_beir, "x", shard="two")
@@ -414,3 +414,47 @@ def test_bad_input(tmp_path, causal_generator, tiny_beir):
         writer.privacy = Guarantee(epsilon=math.inf)
     with pytest.raises(ArtifactError, match="expected 'finetune-lm'"):
         make(tmp_path, open_artifact(wrong_stage), tiny_beir, "x")
+
+
+def test_a_public_model_writes_the_eps_0_control(tmp_path, tiny_causal_dir, tiny_beir):
+    """--generator a public model (a local directory, not an artifact): no private data read, ε = 0,
+    the model recorded with its public-by-assumption note; the same queries on a second run."""
+    config = GenerateConfig(generator=tiny_causal_dir, corpus=str(tiny_beir), out=tmp_path / "zero", seed=3)
+    control = generate.run(config)
+    assert control.privacy.epsilon == 0 and control.releases == []
+    assert any("is public" in a for a in control.privacy.assumptions)
+    assert control.inputs[0]["kind"] == "model" and control.metrics["queries"] == 12
+    again = generate.run(config.model_copy(update={"out": tmp_path / "again"}))
+    assert read(again) == read(control)
+
+
+def test_few_shot_prompts_show_public_pairs_and_refuse_private_ones(tmp_path, tiny_causal_dir, tiny_beir):
+    from synthq.runtime.errors import PrivacyError
+
+    config = GenerateConfig(
+        generator=tiny_causal_dir, corpus=str(tiny_beir), out=tmp_path / "fs", few_shot=f"{tiny_beir}:test",
+        few_shot_examples=2, seed=1,
+    )  # fmt: skip
+    examples, record = generate.few_shot_pairs(config)
+    test_queries = set(helpers.TEST_QUERIES.values())
+    assert len(examples) == 2 and {query for _, query in examples} <= test_queries
+    assert record["role"] == "few-shot examples" and record["split"] == "test"
+    few_shot = generate.run(config)
+    assert few_shot.privacy.epsilon == 0 and any(
+        i.get("role") == "few-shot examples" for i in few_shot.inputs
+    )
+    generator = generate._load_generator(
+        config, type("Start", (), {"path": tiny_causal_dir, "artifact": None}), "cpu"
+    )
+    prompt = generator.source_text("a document with {braces}")
+    assert prompt.count("Search query:") == 3 and all(query in prompt for _, query in examples)
+    assert prompt.endswith("Document: a document with {braces}\nSearch query:")
+    with pytest.raises(PrivacyError, match="not declared public"):
+        generate.run(config.model_copy(update={"few_shot": f"{tiny_beir}:train", "out": tmp_path / "p"}))
+    with pytest.raises(DataError, match="SOURCE:SPLIT"):
+        generate.few_shot_pairs(config.model_copy(update={"few_shot": "test"}))
+
+
+def test_few_shot_is_refused_for_a_trained_generator(tmp_path, causal_generator, tiny_beir):
+    with pytest.raises(DataError, match="public causal model"):
+        make(tmp_path, causal_generator, tiny_beir, "x", few_shot=f"{tiny_beir}:test")
