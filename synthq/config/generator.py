@@ -52,6 +52,13 @@ class FinetuneConfig(StageConfig):
         description="adam (DP-Adam), adam-bc (DP-Adam with the noise's variance removed from the "
         "second moment, DP-AdamBC: Adam's adaptivity back under DP), adafactor or sgd.",
     )
+    warm_start: str | None = Field(
+        None,
+        description="SOURCE:SPLIT of public (document, query) pairs to train on without DP before the DP "
+        "phase (the split must be declared public; never the split you evaluate on): DP then adapts a "
+        "generator that already writes queries. Costs no ε; recorded as a public input.",
+    )
+    warm_start_epochs: float = Field(1.0, gt=0, le=100, description="--warm-start: epochs over its pairs.")
     lr: float = Field(1e-3, gt=0, description="Learning rate (paper: 1e-3).")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
     epochs: float = Field(3.0, gt=0, description="Epochs (paper: 30).")

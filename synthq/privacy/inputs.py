@@ -125,3 +125,39 @@ def public_documents_input(
         records.append(public_file_record(Path(documents), "document list"))
         assumptions.append(document_list_assumption(records[-1]))
     return records, assumptions
+
+
+@dataclass(frozen=True)
+class PublicPairs:
+    """(document, query) pairs of a split its dataset declares public: few-shot examples, a warm
+    start. Reading them costs no ε; the record names them and the assumption says why."""
+
+    spec: str
+    split: str
+    pairs: object  # a synthq.data.pairs.PairList
+    record: dict
+    assumption: str
+
+
+def public_pairs_input(spec: str, role: str) -> PublicPairs:
+    """``SOURCE:SPLIT`` -> the split's pairs, refused unless the source declares the split public
+    (:func:`~synthq.privacy.splits.split_is_private`, fail closed)."""
+    from synthq.data.pairs import training_pairs
+    from synthq.data.sources import load_source, resolve_source
+    from synthq.privacy.splits import split_is_private
+    from synthq.runtime.errors import DataError, PrivacyError
+
+    source, _, split = spec.rpartition(":")
+    if not source or not split:
+        raise DataError(f"{role} must be SOURCE:SPLIT (e.g. pydocs:test), not {spec!r}")
+    root = resolve_source(source)
+    if split_is_private(source, root, split):
+        raise PrivacyError(
+            f"{role} {spec}: split {split!r} is not declared public in {root}/privacy.json; reading its "
+            "pairs without noise would be a release of them (ε = ∞)"
+        )
+    pairs = training_pairs(load_source(source, splits=[split]), split)
+    record = {**data_input(source, private=False).record, "role": role, "split": split}
+    return PublicPairs(
+        spec, split, pairs, record, f"the {role} pairs {spec} are public (declared in privacy.json)"
+    )

@@ -57,8 +57,9 @@ from synthq.dp.units import (
 )
 from synthq.models.defaults import Chosen, finetune_defaults, why_corpus_is_public
 from synthq.models.generator import QueryGenerator, apply_lora
+from synthq.models.training_step import non_private_step
 from synthq.privacy.guarantee import Guarantee
-from synthq.privacy.inputs import data_input, model_input
+from synthq.privacy.inputs import data_input, model_input, public_pairs_input
 from synthq.privacy.splits import split_is_private
 from synthq.privacy.units import training_units
 from synthq.runtime import distributed
@@ -214,11 +215,47 @@ def _diagnostics(log: list[dict], elapsed: float, steps_run: int) -> dict:
     }
 
 
+WARM_START_BATCH = 16  # public pairs per warm-start step
+
+
+def _warm_start(config: FinetuneConfig, settings: FinetuneConfig, generator: QueryGenerator, public) -> dict:
+    """The public phase: ``warm_start_epochs`` over the public pairs without DP (Adam at the run's
+    learning rate, shuffled by a public seed), before any private pair is read. Returns its
+    statistics (public data: they go into the released metrics)."""
+    pairs = public.pairs
+    trainable = [p for p in generator.model.parameters() if p.requires_grad]
+    optimizer = make_optimizer("adam", trainable, config.lr)
+    order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(config.seed or 0)).tolist()
+    steps = max(1, math.ceil(config.warm_start_epochs * len(pairs) / WARM_START_BATCH))
+    order = (order * math.ceil(steps * WARM_START_BATCH / len(pairs) + 1))[: steps * WARM_START_BATCH]
+
+    def make_batch(rows: list[int]) -> dict[str, torch.Tensor]:
+        chosen = [pairs[i] for i in rows]
+        return generator.training_batch(
+            [p.document for p in chosen], [p.query for p in chosen], settings.max_target_length
+        )
+
+    losses = []
+    with progress() as bar:
+        task = bar.add_task(f"warm start on {public.spec}", total=steps)
+        for step in range(steps):
+            rows = order[step * WARM_START_BATCH : (step + 1) * WARM_START_BATCH]
+            losses.append(
+                non_private_step(generator, optimizer, make_batch, rows, settings.physical_batch_size).loss
+            )
+            bar.update(task, advance=1)
+    info(f"warm start on {public.spec}: {steps} public steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return {"warm_start_steps": steps, "warm_start_first_loss": losses[0], "warm_start_last_loss": losses[-1]}
+
+
 def run(config: FinetuneConfig) -> Artifact:
     place = distributed.setup(config.device)
     start = model_input(config.model, stage=STAGE)
     data = data_input(config.data)
     inputs = [data.record, start.record]
+    warm = public_pairs_input(config.warm_start, "--warm-start") if config.warm_start else None
+    if warm is not None:
+        inputs.append(warm.record)
     if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
         return done
     dataset = load_source(str(data.root), splits=[config.split])
@@ -232,6 +269,7 @@ def run(config: FinetuneConfig) -> Artifact:
     if fitted.line():
         info(fitted.line())
     generator = _load_generator(settings, start.path, place.rank)
+    warmed = _warm_start(config, settings, generator, warm) if warm is not None else {}
     randomness.seed_torch(place.rank)  # dropout from the run's randomness, not torch's default seed
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
     learning = LearningCheck(generator, trainable, _public_held_out(config, data), settings.max_target_length)
@@ -301,6 +339,9 @@ def run(config: FinetuneConfig) -> Artifact:
         if writer.primary:
             generator.save(writer.dir, generation_defaults={"do_sample": True, "top_p": DEFAULT_TOP_P})
         start.carry_into(writer)
+        if warm is not None:  # public pairs: no release, but the guarantee names them
+            writer.assume(warm.assumption)
+            writer.metrics.update(warmed)
         if data.artifact is not None:  # DP on a synthetic set: it is itself a release of D
             writer.inherit(data.artifact)
         writer.release(_own_guarantee(config, plan, training, units), data.record, units.keys, units.kind)

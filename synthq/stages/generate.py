@@ -44,8 +44,8 @@ from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.process_state import may_replace, owned_by_pipeline
 from synthq.config.generator import GenerateConfig
 from synthq.data.beir_io import read_corpus, read_qrels, read_queries
-from synthq.data.pairs import document_text, training_pairs
-from synthq.data.sources import load_source, resolve_source
+from synthq.data.pairs import document_text
+from synthq.data.sources import resolve_source
 from synthq.data.synthetic import (
     public_documents,
     write_synthetic,
@@ -54,11 +54,10 @@ from synthq.data.tables import Corpus
 from synthq.models.defaults import generate_defaults
 from synthq.models.generator import QueryGenerator
 from synthq.models.sampling import Request, length_sorted_batches, sample_with_retries
-from synthq.privacy.inputs import data_input, model_input, public_documents_input
-from synthq.privacy.splits import split_is_private
+from synthq.privacy.inputs import model_input, public_documents_input, public_pairs_input
 from synthq.runtime import distributed
 from synthq.runtime.console import info, progress, warn
-from synthq.runtime.errors import ArtifactError, DataError, PrivacyError, SynthqError
+from synthq.runtime.errors import ArtifactError, DataError, SynthqError
 
 STAGE = "generate"
 FEW_SHOT_TOKENS = 96  # an example's document in a few-shot prompt, in tokens
@@ -249,24 +248,15 @@ def run_over_ranks(config: GenerateConfig) -> Artifact:
 def few_shot_pairs(config: GenerateConfig) -> tuple[list[tuple[str, str]], dict]:
     """``--few-shot SOURCE:SPLIT``: ``few_shot_examples`` (document, query) pairs of a split the
     source declares public, drawn with the config's seed, and the input record of that source."""
-    source, _, split = str(config.few_shot).rpartition(":")
-    if not source or not split:
-        raise DataError(f"--few-shot must be SOURCE:SPLIT (e.g. pydocs:test), not {config.few_shot!r}")
-    root = resolve_source(source)
-    if split_is_private(source, root, split):
-        raise PrivacyError(
-            f"--few-shot {config.few_shot}: split {split!r} is not declared public in {root}/privacy.json; "
-            "its pairs would go into every prompt of a set that claims ε = 0"
-        )
-    pairs = training_pairs(load_source(source, splits=[split]), split)
-    if len(pairs) < config.few_shot_examples:
+    public = public_pairs_input(str(config.few_shot), "--few-shot")
+    if len(public.pairs) < config.few_shot_examples:
         raise DataError(
-            f"--few-shot: split {split!r} has {len(pairs)} pairs, fewer than {config.few_shot_examples}"
+            f"--few-shot: split {public.split!r} has {len(public.pairs)} pairs, "
+            f"fewer than {config.few_shot_examples}"
         )
-    chosen = random.Random(config.seed).sample(range(len(pairs)), config.few_shot_examples)
-    examples = [(pairs[i].document, pairs[i].query) for i in sorted(chosen)]
-    record = {**data_input(source, private=False).record, "role": "few-shot examples", "split": split}
-    return examples, record
+    chosen = random.Random(config.seed).sample(range(len(public.pairs)), config.few_shot_examples)
+    examples = [(public.pairs[i].document, public.pairs[i].query) for i in sorted(chosen)]
+    return examples, {**public.record, "role": "few-shot examples", "assumption": public.assumption}
 
 
 def few_shot_template(examples: list[tuple[str, str]], template: str, tokenizer, max_tokens: int) -> str:
@@ -306,6 +296,7 @@ def run(config: GenerateConfig) -> Artifact:
     inputs = [start.record, *documents]
     if config.few_shot is not None:
         inputs.append(few_shot_pairs(config)[1])
+        assumptions.append(inputs[-1]["assumption"])
     if (done_artifact := existing_result(STAGE, config, inputs)) is not None:
         return done_artifact
     corpus, doc_ids = select_documents(config, root)

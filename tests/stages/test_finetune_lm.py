@@ -179,3 +179,26 @@ def test_adam_bc_removes_the_plans_gradient_noise_variance(tmp_path, tiny_beir, 
         config(tmp_path, tiny_beir, tiny_causal_dir, "bc-inf", epsilon="inf", optimizer="adam-bc")
     )
     assert seen[-1] == ("adam-bc", 0.0)
+
+
+def test_a_public_warm_start_trains_before_dp_costs_no_eps_and_is_named(tmp_path, tiny_beir, tiny_causal_dir):
+    """--warm-start SOURCE:SPLIT trains on the public pairs without DP first: the loss on them
+    falls, the DP plan and ε are those of the same run without it, the input is recorded with
+    its role and the guarantee names it; a private split is refused before any work."""
+    base = dict(epsilon=8, epochs=1, seed=0)
+    plain = finetune_lm.run(config(tmp_path, tiny_beir, tiny_causal_dir, "plain", **base))
+    warm = finetune_lm.run(
+        config(tmp_path, tiny_beir, tiny_causal_dir, "warm", warm_start=f"{tiny_beir}:test",
+               warm_start_epochs=20, **base)
+    )  # fmt: skip
+    assert warm.metrics["warm_start_last_loss"] < 0.85 * warm.metrics["warm_start_first_loss"]
+    assert warm.metrics["warm_start_steps"] == math.ceil(20 * len(helpers.TEST_QUERIES) / 16)
+    assert warm.privacy.epsilon == plain.privacy.epsilon
+    assert warm.privacy.details["noise_multiplier"] == plain.privacy.details["noise_multiplier"]
+    assert any(i.get("role") == "--warm-start" and i["split"] == "test" for i in warm.inputs)
+    assert any("--warm-start pairs" in a and "public" in a for a in warm.privacy.assumptions)
+    with pytest.raises(PrivacyError, match="not declared public"):
+        finetune_lm.run(
+            config(tmp_path, tiny_beir, tiny_causal_dir, "leak", warm_start=f"{tiny_beir}:train", **base)
+        )
+    assert not (tmp_path / "leak").exists()
