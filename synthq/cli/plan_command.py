@@ -127,7 +127,7 @@ def plan_command(
         )
         scaled = ", ".join(f"{factor}× the {noun}: {ratio:.3g}" for factor, ratio in plan.scaled.items())
         result(
-            f"{name} [{stage}]: B = {plan.settings.batch_size}, {plan.settings.epochs:g} epochs"
+            f"{name} [{stage}]: B = {plan.settings.batch_size}, epochs = {plan.settings.epochs:g}"
             + (f" (at most {plan.settings.max_steps} steps)" if plan.settings.max_steps else "")
             + (f", groups of {plan.settings.group_size}" if plan.settings.group_size > 1 else "")
             + f": q = {plan.sample_rate:.4f}, {plan.steps} steps, "
