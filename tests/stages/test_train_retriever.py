@@ -286,3 +286,40 @@ def test_command_line(tmp_path, tiny_beir, tiny_encoder_dir, capsys):
     assert open_artifact(tmp_path / "dp").privacy.epsilon <= 8
     result = runner.invoke(app, ["train-retriever", *common, "--out", str(tmp_path / "x"), "--dp", "pair"])
     assert result.exit_code == 2
+
+
+@pytest.mark.slow
+def test_both_routes_in_one_budget_compose_per_unit(tmp_path, tiny_beir, tiny_encoder_dir, tiny_causal_dir):
+    """The combination: a retriever trained on synthetic queries of an ε₁ generator, then trained
+    with direct DP at ε₂ on the same private pairs (``--encoder`` the synthetic retriever). Both
+    releases read the same queries, so the ledger adds them per unit: ε₁ + ε₂ (basic composition),
+    never the larger of the two."""
+    from synthq.config.generator import FinetuneConfig, GenerateConfig
+    from synthq.stages import finetune_lm, generate
+
+    generator = finetune_lm.run(
+        FinetuneConfig(data=str(tiny_beir), model=str(tiny_causal_dir), out=tmp_path / "gen", epsilon=4,
+                       batch_size=8, epochs=1, physical_batch_size=4, max_source_length=48)
+    )  # fmt: skip
+    synthetic = generate.run(
+        GenerateConfig(generator=generator.path, corpus=str(tiny_beir), out=tmp_path / "syn")
+    )
+    on_synthetic = train_retriever.run(config(tmp_path, synthetic.path, tiny_encoder_dir, "ret-syn"))
+    assert on_synthetic.privacy.epsilon == pytest.approx(generator.privacy.epsilon)
+    both = train_retriever.run(
+        config(
+            tmp_path,
+            tiny_beir,
+            on_synthetic.path,
+            "ret-both",
+            dp="group",
+            epsilon=4,
+            batch_size=4,
+            group_size=2,
+        )
+    )
+    direct = [r for r in both.releases if r["id"] not in {g["id"] for g in generator.releases}]
+    assert len(both.releases) == 2 and len(direct) == 1
+    own = direct[0]["guarantee"]["epsilon"]
+    assert both.privacy.epsilon == pytest.approx(generator.privacy.epsilon + own)
+    assert 7.5 < both.privacy.epsilon <= 8.0
