@@ -107,22 +107,24 @@ def _quiet_import(name: str):
 def walk_modules() -> list[str]:
     """Public stdlib module names, sorted. ``pkgutil.walk_packages`` would import every package to
     recurse into it (``test``, ``idlelib`` included), so this is its walk with the excluded
-    packages pruned *before* import: ``pkgutil.iter_modules`` per level, in sorted order."""
+    packages pruned *before* import (:func:`walk_tree`)."""
     names = {n for n in sys.builtin_module_names if not skipped(n)}
+    return sorted(names | set(walk_tree(stdlib_dirs(), "", skipped)))
 
-    def walk(path: list[str], prefix: str) -> None:
-        for info in sorted(pkgutil.iter_modules(path, prefix), key=lambda i: i.name):
-            if skipped(info.name):
-                continue
-            names.add(info.name)
-            if info.ispkg:
-                module = _quiet_import(info.name)
-                sub = getattr(module, "__path__", None)
-                if sub:
-                    walk(sorted(sub), info.name + ".")
 
-    walk(stdlib_dirs(), "")
-    return sorted(names)
+def walk_tree(path: list[str], prefix: str, skip) -> list[str]:
+    """Module names below ``path`` in depth-first sorted order, ``pkgutil.iter_modules`` per
+    level; a name ``skip`` refuses is pruned before it (or anything below it) is imported."""
+    names = []
+    for info in sorted(pkgutil.iter_modules(path, prefix), key=lambda i: i.name):
+        if skip(info.name):
+            continue
+        names.append(info.name)
+        if info.ispkg:
+            sub = getattr(_quiet_import(info.name), "__path__", None)
+            if sub:
+                names += walk_tree(sorted(sub), info.name + ".", skip)
+    return names
 
 
 def _members(module):
@@ -236,19 +238,28 @@ def collect() -> tuple[list[dict], dict]:
                 continue
             seen_names.add(qualname)
             seen_objects.add(id(obj))
-            doc = _own_doc(obj)
-            if not doc:
-                continue
-            stats["docstrings"] += 1
-            pair = make_pair(qualname, doc)
-            if pair is None:
-                stats[f"dropped: body under {MIN_BODY_WORDS} words"] += 1
-                continue
-            if pair["query"] is None:
-                stats["distractors: no usable summary"] += 1
-            pairs.append(pair)
+            add_pair(pairs, stats, qualname, obj)
     pairs.sort(key=lambda p: p["name"])
     return pairs, dict(stats)
+
+
+def add_pair(
+    pairs: list[dict], stats: Counter, qualname: str, obj, user: str | None = None,
+    max_words: int = MAX_DOC_WORDS, clean=lambda doc: doc,
+) -> None:  # fmt: skip
+    """Read ``obj``'s own docstring (``clean``-ed) into ``pairs`` as a pair or a distractor, counting
+    what it keeps and drops in ``stats``."""
+    doc = _own_doc(obj)
+    if not doc:
+        return
+    stats["docstrings"] += 1
+    pair = make_pair(qualname, clean(doc), user=user, max_words=max_words)
+    if pair is None:
+        stats[f"dropped: body under {MIN_BODY_WORDS} words"] += 1
+        return
+    if pair["query"] is None:
+        stats["distractors: no usable summary"] += 1
+    pairs.append(pair)
 
 
 # ---------------------------------------------------------------------------- dataset

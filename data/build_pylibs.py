@@ -29,7 +29,6 @@ import importlib.metadata
 import inspect
 import json
 import os
-import pkgutil
 import re
 import sys
 from collections import Counter
@@ -74,20 +73,7 @@ def walk_package(package: str) -> list[str]:
     top = pydocs._quiet_import(package)
     if top is None:
         raise SystemExit(f"{package} is not importable in {sys.executable}: install it first")
-    names = [package]
-
-    def walk(path: list[str], prefix: str) -> None:
-        for info in sorted(pkgutil.iter_modules(path, prefix), key=lambda i: i.name):
-            if skipped(info.name):
-                continue
-            names.append(info.name)
-            if info.ispkg:
-                sub = getattr(pydocs._quiet_import(info.name), "__path__", None)
-                if sub:
-                    walk(sorted(sub), info.name + ".")
-
-    walk(list(top.__path__), package + ".")
-    return names
+    return [package, *pydocs.walk_tree(list(top.__path__), package + ".", skipped)]
 
 
 def owns(package: str, home) -> bool:
@@ -134,17 +120,8 @@ def collect() -> tuple[list[dict], dict, dict]:
                     continue
                 seen_names.add(qualname)
                 seen_objects.add(id(obj))
-                doc = pydocs._own_doc(obj)
-                if not doc:
-                    continue
-                stats["docstrings"] += 1
-                pair = pydocs.make_pair(qualname, ADDRESS.sub("", doc), user=home, max_words=MAX_DOC_WORDS)
-                if pair is None:
-                    stats[f"dropped: body under {pydocs.MIN_BODY_WORDS} words"] += 1
-                    continue
-                if pair["query"] is None:
-                    stats["distractors: no usable summary"] += 1
-                pairs.append(pair)
+                clean = lambda doc: ADDRESS.sub("", doc)  # noqa: E731
+                pydocs.add_pair(pairs, stats, qualname, obj, user=home, max_words=MAX_DOC_WORDS, clean=clean)
     pairs.sort(key=lambda p: p["name"])
     return pairs, dict(stats), versions
 

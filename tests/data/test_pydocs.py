@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 
 from synthq.data.sources import declared_splits, load_source, pydocs_dir, resolve_source, source_name
 from synthq.data.summary import summarize
+from tests.data.shipped import load_builder, query_users
 
 BUILDER = Path(__file__).resolve().parents[2] / "data" / "build_pydocs.py"
 
@@ -22,16 +22,12 @@ def pydocs():
 
 @pytest.fixture(scope="module")
 def builder():
-    spec = importlib.util.spec_from_file_location("build_pydocs", BUILDER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # defines functions only: building needs main()
-    return module
+    return load_builder("build_pydocs")
 
 
 @pytest.fixture(scope="module")
 def users() -> dict[str, str]:
-    rows = (pydocs_dir() / "queries.jsonl").read_text(encoding="utf-8").splitlines()
-    return {r["_id"]: r["metadata"]["user_id"] for r in map(json.loads, rows)}
+    return query_users(pydocs_dir())
 
 
 def test_named_source_resolves_to_the_shipped_directory():

@@ -3,10 +3,8 @@ a thousand authors, split by user, its datasheet recomputed from the files, the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import pytest
 
 from synthq.data.sources import declared_splits, load_source, pylibs_dir, resolve_source, source_name
 from synthq.data.summary import summarize
+from tests.data.shipped import load_builder, query_users
 
 BUILDER = Path(__file__).resolve().parents[2] / "data" / "build_pylibs.py"
 
@@ -25,17 +24,12 @@ def pylibs():
 
 @pytest.fixture(scope="module")
 def builder():
-    sys.path.insert(0, str(BUILDER.parent))
-    spec = importlib.util.spec_from_file_location("build_pylibs", BUILDER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # defines functions only: building needs main()
-    return module
+    return load_builder("build_pylibs")
 
 
 @pytest.fixture(scope="module")
 def users() -> dict[str, str]:
-    rows = (pylibs_dir() / "queries.jsonl").read_text(encoding="utf-8").splitlines()
-    return {r["_id"]: r["metadata"]["user_id"] for r in map(json.loads, rows)}
+    return query_users(pylibs_dir())
 
 
 def test_named_source_resolves_to_the_shipped_directory():
