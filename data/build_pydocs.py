@@ -137,19 +137,28 @@ def _members(module):
             continue
         if inspect.isclass(obj):
             out.append((f"{modname}.{name}", obj))
-            for attr, member in sorted(vars(obj).items()):
-                special = attr.startswith("__") and attr.endswith("__") and inspect.isfunction(member)
-                if attr.startswith("_") and not special:  # __init__ & co. written in Python count
-                    continue
-                if isinstance(member, staticmethod | classmethod):
-                    member = member.__func__
-                if isinstance(member, property):
-                    member = member.fget
-                if member is not None and inspect.isroutine(member):
-                    out.append((f"{modname}.{name}.{attr}", member))
+            out += [(f"{modname}.{name}.{attr}", member) for attr, member in public_methods(obj)]
         elif inspect.isroutine(obj):
             out.append((f"{modname}.{name}", obj))
     return out
+
+
+def public_methods(cls) -> list[tuple[str, object]]:
+    """``(name, function)`` of the methods ``cls`` defines itself, sorted: public ones, and the
+    special methods written in Python (``__init__`` & co.); static and class methods unwrapped,
+    properties read through their getter."""
+    methods = []
+    for attr, member in sorted(vars(cls).items()):
+        special = attr.startswith("__") and attr.endswith("__") and inspect.isfunction(member)
+        if attr.startswith("_") and not special:
+            continue
+        if isinstance(member, staticmethod | classmethod):
+            member = member.__func__
+        if isinstance(member, property):
+            member = member.fget
+        if member is not None and inspect.isroutine(member):
+            methods.append((attr, member))
+    return methods
 
 
 def public_homes(defined_in) -> set[str]:

@@ -89,16 +89,8 @@ def members(module, package: str):
             continue
         if inspect.isclass(obj):
             yield f"{home}.{obj.__qualname__}", home, obj
-            for attr, member in sorted(vars(obj).items()):
-                special = attr.startswith("__") and attr.endswith("__") and inspect.isfunction(member)
-                if attr.startswith("_") and not special:
-                    continue
-                if isinstance(member, staticmethod | classmethod):
-                    member = member.__func__
-                if isinstance(member, property):
-                    member = member.fget
-                if member is not None and inspect.isroutine(member):
-                    yield f"{home}.{obj.__qualname__}.{attr}", home, member
+            for attr, member in pydocs.public_methods(obj):
+                yield f"{home}.{obj.__qualname__}.{attr}", home, member
         elif inspect.isroutine(obj):
             yield f"{home}.{getattr(obj, '__qualname__', name)}", home, obj
 
