@@ -1,0 +1,109 @@
+"""The curve of what a private log buys against its size: from an eval of `pipelines/pylibs-curve.yaml`.
+
+    .venv/bin/python benchmarks/pylibs_curve.py runs/pylibs-curve/eval-test \
+        --users u100=100 --users uall=1404 --plot docs/images/pylibs-curve.png
+
+For each log size n (rows named ``ret-<route>-<tag>``; ``np`` is non-private training on those n
+users' queries), each route's share of the non-private gain over the untrained start,
+``(route - untrained) / (non-private - untrained)`` in NDCG@10 on the public test split, with a
+paired bootstrap interval over test queries (the shares of one resample, 2,000 resamples, seed 0),
+and the route's paired difference from the untrained start. Prints one JSON object; ``--plot``
+draws the shares against n.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+UNTRAINED = "untrained minilm-l6"
+RESAMPLES = 2000
+
+
+def per_query(eval_dir: Path, dataset: str) -> dict[str, np.ndarray]:
+    """Retriever -> per-query NDCG@10 over the test queries, in one query order."""
+    rows = json.loads((eval_dir / "per_query.json").read_text(encoding="utf-8"))[dataset]
+    queries = sorted(rows[UNTRAINED]["ndcg@10"])
+    return {name: np.array([scores["ndcg@10"][q] for q in queries]) for name, scores in rows.items()}
+
+
+def curve(scores: dict[str, np.ndarray], users: dict[str, int]) -> list[dict]:
+    """One row per (route, n): mean NDCG@10, the share of the non-private gain and its interval."""
+    rng = np.random.default_rng(0)
+    start = scores[UNTRAINED]
+    draws = rng.integers(0, len(start), size=(RESAMPLES, len(start)))
+    rows = []
+    for tag, n in sorted(users.items(), key=lambda item: item[1]):
+        reference = scores.get(f"ret-np-{tag}")
+        if reference is None:
+            continue
+        gain = reference - start
+        for name, values in sorted(scores.items()):
+            if not name.endswith(f"-{tag}") or name == f"ret-np-{tag}":
+                continue
+            route = name[len("ret-") : -len(f"-{tag}")]
+            shares = (values - start)[draws].mean(axis=1) / gain[draws].mean(axis=1)
+            difference = (values - start)[draws].mean(axis=1)
+            rows.append(
+                {
+                    "route": route,
+                    "users": n,
+                    "ndcg@10": round(float(values.mean()), 4),
+                    "non_private": round(float(reference.mean()), 4),
+                    "untrained": round(float(start.mean()), 4),
+                    "share_of_gain": round(float((values - start).mean() / gain.mean()), 3),
+                    "share_interval": [round(float(x), 3) for x in np.percentile(shares, [2.5, 97.5])],
+                    "minus_untrained": round(float((values - start).mean()), 4),
+                    "minus_untrained_interval": [
+                        round(float(x), 4) for x in np.percentile(difference, [2.5, 97.5])
+                    ],
+                }
+            )
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for route in sorted({row["route"] for row in rows}):
+        mine = sorted((row for row in rows if row["route"] == route), key=lambda row: row["users"])
+        n = [row["users"] for row in mine]
+        share = [100 * row["share_of_gain"] for row in mine]
+        low = [100 * (row["share_of_gain"] - row["share_interval"][0]) for row in mine]
+        high = [100 * (row["share_interval"][1] - row["share_of_gain"]) for row in mine]
+        axes.errorbar(n, share, yerr=[low, high], marker="o", capsize=3, label=route)
+    axes.axhline(0, color="grey", linewidth=0.8)
+    axes.axhline(100, color="grey", linewidth=0.8, linestyle="--")
+    axes.set_xscale("log")
+    axes.set_xlabel("private users in the log (ε = 8 per user)")
+    axes.set_ylabel("share of the non-private gain (%)")
+    axes.set_title("pylibs, from MiniLM-L6: NDCG@10 on 1,056 public test queries")
+    axes.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("eval_dir", type=Path)
+    parser.add_argument("--dataset", default="pylibs")
+    parser.add_argument("--users", action="append", default=[], help="TAG=N: the log size behind rows *-TAG")
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args()
+    users = {tag: int(n) for tag, n in (item.split("=", 1) for item in args.users)}
+    rows = curve(per_query(args.eval_dir, args.dataset), users)
+    if args.plot:
+        plot(rows, args.plot)
+    print(json.dumps({"benchmark": "pylibs_curve", "eval": str(args.eval_dir), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
