@@ -45,7 +45,9 @@ class FinetuneConfig(StageConfig):
     model: str = Field(description="Hub id (google-t5/t5-base), local directory, or alias (smollm2-135m).")
     epsilon: Epsilon = Field(DEFAULT_EPSILON, description="Target ε; inf trains without noise or clipping.")
     delta: float | None = Field(None, gt=0, lt=1, description="δ; default 1/(2n).")
-    clip_norm: float = Field(0.1, gt=0, description="Per-example clipping norm C (paper: 0.1).")
+    clip_norm: float = Field(
+        0.1, gt=0, allow_inf_nan=False, description="Per-example clipping norm C (paper: 0.1)."
+    )
     accountant: Accountant = Field("rdp", description="Privacy accountant: rdp (Opacus RDP) or prv.")
     optimizer: Literal["adam", "adam-bc", "adafactor", "sgd"] = Field(
         "adam",
@@ -59,9 +61,9 @@ class FinetuneConfig(StageConfig):
         "generator that already writes queries. Costs no ε; recorded as a public input.",
     )
     warm_start_epochs: float = Field(1.0, gt=0, le=100, description="--warm-start: epochs over its pairs.")
-    lr: float = Field(1e-3, gt=0, description="Learning rate (paper: 1e-3).")
-    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
-    epochs: float = Field(3.0, gt=0, description="Epochs (paper: 30).")
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False, description="Learning rate (paper: 1e-3).")
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False, description="Decoupled weight decay.")
+    epochs: float = Field(3.0, gt=0, allow_inf_nan=False, description="Epochs (paper: 30).")
     max_steps: int | None = Field(
         None, ge=1, description="Cap on logical steps (overrides epochs when smaller)."
     )

@@ -37,14 +37,17 @@ class TrainRetrieverConfig(StageConfig):
     clip_norm: float = Field(
         1.0,
         gt=0,
+        allow_inf_nan=False,
         description="Clipping norm C for --dp (the paper uses 0.1 with T5-Base; 1.0 here by default).",
     )
     accountant: Accountant = Field("rdp", description="Privacy accountant for --dp: rdp or prv.")
     batch_size: int = Field(32, ge=1, description="Batch (paper: 32); the expected batch under --dp.")
-    epochs: float = Field(5.0, gt=0, description="Epochs (paper: 5).")
+    epochs: float = Field(5.0, gt=0, allow_inf_nan=False, description="Epochs (paper: 5).")
     max_steps: int | None = Field(None, ge=1, description="Cap on steps.")
-    lr: float = Field(2e-5, gt=0, description="Learning rate.")
-    weight_decay: float = Field(0.01, ge=0, description="Decoupled weight decay (AdamW).")
+    lr: float = Field(2e-5, gt=0, allow_inf_nan=False, description="Learning rate.")
+    weight_decay: float = Field(
+        0.01, ge=0, allow_inf_nan=False, description="Decoupled weight decay (AdamW)."
+    )
     warmup_ratio: float = Field(0.1, ge=0, lt=1, description="Fraction of steps with linear warm-up.")
     temperature: float = Field(
         0.05, gt=0, description="Softmax temperature on cosine similarity (scale = 1/T)."

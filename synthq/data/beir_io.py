@@ -185,15 +185,25 @@ def _parse_qrels(lines: HashingReader, out: Path) -> None:
         if not line.strip():
             continue
         columns = line.split("\t")
-        if number == 1 and columns[0].strip().lower() in ("query-id", "query_id", "qid"):
-            continue
+        if number == 1:
+            line = line.removeprefix("\ufeff")  # a byte-order mark before the header or first row
+            columns = line.split("\t")
+            if columns[0].strip().lower() in ("query-id", "query_id", "qid"):
+                continue
         if len(columns) != 3:
             raise DataError(f"expected 3 tab-separated columns, found {len(columns)}", path, number)
         query_id, doc_id, score = (c.strip() for c in columns)
         try:
-            relevance = int(float(score))
+            value = float(score)
         except ValueError:
             raise DataError(f"relevance {score!r} is not a number", path, number) from None
+        if not value.is_integer():  # int() would truncate 0.5 to 0 and drop the judgement silently
+            raise DataError(
+                f"relevance {score!r} is not a whole grade (TREC qrels grade relevance 0, 1, 2, …)",
+                path,
+                number,
+            )
+        relevance = int(value)
         qrels.setdefault(query_id, {})[doc_id] = relevance
     starts = []
     with TableWriter(out / DATA_FILE, QRELS_SCHEMA) as writer:

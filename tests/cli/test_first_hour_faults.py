@@ -84,3 +84,30 @@ def test_a_pipeline_reports_inputs_that_are_not_there(
     status, output = run_main(["run", str(pipeline), "--dry-run"], capsys, monkeypatch)
     assert status == 0 and "missing input" not in output, output
     assert "1. ret (train-retriever): run" in output
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
+        ("finetune-lm", "--lr"),
+        ("finetune-lm", "--epochs"),
+        ("train-retriever", "--lr"),
+        ("train-retriever", "--epochs"),
+        ("train-retriever", "--clip-norm"),
+    ],
+)
+def test_a_non_finite_rate_or_length_is_refused_before_any_work(
+    command, option, tmp_path, tiny_beir, tiny_encoder_dir, capsys, monkeypatch
+):
+    """Fault pass round 4: --lr inf wrote a model of NaN weights and ended normally; --epochs inf
+    ended in a traceback. Each is one line naming the option, and nothing is written."""
+    model = (
+        ["--model", str(tiny_encoder_dir)]
+        if command == "finetune-lm"
+        else ["--encoder", str(tiny_encoder_dir)]
+    )
+    argv = [command, "--data", str(tiny_beir), *model, option, "inf", "--out", str(tmp_path / "out")]
+    status, output = run_main(argv, capsys, monkeypatch)
+    line = one_line(output)
+    assert status == 2 and option.lstrip("-").replace("-", "_") in line.replace("-", "_"), line
+    assert not (tmp_path / "out").exists()

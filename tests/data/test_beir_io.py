@@ -76,6 +76,12 @@ def broken(tmp_path, tiny_beir):
             r"test.tsv:2: expected 3 tab-separated",
         ),
         ("qrels/test.tsv", ["test-egg-0\tegg-0\thigh"], r"test.tsv:1: relevance 'high' is not a number"),
+        # int() truncated 0.5 to 0 and the judged query vanished from eval (fault pass, round 4)
+        (
+            "qrels/test.tsv",
+            ["query-id\tcorpus-id\tscore", "test-egg-0\tegg-0\t0.5"],
+            r"test.tsv:2: relevance '0.5' is not a whole grade",
+        ),
         ("qrels/test.tsv", ["ghost\tegg-0\t1"], r"test.tsv: split 'test' names unknown query id 'ghost'"),
         ("qrels/test.tsv", ["test-egg-0\tghost\t1"], r"names unknown document id 'ghost'"),
     ],
@@ -84,6 +90,21 @@ def test_validation_errors_name_file_and_line(broken, file, lines, pattern):
     write(broken / file, lines)
     with pytest.raises(DataError, match=pattern):
         load_beir_dir(broken)
+
+
+def test_a_byte_order_mark_before_the_qrels_header_is_read_as_the_header(broken):
+    lines = (broken / "qrels" / "test.tsv").read_text().splitlines()
+    write(broken / "qrels" / "test.tsv", ["\ufeff" + lines[0], *lines[1:]])
+    dataset = load_beir_dir(broken)
+    assert len(dataset.qrels["test"]) == len(lines) - 1
+    assert all(relevance == 1 for docs in dataset.qrels["test"].values() for relevance in docs.values())
+
+
+def test_a_whole_grade_written_as_a_float_is_that_grade(broken):
+    lines = (broken / "qrels" / "test.tsv").read_text().splitlines()
+    query, doc, _ = lines[1].split("\t")
+    write(broken / "qrels" / "test.tsv", [lines[0], f"{query}\t{doc}\t2.0", *lines[2:]])
+    assert load_beir_dir(broken).qrels["test"][query][doc] == 2
 
 
 def test_missing_files(tmp_path, broken):
