@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 UNTRAINED = "untrained minilm-l6"
+LABELS = {"dp": "direct DP, group clipping", "syn": "synthetic", "both": "synthetic, then direct DP"}
 RESAMPLES = 2000
 
 
@@ -78,7 +79,7 @@ def plot(rows: list[dict], path: Path) -> None:
         share = [100 * row["share_of_gain"] for row in mine]
         low = [100 * (row["share_of_gain"] - row["share_interval"][0]) for row in mine]
         high = [100 * (row["share_interval"][1] - row["share_of_gain"]) for row in mine]
-        axes.errorbar(n, share, yerr=[low, high], marker="o", capsize=3, label=route)
+        axes.errorbar(n, share, yerr=[low, high], marker="o", capsize=3, label=LABELS.get(route, route))
     axes.axhline(0, color="grey", linewidth=0.8)
     axes.axhline(100, color="grey", linewidth=0.8, linestyle="--")
     axes.set_xscale("log")
