@@ -144,6 +144,7 @@ def public_pairs_input(spec: str, role: str) -> PublicPairs:
     (:func:`~synthq.privacy.splits.split_is_private`, fail closed)."""
     from synthq.data.pairs import training_pairs
     from synthq.data.sources import load_source, resolve_source
+    from synthq.privacy.digests import public_split_record
     from synthq.privacy.splits import split_is_private
     from synthq.runtime.errors import DataError, PrivacyError
 
@@ -157,7 +158,12 @@ def public_pairs_input(spec: str, role: str) -> PublicPairs:
             "pairs without noise would be a release of them (ε = ∞)"
         )
     pairs = training_pairs(load_source(source, splits=[split]), split)
-    record = {**data_input(source, private=False).record, "role": role, "split": split}
+    # exactly what the read depends on (the corpus, the split's qrels and its queries): never a plain
+    # digest of the whole directory, whose private splits an adversary could test candidates against
+    read = public_split_record(root, source, split)
+    if read is None:
+        raise DataError(f"{role} {spec}: the split's files are not all there", root)
+    record = {**read, "role": role}
     return PublicPairs(
         spec, split, pairs, record, f"the {role} pairs {spec} are public (declared in privacy.json)"
     )

@@ -193,6 +193,21 @@ def run_world(root: Path, data: Path, unit: str, causal: Path, encoder: Path, au
             device="cpu",
         ),
     )
+    stage(  # a public warm start (the test split is declared public), then DP
+        "gen-warm",
+        finetune_lm,
+        FinetuneConfig(
+            data=d, model=str(causal), out=arts / "gen-warm", epsilon=8.0, max_steps=1, batch_size=4,
+            physical_batch_size=4, lr=1e-2, max_source_length=32, seed=11, device="cpu",
+            warm_start=f"{d}:test", warm_start_epochs=1, **unit_options,
+        ),
+    )  # fmt: skip
+    stage(  # the ε = 0 control: a public model, public few-shot examples, public documents
+        "syn-zero",
+        generate,
+        GenerateConfig(generator=causal, corpus=d, few_shot=f"{d}:test", few_shot_examples=2,
+                       out=arts / "syn-zero", max_new_tokens=4, seed=0, device="cpu"),
+    )  # fmt: skip
     stage(
         "pe",
         evolve,
