@@ -270,9 +270,11 @@ def few_shot_template(examples: list[tuple[str, str]], template: str, tokenizer,
     return "".join(shown) + template
 
 
-def _load_generator(config: GenerateConfig, start, device: str) -> QueryGenerator:
+def _load_generator(
+    config: GenerateConfig, start, device: str, examples: list[tuple[str, str]] | None = None
+) -> QueryGenerator:
     """The generator: a finetune-lm artifact as trained, or a public model (with the few-shot
-    prompt when asked)."""
+    prompt of ``examples`` when ``--few-shot`` asks for one)."""
     generator = QueryGenerator.load(start.path, device=device)
     if config.few_shot is None:
         return generator
@@ -281,7 +283,8 @@ def _load_generator(config: GenerateConfig, start, device: str) -> QueryGenerato
             "--few-shot writes prompts for a public causal model; a finetune-lm generator was trained "
             "on its own prompt, and a seq2seq model reads none"
         )
-    examples, _ = few_shot_pairs(config)
+    if examples is None:
+        examples, _ = few_shot_pairs(config)
     generator.template = few_shot_template(examples, generator.template, generator.tokenizer, FEW_SHOT_TOKENS)
     return generator
 
@@ -295,13 +298,16 @@ def run(config: GenerateConfig) -> Artifact:
     documents, assumptions = public_documents_input(root, config.corpus, config.documents, config.split)
     inputs = [start.record, *documents]
     if config.few_shot is not None:
-        inputs.append(few_shot_pairs(config)[1])
-        assumptions.append(inputs[-1]["assumption"])
+        examples, record = few_shot_pairs(config)  # read once: the record and the prompt
+        inputs.append(record)
+        assumptions.append(record["assumption"])
+    else:
+        examples = None
     if (done_artifact := existing_result(STAGE, config, inputs)) is not None:
         return done_artifact
     corpus, doc_ids = select_documents(config, root)
     device = distributed.device_for(config.device)
-    generator = _load_generator(config, start, device)
+    generator = _load_generator(config, start, device, examples)
     chosen = generate_defaults(config, device, generator.max_source_length)
     settings = config.model_copy(update=chosen.values)  # what runs; the fingerprint keeps config
     generator.model.eval()
