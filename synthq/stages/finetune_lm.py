@@ -218,6 +218,18 @@ def _diagnostics(log: list[dict], elapsed: float, steps_run: int) -> dict:
 WARM_START_BATCH = 16  # public pairs per warm-start step
 
 
+def _batches_of(generator: QueryGenerator, pairs, max_target_length: int):
+    """Row indices of ``pairs`` -> the generator's training batch of those pairs."""
+
+    def make_batch(rows: list[int]) -> dict[str, torch.Tensor]:
+        chosen = [pairs[i] for i in rows]
+        return generator.training_batch(
+            [p.document for p in chosen], [p.query for p in chosen], max_target_length
+        )
+
+    return make_batch
+
+
 def _warm_start(config: FinetuneConfig, settings: FinetuneConfig, generator: QueryGenerator, public) -> dict:
     """The public phase: ``warm_start_epochs`` over the public pairs without DP (Adam at the run's
     learning rate, shuffled by a public seed), before any private pair is read. Returns its
@@ -229,12 +241,7 @@ def _warm_start(config: FinetuneConfig, settings: FinetuneConfig, generator: Que
     steps = max(1, math.ceil(config.warm_start_epochs * len(pairs) / WARM_START_BATCH))
     order = (order * math.ceil(steps * WARM_START_BATCH / len(pairs) + 1))[: steps * WARM_START_BATCH]
 
-    def make_batch(rows: list[int]) -> dict[str, torch.Tensor]:
-        chosen = [pairs[i] for i in rows]
-        return generator.training_batch(
-            [p.document for p in chosen], [p.query for p in chosen], settings.max_target_length
-        )
-
+    make_batch = _batches_of(generator, pairs, settings.max_target_length)
     losses = []
     with progress() as bar:
         task = bar.add_task(f"warm start on {public.spec}", total=steps)
@@ -274,11 +281,7 @@ def run(config: FinetuneConfig) -> Artifact:
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
     learning = LearningCheck(generator, trainable, _public_held_out(config, data), settings.max_target_length)
 
-    def make_batch(rows: list[int]) -> dict[str, torch.Tensor]:
-        chosen = [pairs[i] for i in rows]
-        return generator.training_batch(
-            [p.document for p in chosen], [p.query for p in chosen], settings.max_target_length
-        )
+    make_batch = _batches_of(generator, pairs, settings.max_target_length)
 
     training = GeneratorTraining(
         generator, _optimizer(config, trainable, plan), make_batch,
