@@ -31,6 +31,7 @@ study: $(STAMP)
 pylibs-logs: $(STAMP)
 	$(PY) data/subsample_users.py pylibs --users 100 --out runs/logs/pylibs-u100
 	$(PY) data/subsample_users.py pylibs --users 1000 --out runs/logs/pylibs-u1000
+	$(PY) data/sample_documents.py pylibs --documents 1000 --out runs/logs/pylibs-docs-1000.txt
 
 test: $(STAMP)
 	$(PY) -m pytest -q

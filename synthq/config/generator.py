@@ -65,7 +65,11 @@ class FinetuneConfig(StageConfig):
     weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False, description="Decoupled weight decay.")
     epochs: float = Field(3.0, gt=0, allow_inf_nan=False, description="Epochs (paper: 30).")
     max_steps: int | None = Field(
-        None, ge=1, description="Cap on logical steps (overrides epochs when smaller)."
+        None,
+        ge=0,
+        description="Cap on logical steps (overrides epochs when smaller). 0 with --warm-start: "
+        "the warm-started generator before any DP step, which reads nothing of --data (the "
+        "ε = 0 control of a synthetic table).",
     )
     batch_size: int = Field(
         1024,
@@ -119,6 +123,15 @@ class FinetuneConfig(StageConfig):
     @model_validator(mode="after")
     def _limit_without_dp(self) -> FinetuneConfig:
         refuse_limit_with_dp(self.limit, math.isfinite(self.epsilon))
+        return self
+
+    @model_validator(mode="after")
+    def _no_steps_only_after_a_warm_start(self) -> FinetuneConfig:
+        if self.max_steps == 0 and not self.warm_start:
+            raise ValueError(
+                "--max-steps 0 trains nothing: it is only the public control of --warm-start "
+                "(the warm-started generator before any DP step)"
+            )
         return self
 
     @model_validator(mode="after")

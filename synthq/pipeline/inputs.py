@@ -16,11 +16,12 @@ from pathlib import Path
 from synthq.pipeline.plan import Plan
 
 # Fields whose value is always a local path (an artifact or a file).
-_PATH_FIELDS = ("generator", "synthetic", "documents", "retrievers", "evals", "similarity", "select_on")
+_PATH_FIELDS = ("synthetic", "documents", "retrievers", "evals", "similarity", "select_on")
 # Fields holding a dataset: a BEIR directory or a source name.
 _DATA_FIELDS = ("data", "corpus", "original", "datasets")
-# Fields holding a model: an alias, a hub id, a directory or an artifact.
-_MODEL_FIELDS = ("model", "encoder", "embedder", "untrained", "retriever")
+# Fields holding a model: an alias, a hub id, a directory or an artifact (``generate --generator``
+# takes a finetune-lm artifact or a public model: the ε = 0 control).
+_MODEL_FIELDS = ("generator", "model", "encoder", "embedder", "untrained", "retriever")
 
 
 def _named_source(spec: str) -> bool:

@@ -255,9 +255,48 @@ def _warm_start(config: FinetuneConfig, settings: FinetuneConfig, generator: Que
     return {"warm_start_steps": steps, "warm_start_first_loss": losses[0], "warm_start_last_loss": losses[-1]}
 
 
+def _warm_start_only(config: FinetuneConfig, place, start) -> Artifact:
+    """``--max-steps 0 --warm-start S``: the generator after the public phase and before any DP
+    step — the ε = 0 control that tells how much of a synthetic row the private log buys.
+
+    Nothing of ``--data`` is read (not its queries, not its corpus: the document length comes from
+    the warm-start's public corpus unless ``--max-source-length`` is given), so the artifact records
+    no release: ``generate`` with it writes an ε = 0 set, and the statement names the public pairs."""
+    warm = public_pairs_input(config.warm_start, "--warm-start")
+    inputs = [start.record, warm.record]
+    if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
+        return done
+    source = warm.spec.rpartition(":")[0]
+    settings, fitted = config, Chosen()
+    if config.max_source_length is None or config.physical_batch_size is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(start.path) if config.max_source_length is None else None
+        corpus = load_source(source, splits=[warm.split]).corpus
+        fitted = finetune_defaults(
+            config, tokenizer, corpus, why_corpus_is_public(source), distributed.device_for(config.device)
+        )
+        settings = config.model_copy(update=fitted.values)
+        if fitted.line():
+            info(fitted.line())
+    generator = _load_generator(settings, start.path, place.rank)
+    warmed = _warm_start(config, settings, generator, warm)
+    with artifact_on_main(config.out, STAGE, config, inputs, resume=False) as writer:
+        writer.config.update(fitted.values)
+        generator.model.eval()
+        if writer.primary:
+            generator.save(writer.dir, generation_defaults={"do_sample": True, "top_p": DEFAULT_TOP_P})
+        start.carry_into(writer)
+        writer.assume(warm.assumption)
+        writer.metrics.update({**warmed, "steps": 0, "kind": generator.kind})
+    return distributed.on_main(open_artifact, config.out, STAGE)
+
+
 def run(config: FinetuneConfig) -> Artifact:
     place = distributed.setup(config.device)
     start = model_input(config.model, stage=STAGE)
+    if config.max_steps == 0:
+        return _warm_start_only(config, place, start)
     data = data_input(config.data)
     inputs = [data.record, start.record]
     warm = public_pairs_input(config.warm_start, "--warm-start") if config.warm_start else None

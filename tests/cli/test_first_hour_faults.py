@@ -48,6 +48,12 @@ stages:
   - name: ev
     stage: eval
     config: {retrievers: ["@ret"], datasets: [mydata, embedded], untrained: [minilm-l6]}
+  - name: zero
+    stage: generate
+    config: {generator: smollm2-135m, corpus: embedded}
+  - name: lost
+    stage: generate
+    config: {generator: generators/own/mine, corpus: embedded}
 """
 
 
@@ -70,16 +76,19 @@ def test_a_pipeline_reports_inputs_that_are_not_there(
         f"{elsewhere}) and no earlier stage writes it",
         f"missing input: stage 'ev' (eval): datasets mydata does not exist (read from {elsewhere}) "
         "and no earlier stage writes it",
-    ]  # @ret is written by an earlier stage; embedded and minilm-l6 are names, not paths
+        f"missing input: stage 'lost' (generate): generator generators/own/mine does not exist (read from "
+        f"{elsewhere}) and no earlier stage writes it",
+    ]  # @ret is written by an earlier stage; embedded, minilm-l6 and smollm2-135m are names, not paths
     status, output = run_main(["run", str(pipeline)], capsys, monkeypatch)
     refusal = [line for line in output.splitlines() if line.startswith("synthq:")]
     assert status == 2 and len(refusal) == 1 and "Traceback" not in output
     assert "stage 'ret' (train-retriever): data mydata does not exist" in refusal[0]
-    assert "(and 2 more; see --dry-run); nothing was run" in refusal[0]
+    assert "(and 3 more; see --dry-run); nothing was run" in refusal[0]
     assert not (elsewhere / "runs").exists()
     # from the directory that holds them, nothing is missing
     shutil.copytree(tiny_beir, tmp_path / "mydata")
     shutil.copytree(tiny_encoder_dir, tmp_path / "encoders" / "tiny")
+    (tmp_path / "generators" / "own" / "mine").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     status, output = run_main(["run", str(pipeline), "--dry-run"], capsys, monkeypatch)
     assert status == 0 and "missing input" not in output, output

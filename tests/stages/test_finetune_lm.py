@@ -10,10 +10,10 @@ import torch
 from opacus.accountants import RDPAccountant
 
 from synthq.artifacts.manifest import open_artifact, partial_dir
-from synthq.config.generator import FinetuneConfig
+from synthq.config.generator import FinetuneConfig, GenerateConfig
 from synthq.models.generator import QueryGenerator
 from synthq.runtime.errors import DataError, ModelResolutionError, PrivacyError
-from synthq.stages import finetune_lm
+from synthq.stages import finetune_lm, generate
 from tests import helpers
 
 
@@ -179,6 +179,30 @@ def test_adam_bc_removes_the_plans_gradient_noise_variance(tmp_path, tiny_beir, 
         config(tmp_path, tiny_beir, tiny_causal_dir, "bc-inf", epsilon="inf", optimizer="adam-bc")
     )
     assert seen[-1] == ("adam-bc", 0.0)
+
+
+def test_max_steps_zero_is_the_warm_started_generator_that_read_nothing_private(
+    tmp_path, tiny_beir, tiny_causal_dir
+):
+    """--max-steps 0 --warm-start: the ε = 0 control. It trains the public phase only, reads
+    nothing of --data (a path that does not exist works), records no release, and its generator
+    is the warm start a DP run of the same seed begins from; without --warm-start it is refused."""
+    control = finetune_lm.run(
+        config(tmp_path, tmp_path / "absent", tiny_causal_dir, "control", warm_start=f"{tiny_beir}:test",
+               warm_start_epochs=5, max_steps=0, epsilon=8, seed=0)
+    )  # fmt: skip
+    assert control.privacy.epsilon == 0 and control.releases == []
+    assert control.metrics["steps"] == 0 and control.metrics["warm_start_steps"] >= 1
+    assert [i.get("role") for i in control.inputs if i.get("kind") != "model"] == ["--warm-start"]
+    assert any("--warm-start pairs" in a for a in control.privacy.assumptions)
+    assert QueryGenerator.load(control.path).kind == "causal"
+    written = generate.run(
+        GenerateConfig(generator=control.path, corpus=str(tiny_beir), out=tmp_path / "syn")
+    )
+    assert written.privacy.epsilon == 0 and written.releases == [] and written.metrics["queries"] == 12
+    assert any("--warm-start pairs" in a for a in written.privacy.assumptions)
+    with pytest.raises(ValueError, match="only the public control of --warm-start"):
+        config(tmp_path, tiny_beir, tiny_causal_dir, "nothing", max_steps=0)
 
 
 def test_a_public_warm_start_trains_before_dp_costs_no_eps_and_is_named(tmp_path, tiny_beir, tiny_causal_dir):
