@@ -55,13 +55,28 @@ class Choice:
         return {r["model_id"] for r in self.best.rows}
 
 
-def selection_utility(candidate: Candidate) -> float:
+def selection_utility(candidate: Candidate, metric: str = "ndcg@10") -> float:
     """Report-noisy-max's utility of a configuration: the sum over dev queries of ``metric``
-    (mean over its seeds), i.e. the mean score × the number of dev queries.
+    (each query's score averaged over the configuration's seeds), pooled over every query of
+    the split whatever its layout.
 
     Sensitivity 1, monotone: a query's score lies in [0, 1] and depends on that query alone, so
     removing one dev query lowers every candidate's utility by between 0 and 1 (adding one
-    raises every one)."""
+    raises every one). The pooled sum is what makes this true for a dataset of sub-datasets
+    too: the score the table prints there is the mean of the sub-datasets' means, in which a
+    query of a small sub-dataset weighs N / (P · n_p) and whose changes are neither bounded by 1
+    nor of one sign across candidates. So the per-query scores are read when the rows carry them
+    (:func:`synthq.reporting.eval_files.read_rows`); without them only a plain dataset's mean ×
+    queries is exact, and a row of sub-datasets is refused."""
+    per_seed = [(row.get("per_query") or {}).get(metric) for row in candidate.rows]
+    if all(per_seed):
+        return sum(sum(scores.values()) for scores in per_seed) / len(per_seed)
+    if any("parts" in row for row in candidate.rows):
+        raise DataError(
+            f"{candidate.variant}: report-noisy-max on sub-datasets needs the dev evaluation's "
+            "per-query scores (the mean of sub-dataset means has no bounded sensitivity); "
+            "re-run the dev eval with this synthq"
+        )
     return candidate.score * candidate.rows[0].get("queries", 1)
 
 
@@ -114,11 +129,11 @@ def select_best(
         ]
         choices[method] = Choice(method, max(candidates, key=lambda c: c.score), candidates)
     if total_epsilon is not None:
-        _noisy_choices(choices, total_epsilon, rng)
+        _noisy_choices(choices, total_epsilon, rng, metric)
     return choices
 
 
-def _noisy_choices(choices: dict[str, Choice], total_epsilon: float, rng) -> None:
+def _noisy_choices(choices: dict[str, Choice], total_epsilon: float, rng, metric: str = "ndcg@10") -> None:
     """Report-noisy-max (the exponential mechanism through the Gumbel-max trick): each method
     with more than one configuration picks ``argmax utility + Gumbel(1/ε_m)``, ε_m = total / (those
     methods). For a monotone utility of sensitivity 1 that is ε_m-DP per method (McSherry &
@@ -133,7 +148,7 @@ def _noisy_choices(choices: dict[str, Choice], total_epsilon: float, rng) -> Non
 
     def noisy(candidate: Candidate) -> float:
         uniform = min(max(rng.random(), 1e-300), 1 - 1e-16)
-        return selection_utility(candidate) - scale * math.log(-math.log(uniform))
+        return selection_utility(candidate, metric) - scale * math.log(-math.log(uniform))
 
     for choice in spending:
         choice.best = max(choice.candidates, key=noisy)
@@ -156,7 +171,8 @@ def selection_guarantee(choices: dict[str, Choice], total_epsilon: float):
             "epsilon_per_selection": per,
             "selections": spending,
             "sensitivity": 1.0,
-            "utility": "sum over dev queries of NDCG@10 (mean over seeds); monotone",
+            "utility": "sum over every dev query (pooled over sub-datasets) of NDCG@10, "
+            "mean over seeds; monotone",
         },
         note="hyper-parameters chosen on private dev queries by report-noisy-max",
     )

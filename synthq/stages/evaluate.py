@@ -86,6 +86,7 @@ from synthq.reporting.eval_files import (
     SELECTION_FILE,
     attach_per_query,
     by_metric,
+    read_rows,
     result_row,
     row_metrics,
 )
@@ -152,7 +153,7 @@ def _check_request(config: EvalConfig) -> None:
 def _select_on_dev(config: EvalConfig, retrievers: list[Artifact]) -> Selection:
     """``--select-on``: the retrievers the dev evaluation chooses, and what choosing cost."""
     dev = open_artifact(config.select_on, stage="eval")
-    rows = json.loads((dev.path / RESULTS_FILE).read_text(encoding="utf-8"))
+    rows = read_rows(dev.path)  # with each query's score: report-noisy-max's utility sums them
     return select_retrievers(retrievers, dev, rows, config.select_epsilon, across_data=config.select_data)
 
 

@@ -18,6 +18,7 @@ from synthq.config.retriever import TrainRetrieverConfig
 from synthq.data.beir_io import load_beir_dir
 from synthq.reporting.eval_files import read_rows
 from synthq.retrieval.selection import Candidate, selection_utility
+from synthq.runtime.errors import DataError
 from synthq.stages import evaluate, train_retriever
 from tests.helpers import private_copy, retriever_config
 
@@ -126,6 +127,54 @@ def test_report_noisy_max_utility_has_sensitivity_one_and_is_monotone():
     for drop in range(4):  # brute force over neighbouring dev sets
         changes = [full[k] - v for k, v in utilities(drop).items()]
         assert all(-1e-9 <= c <= 1 + 1e-9 for c in changes)
+
+
+def _sub_dataset_row(scores: dict[str, list[float]]) -> dict:
+    """A dev row over sub-datasets as an eval writes it: the mean of the parts' means, and each
+    query's score (prefixed by its part) as read_rows attaches them."""
+    parts = {part: sum(v) / len(v) for part, v in scores.items() if v}
+    per_query = {f"{part}/q{i}": v for part, values in scores.items() for i, v in enumerate(values)}
+    return {
+        "queries": sum(map(len, scores.values())),
+        "metrics": {"ndcg@10": sum(parts.values()) / len(parts)},
+        "parts": {part: {"ndcg@10": mean} for part, mean in parts.items()},
+        "per_query": {"ndcg@10": per_query},
+    }
+
+
+def test_report_noisy_max_on_sub_datasets_keeps_its_epsilon_by_brute_force():
+    """CQADupStack's layout: two sub-datasets of 2 and 24 dev queries, two candidates. With the
+    utility the printed score × N, removing one query of the small part moves a utility by far
+    more than 1 and the exact privacy loss of the choice (Gumbel-max at scale 1/ε is softmax(ε·u))
+    exceeds ε; the pooled per-query sum keeps every neighbour's loss within ε."""
+    small_a, small_b = [1.0, 0.0], [0.0, 1.0]
+    candidates = {"a": {"s": small_a, "l": [0.30] * 24}, "b": {"s": small_b, "l": [0.35] * 24}}
+    epsilon = 1.0
+
+    def probabilities(utility, drop) -> list[float]:
+        values = []
+        for scores in candidates.values():
+            kept = {p: [v for i, v in enumerate(vs) if (p, i) != drop] for p, vs in scores.items()}
+            row = _sub_dataset_row(kept)
+            values.append(utility(Candidate("c", [row], row["metrics"]["ndcg@10"])))
+        top = max(values)
+        weights = [math.exp(epsilon * (v - top)) for v in values]
+        return [w / sum(weights) for w in weights]
+
+    def worst_loss(utility) -> float:
+        full = probabilities(utility, None)
+        drops = [(p, i) for p, vs in candidates["a"].items() for i in range(len(vs))]
+        neighbours = [probabilities(utility, drop) for drop in drops]
+        return max(abs(math.log(f / n)) for other in neighbours for f, n in zip(full, other, strict=True))
+
+    def printed_score_times_queries(candidate):
+        return candidate.score * candidate.rows[0]["queries"]
+
+    assert worst_loss(printed_score_times_queries) > 1.05 * epsilon  # the flaw, reproduced
+    assert worst_loss(selection_utility) <= epsilon + 1e-12
+    without_scores = {k: v for k, v in _sub_dataset_row(candidates["a"]).items() if k != "per_query"}
+    with pytest.raises(DataError, match="needs the dev evaluation's per-query scores"):
+        selection_utility(Candidate("a", [without_scores], without_scores["metrics"]["ndcg@10"]))
 
 
 def test_limit_is_refused_with_dp(tiny_beir):
