@@ -11,7 +11,6 @@ is composed from the recorded releases.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import json
 import os
 import platform
@@ -133,7 +132,6 @@ def _finish(writer: ArtifactWriter) -> None:
         "schema": SCHEMA_VERSION,
         "stage": writer.stage,
         "synthq": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "fingerprint": writer.fingerprint,
         "config": writer.config,
         "inputs": writer.inputs,

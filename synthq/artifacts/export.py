@@ -1,7 +1,11 @@
 """Export: a release copy of an artifact, without its private diagnostics, re-sealed.
 
 The copy holds exactly the payload files the manifest lists (and verifies); the private
-``diagnostics/`` part (ε = ∞) and anything the manifest does not list are left out.
+``diagnostics/`` part (ε = ∞) and anything the manifest does not list are left out. Every file and
+folder of the copy carries one fixed time (:data:`RELEASE_FILE_TIME`): the times at which a run
+wrote its files measure its private work (a DP stage's wall time grows with the pairs it sampled,
+an un-noised count), and a copy that kept them would publish that. A manifest holds no time
+either (:func:`synthq.artifacts.create._finish`).
 """
 
 from __future__ import annotations
@@ -10,8 +14,19 @@ import os
 import shutil
 from pathlib import Path
 
+from synthq.artifacts.locking import artifact_holding
 from synthq.artifacts.manifest import MANIFEST, Artifact, open_artifact, partial_dir, write_manifest
 from synthq.runtime.errors import ArtifactError
+
+# 1980-01-01T00:00:00Z, the earliest time a ZIP archive can hold (reproducible builds use it too)
+RELEASE_FILE_TIME = 315532800
+
+
+def _fix_file_times(root: Path) -> None:
+    """Give every file and folder under ``root`` (and ``root``) :data:`RELEASE_FILE_TIME`."""
+    for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        os.utime(path, (RELEASE_FILE_TIME, RELEASE_FILE_TIME), follow_symlinks=False)
+    os.utime(root, (RELEASE_FILE_TIME, RELEASE_FILE_TIME))
 
 
 def export_artifact(path: str | Path, out: str | Path) -> tuple[Artifact, list[str]]:
@@ -30,6 +45,12 @@ def export_artifact(path: str | Path, out: str | Path) -> tuple[Artifact, list[s
     out = Path(out)
     if out.exists():
         raise ArtifactError(f"{out}: already exists; choose a new directory for the release")
+    holder = artifact_holding(out)
+    if holder is not None:
+        raise ArtifactError(
+            f"{out}: is inside the artifact {holder}; a --force of its stage would delete the release, "
+            "write it outside"
+        )
     listed = source.manifest.get("files", {})
     present = sorted(p.relative_to(source.path).as_posix() for p in source.path.rglob("*") if p.is_file())
     left_out = [rel for rel in present if rel not in listed and rel != MANIFEST]
@@ -39,7 +60,7 @@ def export_artifact(path: str | Path, out: str | Path) -> tuple[Artifact, list[s
         for relative in listed:
             target = tmp / relative
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source.path / relative, target)
+            shutil.copyfile(source.path / relative, target)  # content only: no times, no modes
         manifest = {
             k: v
             for k, v in source.manifest.items()
@@ -47,6 +68,7 @@ def export_artifact(path: str | Path, out: str | Path) -> tuple[Artifact, list[s
         }
         manifest["exported_from"] = source.manifest_hash
         write_manifest(tmp, manifest)
+        _fix_file_times(tmp)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

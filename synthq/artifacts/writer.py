@@ -80,14 +80,16 @@ class ArtifactWriter:
         unit_ids: Sequence[str] = (),
         unit_kind: str = "query",
         units: dict | None = None,
+        links: dict[str, list[str]] | None = None,
     ) -> dict:
         """Record this artifact's own read of private data ``data`` (an input record): its
         guarantee (ε = ∞ for a read without DP) and the keyed set of the units it read
-        (``unit_ids``, or ``units``: the record of a set another release already stored)."""
+        (``unit_ids``, or ``units``: the record of a set another release already stored; a
+        user-level release passes its ``links``, :func:`synthq.privacy.units.store_unit_set`)."""
         from synthq.privacy.units import store_unit_set
 
         if units is None:
-            units = store_unit_set(unit_kind, list(unit_ids), also_in=self.dir / DIAGNOSTICS)
+            units = store_unit_set(unit_kind, list(unit_ids), also_in=self.dir / DIAGNOSTICS, links=links)
         record = {
             "id": secrets.token_hex(16),
             "stage": self.stage,

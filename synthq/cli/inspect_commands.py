@@ -3,6 +3,7 @@ export and ``data info``."""
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from synthq.artifacts.manifest import open_artifact
+from synthq.artifacts.locking import artifact_holding
+from synthq.artifacts.manifest import MANIFEST, open_artifact
 from synthq.privacy.guarantee import Guarantee, format_epsilon
 from synthq.runtime.console import console, result, warn
 from synthq.runtime.errors import SynthqError
@@ -49,7 +51,11 @@ def info_command(
         result("seal: verified with this installation's key; ε recomputed from its releases")
     else:
         result(f"[bold yellow]seal NOT verifiable[/]: {artifact.path}: {artifact.unverified_reason}")
-    result(f"created {artifact.manifest.get('created')} by synthq {artifact.manifest.get('synthq')}")
+    # no stamp in the manifest: in a pipeline the times of consecutive stages would publish a DP
+    # stage's wall time (a function of how many private pairs it sampled); this is the local file's
+    written = _dt.datetime.fromtimestamp((artifact.path / MANIFEST).stat().st_mtime, _dt.timezone.utc)
+    version = artifact.manifest.get("synthq")
+    result(f"written {written.isoformat(timespec='seconds')} (file time) by synthq {version}")
     result(
         f"[bold]privacy[/]: ε = {format_epsilon(guarantee.epsilon)}, δ = {guarantee.delta:.3g}, "
         f"{guarantee.per_unit}, mechanism = {guarantee.mechanism}, accountant = {guarantee.accountant}"
@@ -100,6 +106,7 @@ def ledger_command(
     out: Path | None = typer.Option(
         None, "--out", metavar="FILE", help="With --statement: write it to FILE (default: stdout)."
     ),
+    force: bool = typer.Option(False, "--force", help="With --out: replace an existing FILE."),
 ) -> None:
     """The privacy cost per private dataset of a set of artifacts: which are DP releases, what
     each assumed, which read private data without DP (basic composition over the releases)."""
@@ -113,15 +120,19 @@ def ledger_command(
         return
     if out is not None and out.is_dir():
         raise SynthqError(f"--out {out}: is a directory; give the statement's file path ({out}/statement.md)")
-    if out is not None and (out.name == "manifest.json" or (out.parent / "manifest.json").is_file()):
+    if out is not None and (out.name == "manifest.json" or artifact_holding(out) is not None):
         raise SynthqError(f"--out {out}: is inside an artifact directory; write the statement elsewhere")
+    if out is not None and out.exists() and not force:
+        raise SynthqError(f"--out {out}: already exists; pass --force to replace it")
     from synthq.privacy.statement import statement_for
 
     text = statement_for(paths)
     if out is None:
         typer.echo(text, nl=False)
         return
-    out.write_text(text, encoding="utf-8")
+    partial = out.with_name(f".{out.name}.partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(out)  # whole or not at all
     result(f"privacy statement written to {out}", markup=False)
 
 

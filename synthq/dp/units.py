@@ -37,6 +37,8 @@ class PrivacyUnits:
     kind: str = "query"
     max_queries: int | None = None  # the user unit's bound K on each user's queries
     row_keys: dict[int, str] = field(default_factory=dict, repr=False)  # row -> its unit's key
+    # the user unit's links: the ids and texts of the kept queries (synthq.privacy.units)
+    links: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_keys(cls, keys: Sequence[str]) -> PrivacyUnits:

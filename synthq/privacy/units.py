@@ -9,10 +9,20 @@ maximal groups of releases whose data hold a common unit — what
 :func:`synthq.privacy.guarantee.compose_releases` sums over. A release whose set cannot be found here (made
 under another key, or the state directory was lost) is assumed to share units with every other
 release (a bound, never an understatement).
+
+User ids are pseudonyms, so a user-level release also keeps two *link* sets: the keyed digests of
+the ids and of the (whitespace- and case-normalised) texts of the queries its users held. Two
+user-level releases whose link sets meet — the same log re-exported with re-issued pseudonyms,
+minus a deleted query, or renamed throughout — hold the same people and compose as one unit set
+(:func:`_linked_users`): matching is by the query ids and the query texts, a design choice the
+threat model states. Two logs with no query and no query text in common are taken to be different
+people; one the owner knows to hold the same people under other texts must be declared so (the
+same dataset identity).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -21,11 +31,11 @@ from synthq.privacy.keys import key_id, state_dir, unit_digests
 UNITS_DIR = "units"
 
 
-def store_unit_set(kind: str, unit_ids: list[str], also_in: Path | None = None) -> dict:
-    """Digest the units of a release, keep the set (state directory and ``also_in``), and return
-    the record a release carries: the unit kind and the set's sha256 — not its size, which is an
-    un-noised count of private units (a mechanism that needs n states it as an assumption)."""
-    data = unit_digests(kind, unit_ids)
+# What a user-level release links its users by: the ids and the texts of their queries.
+LINK_KINDS = ("query", "text")
+
+
+def _keep(data: bytes, also_in: Path | None, name: str) -> str:
     sha = hashlib.sha256(data).hexdigest()
     target = state_dir(UNITS_DIR) / f"{sha}.bin"
     if not target.exists():
@@ -34,11 +44,39 @@ def store_unit_set(kind: str, unit_ids: list[str], also_in: Path | None = None) 
         tmp.replace(target)
     if also_in is not None:
         also_in.mkdir(parents=True, exist_ok=True)
-        (also_in / "units.bin").write_bytes(data)
-    return {"kind": kind, "sha256": sha, "key_id": key_id()}
+        (also_in / name).write_bytes(data)
+    return sha
 
 
-def load_unit_set(record: dict | None, artifact_path: str | None = None) -> bytes | None:
+def link_text(text: str) -> str:
+    """A query text as the links compare it: whitespace collapsed, case folded."""
+    return " ".join(text.split()).casefold()
+
+
+def store_unit_set(
+    kind: str, unit_ids: list[str], also_in: Path | None = None, links: dict[str, list[str]] | None = None
+) -> dict:
+    """Digest the units of a release, keep the set (state directory and ``also_in``), and return
+    the record a release carries: the unit kind and the set's sha256 — not its size, which is an
+    un-noised count of private units (a mechanism that needs n states it as an assumption). A
+    user-level release passes ``links`` (:data:`LINK_KINDS` -> the ids / texts of its users'
+    queries): their keyed sets are kept the same way and the record names them by sha256."""
+    record = {
+        "kind": kind,
+        "sha256": _keep(unit_digests(kind, unit_ids), also_in, "units.bin"),
+        "key_id": key_id(),
+    }
+    if links:
+        record["links"] = {
+            link: _keep(unit_digests(f"link-{link}", values), also_in, f"units-{link}.bin")
+            for link, values in sorted(links.items())
+        }
+    return record
+
+
+def load_unit_set(
+    record: dict | None, artifact_path: str | None = None, link: str | None = None
+) -> bytes | None:
     """The unit set of a release record, from the state directory or the releasing artifact's
     diagnostics; ``None`` when neither holds it, it does not match its recorded sha256, or it was
     digested under another key (a colleague's artifact on a shared disk carries its diagnostics:
@@ -48,13 +86,18 @@ def load_unit_set(record: dict | None, artifact_path: str | None = None) -> byte
         return None
     if "key_id" in record and record["key_id"] != key_id():
         return None
-    candidates = [state_dir(UNITS_DIR) / f"{record['sha256']}.bin"]
+    sha = record["sha256"] if link is None else (record.get("links") or {}).get(link)
+    if sha is None:
+        return None
+    candidates = [state_dir(UNITS_DIR) / f"{sha}.bin"]
     if artifact_path:
-        candidates.append(Path(artifact_path) / "diagnostics" / "units.bin")
+        candidates.append(
+            Path(artifact_path) / "diagnostics" / ("units.bin" if link is None else f"units-{link}.bin")
+        )
     for path in candidates:
         if path.is_file():
             data = path.read_bytes()
-            if hashlib.sha256(data).hexdigest() == record["sha256"]:
+            if hashlib.sha256(data).hexdigest() == sha:
                 return data
     return None
 
@@ -92,7 +135,7 @@ def sharing_groups(releases: list[dict]) -> list[list[str]]:
         for key in known:  # a release with no units at all still counts once
             if not any(key in group for group in groups):
                 groups.add(frozenset([key]))
-    groups |= _same_dataset_users(releases)
+    groups |= _same_dataset_users(releases) | _linked_users(releases)
     groups = {frozenset([*group, *unknown]) for group in groups} or {frozenset(unknown)}
     maximal = [g for g in groups if not any(g < other for other in groups)]
     return sorted(sorted(g) for g in maximal)
@@ -108,6 +151,41 @@ def _same_dataset_users(releases: list[dict]) -> set[frozenset[str]]:
     return {frozenset(ids) for ids in by_dataset.values() if len(ids) > 1}
 
 
+def _linked_users(releases: list[dict]) -> set[frozenset[str]]:
+    """Groups of user-level releases that hold the same people: connected by link sets that meet
+    (a query id or a query text in common). A user-level release whose link sets cannot be read
+    (written before links, under another key, or lost) is linked to every other user-level
+    release — a bound, never an understatement."""
+    import numpy as np
+
+    users = [r for r in releases if (r.get("units") or {}).get("kind") == "user"]
+    if len(users) < 2:
+        return set()
+    links = {
+        r["id"]: [load_unit_set(r.get("units"), r.get("path"), link) for link in LINK_KINDS] for r in users
+    }
+    parent = {r["id"]: r["id"] for r in users}
+
+    def root(key: str) -> str:
+        while parent[key] != key:
+            key = parent[key]
+        return key
+
+    for index, first in enumerate(users):
+        for second in users[index + 1 :]:
+            a, b = links[first["id"]], links[second["id"]]
+            unknown = any(x is None for x in (*a, *b))
+            if unknown or any(
+                np.intersect1d(np.frombuffer(x, ">u8"), np.frombuffer(y, ">u8")).size
+                for x, y in zip(a, b, strict=True)
+            ):
+                parent[root(first["id"])] = root(second["id"])
+    components: dict[str, set[str]] = {}
+    for key in parent:
+        components.setdefault(root(key), set()).add(key)
+    return {frozenset(ids) for ids in components.values() if len(ids) > 1}
+
+
 def training_units(pairs, root: Path, unit: str, max_queries: int | None, randomness):
     """The privacy units of a private training set of pairs (a :class:`~synthq.data.pairs.PairList`):
     one per query id, or one per user (``unit="user"``: user ids from the dataset at ``root``,
@@ -119,4 +197,10 @@ def training_units(pairs, root: Path, unit: str, max_queries: int | None, random
     if unit == "query":
         return PrivacyUnits.from_keys(query_ids)
     users = query_users(root, pairs.queries, pairs.query_rows)
-    return PrivacyUnits.by_user(query_ids, users, max_queries, randomness)
+    units = PrivacyUnits.by_user(query_ids, users, max_queries, randomness)
+    # every training query of the users (kept or not: the same people, whichever K were drawn)
+    links = {
+        "query": list(query_ids),
+        "text": [link_text(pairs.queries.text_at(int(row))) for row in pairs.query_rows],
+    }
+    return dataclasses.replace(units, links=links)

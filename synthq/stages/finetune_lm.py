@@ -386,7 +386,13 @@ def run(config: FinetuneConfig) -> Artifact:
             writer.metrics.update(warmed)
         if data.artifact is not None:  # DP on a synthetic set: it is itself a release of D
             writer.inherit(data.artifact)
-        writer.release(_own_guarantee(config, plan, training, units), data.record, units.keys, units.kind)
+        writer.release(
+            _own_guarantee(config, plan, training, units),
+            data.record,
+            units.keys,
+            units.kind,
+            links=units.links,
+        )
         writer.metrics.update({"steps": steps, "kind": generator.kind, "grad_sample_mode": training.mode})
         _write_log(writer.diagnostics_dir / "training.jsonl", log)
         writer.diagnostics.update(

@@ -312,7 +312,7 @@ def run(config: TrainRetrieverConfig) -> Artifact:
             writer.inherit(data.artifact)
         if plan is not None:  # a DP release of the pairs it read (a synthetic set's queries, too)
             guarantee = _dp_guarantee(plan, mechanism, config, units, randomness)
-            writer.release(guarantee, data.record, units.keys, units.kind)
+            writer.release(guarantee, data.record, units.keys, units.kind, links=units.links)
         elif not synthetic:
             reason = "trained on the private queries without DP (ε = ∞)"
             writer.release(Guarantee.non_private(reason, unit="query"), data.record, units.keys)

@@ -334,7 +334,7 @@ def released_files(world: World) -> dict[str, Path]:
 # A release's unit set (``diagnostics/units.bin``) holds HMACs of the unit ids under the owner's key
 # (synthq.privacy.keys.unit_digests): its plain sha256 is itself a keyed identifier, which the
 # ledger records on purpose; without the key no candidate can be tested against it.
-KEYED_CONTENT = ("units.bin",)
+KEYED_CONTENT = ("units.bin", "units-query.bin", "units-text.bin")  # the user releases' links too
 
 
 def diagnostics_files(world: World) -> list[Path]:

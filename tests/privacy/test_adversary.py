@@ -7,9 +7,11 @@ query and at the user unit, then attacked the way a reviewer does.
     file; for a private query's text or id or a private user id; for un-noised statistics
     (per-user counts, the p99 of queries per user, the dev scores behind a noisy selection);
 (b) the same pipeline on the dataset minus one unit (a training query; a user), with the same
-    secret seeds: every released file that differs belongs to an artifact whose ledger names a
-    release of the private dataset, and a public-split eval of BM25 and a public encoder is
-    identical;
+    secret seeds: every released file that differs belongs to an artifact whose ledger holds a
+    release that read the removed unit (its keyed unit set holds it: a release of the same dataset
+    that never read the unit explains nothing), and a public-split eval of BM25 and a public
+    encoder is identical; no released file holds a time of day, a DP stage's timings stay private
+    and an exported copy carries one fixed file time;
 (c) the dataset directory edited the ways the issue lists: nothing turns public.
 
 A new stage joins :func:`tests.privacy.adversary_fixture.run_world` to land (see
@@ -185,6 +187,38 @@ def _public_numbers(root) -> set[str]:
     return values
 
 
+DP_TRAINING = ("finetune-lm", "train-retriever", "evolve")
+
+
+def test_no_released_file_or_file_time_measures_private_work(worlds):
+    """A DP stage's wall time grows with the pairs it sampled, an un-noised count. No released
+    file holds a time of day (in a pipeline, two manifests' stamps give the stage between them by
+    difference), a DP training stage's timings stay in diagnostics/, and every file and folder of
+    an exported copy carries the one fixed release time (a copy with the run's file times would
+    publish them)."""
+    from synthq.artifacts.export import RELEASE_FILE_TIME
+
+    full, _, _ = worlds
+    time_of_day = re.compile(rb"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}")
+    for label, path in af.released_files(full).items():
+        if path.suffix in TEXT_SUFFIXES:
+            found = time_of_day.search(path.read_bytes())
+            assert found is None, f"{label}: a time of day {found.group().decode()!r}"
+    dp_stages = 0
+    for name, root in full.artifacts.items():
+        manifest = json.loads((root / "manifest.json").read_text())
+        own = manifest.get("own_privacy") or {}
+        if manifest["stage"] in DP_TRAINING and math.isfinite(float(own.get("epsilon", math.inf))):
+            dp_stages += 1
+            assert not manifest.get("timings"), f"{name}: a DP stage's wall time in its manifest"
+    assert dp_stages >= 3
+    exports = [root for label, root in full.released.items() if label.startswith("export ")]
+    assert exports
+    for root in exports:
+        for path in [root, *root.rglob("*")]:
+            assert path.stat().st_mtime == RELEASE_FILE_TIME, f"{path}: the run's file time, exported"
+
+
 def test_every_artifact_carries_the_releases_of_what_it_read(worlds):
     """A released file is a function of every artifact its stage read (every candidate of a
     selection, every eval of a report): their releases are its releases, except the un-noised dev
@@ -226,7 +260,7 @@ def test_what_differs_without_one_unit_is_a_release_the_ledger_names(worlds):
 
     def accounted(name: str) -> bool:
         if name not in named:
-            named[name] = _ledger_names_the_dataset(owners.get(name), full)
+            named[name] = _a_release_read_the_removed_unit(owners.get(name), full.unit, removed)
         return named[name]
 
     unaccounted, differing = [], []
@@ -238,11 +272,11 @@ def test_what_differs_without_one_unit_is_a_release_the_ledger_names(worlds):
         differing.append(label)
         if not accounted(name):
             what = "is missing" if not other.is_file() else "differs"
-            unaccounted.append(f"{label} {what} without {removed}, and the ledger of {name} names no "
-                               "release of the private dataset")  # fmt: skip
+            unaccounted.append(f"{label} {what} without {removed}, and no release in the ledger of {name} "
+                               "read that unit")  # fmt: skip
     extra = set(af.released_files(neighbour)) - set(af.released_files(full))
-    unaccounted += [f"{label} exists only without {removed}, and the ledger of {label.split(':')[0]} names "
-                    "no release of the private dataset" for label in sorted(extra)
+    unaccounted += [f"{label} exists only without {removed}, and no release in the ledger of "
+                    f"{label.split(':')[0]} read that unit" for label in sorted(extra)
                     if not accounted(label.split(":")[0])]  # fmt: skip
     assert differing, "the DP artifacts must differ without a unit: the comparison is vacuous"
     assert any(label.startswith("gen:") for label in differing)
@@ -266,20 +300,29 @@ def _owners(world: af.World) -> dict:
     return owners
 
 
-def _ledger_names_the_dataset(artifacts, world: af.World) -> bool:
+def _a_release_read_the_removed_unit(artifacts, unit: str, removed: list[str]) -> bool:
+    """Whether a release behind ``artifacts`` read the removed unit: its keyed unit set holds the
+    removed user (a user-level release) or one of the removed queries (a query-level one). A
+    release of the same dataset that never read that unit (a read of the dev split, say) does not
+    explain a difference; nor does a release whose unit set cannot be read."""
+    from synthq.privacy.keys import unit_digests
+    from synthq.privacy.units import load_unit_set
+
     if not artifacts:
         return False
-    data = world.recorded_data.resolve()
+
+    def digests(data: bytes) -> set[bytes]:
+        return {data[i : i + 8] for i in range(0, len(data), 8)}
+
+    targets = {"query": digests(unit_digests("query", removed))}
+    if unit == "user":
+        targets["user"] = digests(unit_digests("user", [af.REMOVED_USER]))
     for release in ledger(artifacts).releases:
-        record = release.get("data") or {}
-        path = record.get("path") or record.get("name")  # a release names its data by the spec read
-        if path and (data == _resolve(path) or data in _resolve(path).parents):
+        units = release.get("units") or {}
+        data = load_unit_set(units, release.get("path"))
+        if data is not None and digests(data) & targets.get(units.get("kind"), set()):
             return True
     return False
-
-
-def _resolve(path: str) -> Path:
-    return Path(path).resolve()
 
 
 class _Normaliser:
@@ -288,8 +331,9 @@ class _Normaliser:
     manifest hashes of the run's artifacts (which carry those), named by artifact instead."""
 
     # "fingerprint" hashes the config and the inputs' identifiers, both compared in the clear
-    VOLATILE = {"fingerprint", "created", "created_at", "timings", "timing", "seconds", "seal",
-                "wall_seconds", "started", "finished", "elapsed", "duration"}  # fmt: skip
+    # no creation stamp: a released time of day is a difference (and a leak) of its own
+    VOLATILE = {"fingerprint", "timings", "timing", "seconds", "seal", "wall_seconds", "elapsed",
+                "duration"}  # fmt: skip
 
     def __init__(self, *worlds: af.World):
         from synthq.artifacts.hashing import sha256_file

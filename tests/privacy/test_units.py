@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from synthq.privacy.keys import key_id, state_dir, unit_digests
 from synthq.privacy.units import (
     UNITS_DIR,
+    link_text,
     load_unit_set,
     sharing_groups,
     store_unit_set,
@@ -71,16 +74,58 @@ def test_a_unit_set_digested_under_another_key_is_assumed_shared(tmp_path, monke
     assert sharing_groups([theirs, ours, other]) == [["other", "theirs"], ["ours", "theirs"]]
 
 
+def _user_release(
+    release_id: str, users: list[str], queries: list[str], texts: list[str], identity: str
+) -> dict:
+    links = {"query": queries, "text": [link_text(t) for t in texts]}
+    return {
+        "id": release_id,
+        "units": store_unit_set("user", users, links=links),
+        "data": {"identity": identity},
+    }
+
+
 def test_user_level_releases_of_one_dataset_share_users_whatever_their_ids():
     """User ids are pseudonyms: the same people under renamed ids must not count as two sets of
     people (which would halve the printed per-user ε); other datasets' user releases stay apart."""
     people = [f"person-{i}" for i in range(4)]
     renamed = [f"p-{i}" for i in range(4)]
-    data = {"identity": "hmac:same-queries", "sha256": "hmac:x"}
-    first = {"id": "a", "units": store_unit_set("user", people), "data": data}
-    second = {"id": "b", "units": store_unit_set("user", renamed), "data": {**data, "sha256": "hmac:y"}}
-    other = {"id": "c", "units": store_unit_set("user", ["someone"]), "data": {"identity": "hmac:other"}}
+    queries, texts = ["q1", "q2"], ["boil an egg", "tie a knot"]
+    first = _user_release("a", people, queries, texts, "hmac:same-queries")
+    second = {**_user_release("b", renamed, queries, texts, "hmac:same-queries")}
+    other = _user_release("c", ["someone"], ["q9"], ["bake bread"], "hmac:other")
     assert sharing_groups([first, second]) == [["a", "b"]]
     assert sharing_groups([first, second, other]) == [["a", "b"], ["c"]]
     query_level = {"id": "q", "units": store_unit_set("query", ["q9"]), "data": {"identity": "hmac:other"}}
     assert sharing_groups([first, query_level]) == [["a", "q"]]  # mixed kinds: assumed shared, as before
+
+
+def test_user_level_releases_of_an_edited_or_renamed_log_share_users():
+    """The log re-exported without one deleted query and with re-issued pseudonyms is another
+    dataset (another identity), but its queries are the same: the releases share users through
+    the query ids; renamed throughout (query and user ids), through the query texts (whitespace
+    and case aside). Two ε = 2 releases over the same people then print 4, not 2."""
+    texts = ["Boil an egg", "tie a knot", "bake bread"]
+    log = _user_release("d", ["alice", "bob"], ["q1", "q2", "q3"], texts, "hmac:log")
+    edited = _user_release("e", ["u-81", "u-82"], ["q1", "q2"], texts[:2], "hmac:log-minus-q3")
+    renamed = _user_release(
+        "r", ["x", "y"], ["a", "b", "c"], ["boil  an EGG", "tie a knot", "x"], "hmac:copy"
+    )
+    strangers = _user_release("s", ["zed"], ["z1"], ["fix a bike"], "hmac:strangers")
+    assert sharing_groups([log, edited]) == [["d", "e"]]
+    assert sharing_groups([log, renamed]) == [["d", "r"]]
+    assert sharing_groups([log, edited, renamed, strangers]) == [["d", "e", "r"], ["s"]]
+    without_links = {
+        "id": "old",
+        "units": store_unit_set("user", ["alice"]),
+        "data": {"identity": "hmac:old"},
+    }
+    assert sharing_groups([strangers, without_links]) == [["old", "s"]]  # unreadable links: shared
+    from synthq.privacy.guarantee import Guarantee, compose_releases
+
+    def release(record):
+        guarantee = Guarantee(epsilon=2.0, delta=1e-6, unit="user", mechanism="dp-sgd", accountant="rdp")
+        return {**record, "unit": "user", "guarantee": guarantee.model_dump(mode="json")}
+
+    both = [release(log), release(edited)]
+    assert compose_releases(both, sharing_groups(both), []).epsilon == pytest.approx(4.0)

@@ -344,7 +344,9 @@ def _write_release(
     if sources.data.artifact is not None:  # votes of a synthetic set: it is itself a release of D
         writer.inherit(sources.data.artifact)
     guarantee = _own_guarantee(config, setup.plan, setup.units, setup.randomness)
-    writer.release(guarantee, sources.data.record, setup.units.keys, setup.units.kind)
+    writer.release(
+        guarantee, sources.data.record, setup.units.keys, setup.units.kind, links=setup.units.links
+    )
     if sources.assumptions:
         writer.assume(*sources.assumptions)
     writer.diagnostics.update(
