@@ -1,19 +1,24 @@
 """The curve of what a private log buys against its size: from an eval of `pipelines/pylibs-curve.yaml`.
 
-    .venv/bin/python benchmarks/pylibs_curve.py runs/pylibs-curve/eval-test \
-        --users u100=100 --users uall=1404 --plot docs/images/pylibs-curve.png
+    .venv/bin/python benchmarks/pylibs_curve.py runs/pylibs-curve/eval-test runs/pylibs-synthetic/eval-test \
+        --users u100=100 --users uall=1404 \
+        --group "syn=ret-syn-eps8-g*-cf@uall" --group "warm-start, ε = 0=ret-syn-warm-cf@uall" \
+        --plot docs/images/pylibs-curve.png
 
 For each log size n (rows named ``ret-<route>-<tag>``; ``np`` is non-private training on those n
 users' queries), each route's share of the non-private gain over the untrained start,
 ``(route - untrained) / (non-private - untrained)`` in NDCG@10 on the public test split, with a
 paired bootstrap interval over test queries (the shares of one resample, 2,000 resamples, seed 0),
-and the route's paired difference from the untrained start. Prints one JSON object; ``--plot``
-draws the shares against n.
+and the route's paired difference from the untrained start. Several evaluations of the same test
+split are merged; ``--group ROUTE=GLOB@TAG`` makes the retrievers matching GLOB one route at log
+size TAG, their per-query scores averaged (replicate generators: the mean over generators, as the
+report merges them). Prints one JSON object; ``--plot`` draws the shares against n.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 from pathlib import Path
 
@@ -24,11 +29,34 @@ LABELS = {"dp": "direct DP, group clipping", "syn": "synthetic", "both": "synthe
 RESAMPLES = 2000
 
 
-def per_query(eval_dir: Path, dataset: str) -> dict[str, np.ndarray]:
-    """Retriever -> per-query NDCG@10 over the test queries, in one query order."""
-    rows = json.loads((eval_dir / "per_query.json").read_text(encoding="utf-8"))[dataset]
+def per_query(eval_dirs: list[Path], dataset: str) -> dict[str, np.ndarray]:
+    """Retriever -> per-query NDCG@10 over the test queries, in one query order, from one or more
+    evaluations of the same split (the first that scores a retriever gives it)."""
+    rows: dict = {}
+    for eval_dir in eval_dirs:
+        scored = json.loads((eval_dir / "per_query.json").read_text(encoding="utf-8"))[dataset]
+        rows.update({name: value for name, value in scored.items() if name not in rows})
     queries = sorted(rows[UNTRAINED]["ndcg@10"])
+    for name, scores in rows.items():
+        if sorted(scores["ndcg@10"]) != queries:
+            raise SystemExit(f"{name}: scored on other queries than {UNTRAINED}")
     return {name: np.array([scores["ndcg@10"][q] for q in queries]) for name, scores in rows.items()}
+
+
+def grouped(scores: dict[str, np.ndarray], groups: list[str]) -> dict[str, np.ndarray]:
+    """``ROUTE=GLOB@TAG`` -> a route ``ret-ROUTE-TAG`` whose per-query score is the mean of the
+    retrievers matching GLOB (which leave the table)."""
+    out = dict(scores)
+    for spec in groups:
+        route, _, rest = spec.partition("=")
+        pattern, _, tag = rest.rpartition("@")
+        members = sorted(name for name in scores if fnmatch.fnmatch(name, pattern))
+        if not members:
+            raise SystemExit(f"--group {spec}: no retriever matches {pattern}")
+        out[f"ret-{route}-{tag}"] = np.mean([scores[name] for name in members], axis=0)
+        for name in members:
+            out.pop(name, None)
+    return {name: values for name, values in out.items() if name.startswith("ret-") or name == UNTRAINED}
 
 
 def curve(scores: dict[str, np.ndarray], users: dict[str, int]) -> list[dict]:
@@ -94,16 +122,19 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("eval_dir", type=Path)
+    parser.add_argument("eval_dirs", type=Path, nargs="+", help="eval artifacts of the same test split")
     parser.add_argument("--dataset", default="pylibs")
     parser.add_argument("--users", action="append", default=[], help="TAG=N: the log size behind rows *-TAG")
+    parser.add_argument("--group", action="append", default=[], help="ROUTE=GLOB@TAG: replicates, one route")
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
     users = {tag: int(n) for tag, n in (item.split("=", 1) for item in args.users)}
-    rows = curve(per_query(args.eval_dir, args.dataset), users)
+    rows = curve(grouped(per_query(args.eval_dirs, args.dataset), args.group), users)
     if args.plot:
         plot(rows, args.plot)
-    print(json.dumps({"benchmark": "pylibs_curve", "eval": str(args.eval_dir), "rows": rows}, indent=2))
+    evals = [str(path) for path in args.eval_dirs]
+    summary = {"benchmark": "pylibs_curve", "evals": evals, "groups": args.group, "rows": rows}
+    print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

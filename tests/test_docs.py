@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -112,8 +113,13 @@ def test_the_nav_holds_every_page_and_every_relative_link_resolves():
     pages = {
         p.relative_to(DOCS).as_posix()
         for p in DOCS.rglob("*.md")
-        if "generated" not in p.parts and p.name != "ARCHITECTURE.md"
+        if "generated" not in p.parts
     }
+    # one name per page, whatever the case: a case-insensitive file system (macOS, Windows) would
+    # let one overwrite the other at clone time
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    lowered = [path.lower() for path in tracked]
+    assert len(lowered) == len(set(lowered)), "two tracked paths differ only in case"
     assert sorted(nav) == sorted(pages)
     for page in pages:
         text = (DOCS / page).read_text(encoding="utf-8")

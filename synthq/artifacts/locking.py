@@ -87,6 +87,12 @@ def check_output_free(out: str | Path, force: bool, inputs: Iterable[dict] = ())
             raise ArtifactError(
                 f"{out}: is inside an input of this command ({record['path']}); choose an --out outside it"
             )
+    holder = artifact_holding(out)
+    if holder is not None:
+        raise ArtifactError(
+            f"{out}: is inside the artifact {holder}; a --force of that artifact's stage would delete "
+            "it, choose an --out outside it"
+        )
     if not out.exists() and not out.is_symlink():
         return
     if not out.is_dir() or out.is_symlink():
@@ -103,6 +109,15 @@ def check_output_free(out: str | Path, force: bool, inputs: Iterable[dict] = ())
             f"{out}: already holds an artifact made with a different config or inputs; "
             "pass --force to replace it"
         )
+
+
+def artifact_holding(path: str | Path) -> Path | None:
+    """The synthq artifact directory ``path`` lies inside (a parent with a synthq manifest), or
+    None: what is written there is deleted with that artifact when its stage runs with --force."""
+    for parent in Path(path).resolve().parents:
+        if _is_synthq_manifest(parent):
+            return parent
+    return None
 
 
 def _is_synthq_manifest(path: Path) -> bool:

@@ -7,6 +7,8 @@ them once and composes independent ones.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from synthq.artifacts.manifest import Artifact
 from synthq.privacy.guarantee import Guarantee, compose_all
 from synthq.reporting.eval_files import read_rows
@@ -16,7 +18,7 @@ from synthq.reporting.row_privacy import merged_releases, row_privacy
 def merge_rows(evals: list[Artifact]) -> tuple[list[dict], list[tuple[str, Guarantee]]]:
     """The rows of all evaluations, each (dataset, split, model) once (:func:`merge_row_lists`),
     and the (hash, guarantee) of every model whose results they publish."""
-    row_lists = [read_rows(artifact.path) for artifact in evals]
+    row_lists = _distinct_datasets(evals, [read_rows(artifact.path) for artifact in evals])
     sources = []
     for artifact, rows in zip(evals, row_lists, strict=True):
         for row in rows:
@@ -26,6 +28,50 @@ def merge_rows(evals: list[Artifact]) -> tuple[list[dict], list[tuple[str, Guara
             else:  # results written before rows carried their guarantee: the eval's own
                 sources.append((artifact.manifest_hash, artifact.privacy))
     return merge_row_lists(row_lists), sources
+
+
+def _dataset_reads(artifact: Artifact) -> dict[str, tuple[str, str]]:
+    """Dataset name -> (where it was read, its recorded digest), from an eval's inputs."""
+    reads = {}
+    for record in artifact.inputs:
+        if record.get("kind") in ("data", "public-split") and (record.get("name") or record.get("path")):
+            where = str(record.get("path") or record["name"])
+            # a row names its dataset as eval shows it: a directory by its last component
+            reads[Path(str(record.get("name") or where)).name] = (where, str(record.get("sha256")))
+    return reads
+
+
+def _distinct_datasets(evals: list[Artifact], row_lists: list[list[dict]]) -> list[list[dict]]:
+    """Rows whose dataset name is shared by different datasets across the evaluations (``a/tiny``
+    and ``b/tiny``, or one directory whose content changed) renamed apart, so one table never
+    mixes them and no row replaces another's: by their last two path components where those
+    differ, else by the digest's first 8 characters."""
+    reads = [_dataset_reads(artifact) for artifact in evals]
+    seen: dict[str, set[tuple[str, str]]] = {}
+    for per_eval in reads:
+        for name, read in per_eval.items():
+            seen.setdefault(name, set()).add(read)
+    clashing = {name for name, found in seen.items() if len(found) > 1}
+    if not clashing:
+        return row_lists
+
+    def label(name: str, read: tuple[str, str]) -> str:
+        tails = {"/".join(Path(path).parts[-2:]) for path, _ in seen[name]}
+        if len(tails) == len(seen[name]):
+            return "/".join(Path(read[0]).parts[-2:])
+        return f"{name} [{read[1].split(':')[-1][:8]}]"
+
+    renamed = []
+    for per_eval, rows in zip(reads, row_lists, strict=True):
+        renamed.append(
+            [
+                {**row, "dataset": label(row["dataset"], per_eval[row["dataset"]])}
+                if row["dataset"] in clashing and row["dataset"] in per_eval
+                else row
+                for row in rows
+            ]
+        )
+    return renamed
 
 
 def merge_row_lists(row_lists: list[list[dict]]) -> list[dict]:

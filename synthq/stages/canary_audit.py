@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +51,9 @@ import numpy as np
 
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result
-from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.artifacts.manifest import Artifact, open_artifact, partial_dir
 from synthq.artifacts.records import data_input_record
+from synthq.artifacts.writer import CHECKPOINTS
 from synthq.audit.canaries import OneRunCanary
 from synthq.audit.report import AuditReport
 from synthq.audit.retriever import retriever_scores
@@ -75,6 +77,7 @@ from synthq.runtime.console import info
 
 STAGE = "canary-audit"
 AUDIT_DATA = "data"  # scratch BEIR directory with the private pairs; removed at the end
+CANARY_SEED = "canary-seed"  # in the private checkpoint: the drawn seed, for --resume
 
 
 @dataclass(frozen=True)
@@ -94,13 +97,15 @@ def run(config: CanaryAuditConfig) -> Artifact:
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
     dataset = load_source(config.data, splits=[config.split])
-    one_run, exposure = choose_canaries(dataset, config)
+    seed = _canary_seed(config)
+    one_run, exposure = choose_canaries(dataset, config.model_copy(update={"canary_seed": seed}))
     private = private_pairs(dataset, config)
     check_canary_count(one_run, exposure, private)
     with create_artifact(
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
     ) as writer:
         scratch = writer.checkpoint_dir
+        (scratch / CANARY_SEED).write_text(str(seed), encoding="utf-8")  # what --resume redraws from
         path = augmented_dataset(dataset, config, private, one_run, exposure, scratch / AUDIT_DATA)
         training = _TrainingSet(path, len(private), inserted_count(one_run, exposure))
         _write_canaries(writer.dir, one_run, exposure)
@@ -120,6 +125,18 @@ def run(config: CanaryAuditConfig) -> Artifact:
 
 
 # Phases ------------------------------------------------------------------------------------------
+
+
+def _canary_seed(config: CanaryAuditConfig) -> int:
+    """The seed the canaries are drawn from: ``--canary-seed``, else the one an interrupted run
+    kept in its private checkpoint (``--resume`` audits the same canaries it trained on), else a
+    fresh draw from the OS's secure randomness. Never recorded in a released file."""
+    if config.canary_seed is not None:
+        return config.canary_seed
+    kept = partial_dir(Path(config.out)) / CHECKPOINTS / CANARY_SEED
+    if config.resume and kept.is_file():
+        return int(kept.read_text(encoding="utf-8"))
+    return secrets.randbits(62)
 
 
 def _write_canaries(directory: Path, one_run, exposure) -> None:

@@ -120,3 +120,28 @@ def test_a_non_finite_rate_or_length_is_refused_before_any_work(
     line = one_line(output)
     assert status == 2 and option.lstrip("-").replace("-", "_") in line.replace("-", "_"), line
     assert not (tmp_path / "out").exists()
+
+
+def test_nothing_is_written_inside_an_artifact_and_a_statement_is_not_overwritten(
+    tmp_path, tiny_beir, tiny_encoder_dir, capsys, monkeypatch
+):
+    """A release exported into an artifact, or a stage's --out inside an unrelated artifact, would
+    be deleted by a later --force of that artifact's stage: both are refused before any work; a
+    statement written to an existing file needs --force."""
+    artifact = tiny_retriever_artifact(tmp_path / "ret", tiny_encoder_dir, Guarantee.public("a public model"))
+    inner = artifact.path / "sub"
+    status, output = run_main(["export", str(artifact.path), "--out", str(inner)], capsys, monkeypatch)
+    assert status == 2 and f"is inside the artifact {artifact.path}" in one_line(output)
+    argv = ["train-retriever", "--data", str(tiny_beir), "--encoder", str(tiny_encoder_dir),
+            "--max-steps", "1", "--out", str(inner / "ret")]  # fmt: skip
+    status, output = run_main(argv, capsys, monkeypatch)
+    assert status == 2 and f"is inside the artifact {artifact.path}" in one_line(output)
+    assert not inner.exists()
+    statement = tmp_path / "statement.md"
+    statement.write_text("signed by the reviewer\n")
+    argv = ["ledger", str(artifact.path), "--statement", "--out", str(statement)]
+    status, output = run_main(argv, capsys, monkeypatch)
+    assert status == 2 and "already exists; pass --force" in one_line(output)
+    assert statement.read_text() == "signed by the reviewer\n"
+    status, output = run_main([*argv, "--force"], capsys, monkeypatch)
+    assert status == 0 and statement.read_text().startswith("#")

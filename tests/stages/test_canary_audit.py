@@ -210,3 +210,34 @@ def test_one_run_audit_detects_memorisation_without_dp_and_not_with_heavy_noise(
     assert {"train_seconds[eps=∞]", "one_run_score_seconds[eps=∞]", "retriever_seconds[original]"} <= set(
         phases
     )
+
+
+def test_an_interrupted_audit_resumes_on_the_same_canaries_without_a_canary_seed(
+    tmp_path, tiny_beir, tiny_causal_dir, monkeypatch
+):
+    """Without --canary-seed the canaries come from the OS: the drawn seed is kept in the private
+    checkpoint, so --resume audits the canaries the interrupted run trained on (it redrew them,
+    and suggested --force)."""
+    config = CanaryAuditConfig(
+        data=str(tiny_beir), model=str(tiny_causal_dir), out=tmp_path / "audit", method="one-run",
+        canaries=8, epsilons=[math.inf], leak_samples=1, max_new_tokens=4, retriever_audit=False,
+        secret_references=2, finetune={"batch_size": 4, "max_steps": 1, "physical_batch_size": 8},
+    )  # fmt: skip
+    drawn = []
+    choose = canary_audit.choose_canaries
+    monkeypatch.setattr(canary_audit, "choose_canaries", lambda *a: drawn.append(choose(*a)) or drawn[-1])
+    real_audit = canary_audit._audit_at
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(canary_audit, "_audit_at", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        canary_audit.run(config)
+    monkeypatch.setattr(canary_audit, "_audit_at", real_audit)
+    artifact = canary_audit.run(config.model_copy(update={"resume": True}))
+    first, second = ([c.record() for c in one_run] for one_run, _ in drawn)
+    assert first == second
+    stored = [json.loads(line) for line in (artifact.path / "canaries.jsonl").read_text().splitlines()]
+    assert stored == second
+    assert artifact.manifest["config"].get("canary_seed") is None  # the drawn seed is never released

@@ -239,3 +239,26 @@ def test_significance_metrics_hold_the_tables_comparisons_for_run_check():
     again = {f"{c.a} > {c.b}": c for c in compare_all(merged, seed=0)}
     assert again["ret-syn (2 seeds) > untrained"].p_holm == pytest.approx(chosen["p_holm"])
     assert significance_table(rows, found=found) == significance_table(rows)
+
+
+def test_report_keeps_two_datasets_of_one_name_apart(tmp_path, tiny_beir):
+    """a/tiny and b/tiny (different data, one name) are two tables, each with its own BM25 row;
+    the same dataset evaluated twice stays one."""
+    import shutil
+
+    from synthq.stages import evaluate, report
+
+    first, second = tmp_path / "a" / "tiny", tmp_path / "b" / "tiny"
+    shutil.copytree(tiny_beir, first)
+    shutil.copytree(tiny_beir, second)
+    with open(second / "corpus.jsonl", "a", encoding="utf-8") as corpus:
+        corpus.write(json.dumps({"_id": "only-in-b", "title": "", "text": "a document only b holds"}) + "\n")
+    evals = [
+        evaluate.run(EvalConfig(bm25=True, datasets=[str(data)], out=tmp_path / f"eval-{i}"))
+        for i, data in enumerate([first, second, first])
+    ]
+    merged = report.run(ReportConfig(evals=[str(e.path) for e in evals], out=tmp_path / "r"))
+    rows = json.loads((merged.path / "results.json").read_text())
+    assert sorted((r["dataset"], r["retriever"]) for r in rows) == [("a/tiny", "BM25"), ("b/tiny", "BM25")]
+    text = (merged.path / "README.md").read_text()
+    assert "### a/tiny" in text and "### b/tiny" in text
