@@ -26,6 +26,7 @@ post-processing and carries no privacy of its own.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -104,8 +105,31 @@ def has_bundle(directory: Path) -> bool:
 
 def load_bundle(directory: Path) -> OnnxEncoder | None:
     """The bundle in ``directory``, or None when there is none (or it was refused, or written by
-    another format version)."""
-    return OnnxEncoder(directory) if has_bundle(directory) else None
+    another format version). A bundle whose files no longer match the digests written with them
+    (altered or cut short in the cache: it would encode queries wrong, or into NaN) is removed,
+    with a warning, so the next search exports it again."""
+    if not has_bundle(directory):
+        return None
+    recorded = json.loads((directory / BUNDLE_FILE).read_text()).get("files")
+    if recorded != _file_digests(directory):
+        from synthq.runtime.console import warn
+
+        warn(f"{directory}: the ONNX bundle's files do not match their digests; removed (exported again)")
+        shutil.rmtree(directory, ignore_errors=True)
+        return None
+    return OnnxEncoder(directory)
+
+
+def _file_digests(directory: Path) -> dict[str, str]:
+    """sha256 of every file of a bundle but its ``bundle.json``."""
+    digests = {}
+    for path in sorted(p for p in directory.iterdir() if p.is_file() and p.name != BUNDLE_FILE):
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda handle=handle: handle.read(1 << 22), b""):
+                digest.update(block)
+        digests[path.name] = digest.hexdigest()
+    return digests
 
 
 def was_refused(directory: Path) -> bool:
@@ -135,6 +159,9 @@ def export_bundle(model, directory: Path, extra_probes: list[str] = ()) -> OnnxE
                 raise ValueError(
                     f"the export differs from the model by {difference:.2e} (tolerance {TOLERANCE:.0e})"
                 )
+            meta = json.loads((work / BUNDLE_FILE).read_text())
+            meta["files"] = _file_digests(work)  # checked on every load
+            (work / BUNDLE_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         except Exception as error:  # any failure means: encode this model with torch
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir()

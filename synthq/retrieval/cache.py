@@ -10,7 +10,10 @@ truncation length misses the cache.
 
 Embeddings are written straight into a memory-mapped ``.npy`` (renamed into place when
 complete, so an interrupted encoding never looks like a cache hit) and read back memory-mapped,
-so a corpus larger than RAM can be encoded and searched in chunks.
+so a corpus larger than RAM can be encoded and searched in chunks. Each file's sha256 is written
+beside it (``<key>.sha256``) and checked on every hit: a cached file that was altered, cut short
+by a full disk or written without a digest is encoded again, never searched (hashing reads the
+file once, about a second per GB).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 
 from synthq.data.pairs import document_text
 from synthq.runtime import distributed
-from synthq.runtime.console import progress
+from synthq.runtime.console import progress, warn
 from synthq.runtime.errors import DataError
 from synthq.runtime.paths import cache_dir
 
@@ -142,11 +145,43 @@ def cached_corpus_embeddings(
     path = embeddings_path(model_key, corpus, max_seq_length)
     if not path.is_file():
         return None
+    recorded = _recorded_digest(path)
+    if recorded is None or _file_digest(path) != recorded:
+        warn(
+            f"{path}: cached corpus embeddings that do not match the digest written with them "
+            "(altered, cut short or from an older synthq): encoding again"
+        )
+        _remove(path)
+        return None
     cached = np.load(path, mmap_mode="r")
     if cached.shape == (len(corpus), dimension):
         return CorpusEmbeddings(sorted(corpus), cached, True, path, 0.0)
-    path.unlink()
+    _remove(path)
     return None
+
+
+def _digest_path(path: Path) -> Path:
+    return path.with_suffix(".sha256")
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _recorded_digest(path: Path) -> str | None:
+    try:
+        return _digest_path(path).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    _digest_path(path).unlink(missing_ok=True)
 
 
 def corpus_embeddings(
@@ -178,6 +213,11 @@ def corpus_embeddings(
         )
         target.flush()
         del target
+        # the digest first: a file without its digest (or with another) is never read as a hit
+        digest = _digest_path(path)
+        written = digest.with_name(f"{digest.name}.tmp{os.getpid()}")
+        written.write_text(_file_digest(tmp) + "\n", encoding="utf-8")
+        os.replace(written, digest)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -40,6 +40,20 @@ def test_bundle_reproduces_the_model(tiny_model, tmp_path):
     assert not list(tmp_path.glob("bundle.tmp*"))
 
 
+def test_an_altered_bundle_is_removed_not_used(tiny_model, tmp_path, capsys):
+    """A bundle whose model file changed in the cache (a corrupted ONNX file printed NaN scores
+    with exit 0) fails its digests on load: removed with a warning, so it is exported again."""
+    directory = tmp_path / "bundle"
+    assert onnx_encoder.export_bundle(tiny_model, directory) is not None
+    assert onnx_encoder.load_bundle(directory) is not None
+    model_file = directory / "model.onnx"
+    data = bytearray(model_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model_file.write_bytes(bytes(data))
+    assert onnx_encoder.load_bundle(directory) is None
+    assert "do not match their digests" in capsys.readouterr().err and not directory.exists()
+
+
 def test_a_bundle_that_does_not_reproduce_the_model_is_refused(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(onnx_encoder, "TOLERANCE", -1.0)  # no export can pass
     directory = tmp_path / "bundle"

@@ -32,7 +32,8 @@ def test_hit_returns_what_the_model_encodes(model, tmp_path):
     assert first.doc_ids == second.doc_ids == sorted(corpus)
     direct = model.encode([document_text(corpus[d]) for d in first.doc_ids], normalize_embeddings=True)
     np.testing.assert_allclose(second.embeddings, direct, atol=1e-5)
-    assert [p.name for p in (tmp_path / "cache" / "embeddings").iterdir()] == [first.path.name]
+    names = sorted(p.name for p in (tmp_path / "cache" / "embeddings").iterdir())
+    assert names == [first.path.name, first.path.with_suffix(".sha256").name]  # the file and its digest
 
 
 def test_any_change_misses(model):
@@ -62,6 +63,23 @@ def test_interrupted_encoding_leaves_no_cache_entry(model, monkeypatch, tmp_path
     monkeypatch.undo()
     monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
     assert not corpus_embeddings(model, "model-a", corpus, batch_size=8).cache_hit
+
+
+def test_an_altered_or_undigested_cache_file_is_encoded_again(model, capsys):
+    """A cached file whose bytes changed (the same shape: a search would run on it and score
+    wrong), or that has no digest beside it, is never a hit: encoded again, with a warning."""
+    corpus = corpus_records()
+    first = corpus_embeddings(model, "model-a", corpus, batch_size=8)
+    truth = np.array(first.embeddings)
+    altered = truth.copy()
+    altered[0] = -altered[0]
+    np.save(first.path, altered)
+    again = corpus_embeddings(model, "model-a", corpus, batch_size=8)
+    assert not again.cache_hit and "do not match the digest" in capsys.readouterr().err
+    np.testing.assert_allclose(again.embeddings, truth, atol=1e-6)
+    again.path.with_suffix(".sha256").unlink()
+    assert not corpus_embeddings(model, "model-a", corpus, batch_size=8).cache_hit
+    assert corpus_embeddings(model, "model-a", corpus, batch_size=8).cache_hit
 
 
 def test_wrong_shape_file_is_re_encoded_and_empty_corpus_refused(model):
