@@ -1,7 +1,8 @@
 """Export: a release copy of an artifact, without its private diagnostics, re-sealed.
 
 The copy holds exactly the payload files the manifest lists (and verifies); the private
-``diagnostics/`` part (ε = ∞) and anything the manifest does not list are left out. Every file and
+``diagnostics/`` part (ε = ∞) and anything the manifest does not list are left out; the owner's
+absolute paths are shown by their last component (:func:`_without_local_paths`). Every file and
 folder of the copy carries one fixed time (:data:`RELEASE_FILE_TIME`): the times at which a run
 wrote its files measure its private work (a DP stage's wall time grows with the pairs it sampled,
 an un-noised count), and a copy that kept them would publish that. A manifest holds no time
@@ -10,12 +11,14 @@ either (:func:`synthq.artifacts.create._finish`).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
 from synthq.artifacts.locking import artifact_holding
 from synthq.artifacts.manifest import MANIFEST, Artifact, open_artifact, partial_dir, write_manifest
+from synthq.privacy.digests import artifact_digest
 from synthq.runtime.errors import ArtifactError
 
 # 1980-01-01T00:00:00Z, the earliest time a ZIP archive can hold (reproducible builds use it too)
@@ -27,6 +30,59 @@ def _fix_file_times(root: Path) -> None:
     for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
         os.utime(path, (RELEASE_FILE_TIME, RELEASE_FILE_TIME), follow_symlinks=False)
     os.utime(root, (RELEASE_FILE_TIME, RELEASE_FILE_TIME))
+
+
+# Payload files whose text may name the owner's paths (model cards, tables, configs): rewritten
+TEXT_SUFFIXES = (".md", ".json", ".jsonl", ".txt", ".tsv", ".yaml")
+LARGEST_REWRITTEN = 64 << 20
+
+
+def _local_paths(value, found: dict[str, str]) -> dict[str, str]:
+    """Every absolute path a manifest records (``path`` of inputs and releases) -> its last
+    component, the name the release shows instead."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "path" and isinstance(item, str) and Path(item).is_absolute():
+                found[item] = Path(item).name
+            else:
+                _local_paths(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _local_paths(item, found)
+    return found
+
+
+def _without_local_paths(manifest: dict, copy: Path) -> dict:
+    """The release names where the owner's files were by their last component only: an absolute
+    path carries the owner's user name and directory layout, which a release has no need of.
+    Rewritten in the manifest and in the copy's text payload (model card, tables, configs), whose
+    digests the manifest then lists anew; the owner's artifact keeps its paths (resume and
+    freshness need them). The home directory is shown as ``~`` wherever else it appears."""
+    replacements = sorted(_local_paths(manifest, {}).items(), key=lambda item: -len(item[0]))
+    home = str(Path.home())
+    if home not in ("/", ""):
+        replacements.append((home + "/", "~/"))
+
+    def rewrite(text: str) -> str:
+        for old, new in replacements:
+            text = text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1]) if old != new else text
+            text = text.replace(old, new)
+        return text
+
+    files = dict(manifest.get("files", {}))
+    for relative in files:
+        target = copy / relative
+        if target.suffix not in TEXT_SUFFIXES or target.stat().st_size > LARGEST_REWRITTEN:
+            continue
+        try:
+            text = target.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        changed = rewrite(text)
+        if changed != text:
+            target.write_text(changed, encoding="utf-8")
+            files[relative] = artifact_digest(target, private=False)
+    return json.loads(rewrite(json.dumps({**manifest, "files": files}, ensure_ascii=False)))
 
 
 def export_artifact(path: str | Path, out: str | Path) -> tuple[Artifact, list[str]]:
@@ -67,6 +123,7 @@ def export_artifact(path: str | Path, out: str | Path) -> tuple[Artifact, list[s
             if k not in ("private_files", "private_files_note", "seal")
         }
         manifest["exported_from"] = source.manifest_hash
+        manifest = _without_local_paths(manifest, tmp)
         write_manifest(tmp, manifest)
         _fix_file_times(tmp)
         os.replace(tmp, out)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,7 +61,15 @@ def test_dp_artifacts_release_no_unnoised_statistics(tmp_path, tiny_beir, tiny_c
     release, left_out = export_artifact(artifact.path, tmp_path / "release")
     assert set(left_out) == set(manifest["private_files"])
     assert not (release.path / "diagnostics").exists() and "private_files" not in release.manifest
-    assert release.privacy == artifact.privacy
+    same = ("epsilon", "delta", "unit", "mechanism", "accountant", "details")
+    assert all(getattr(release.privacy, key) == getattr(artifact.privacy, key) for key in same)
+    # the owner's absolute paths (user name, layout) are named by their last component only
+    owner = str(tmp_path.parents[1])
+    assert owner in (artifact.path / "manifest.json").read_text()
+    for path in release.path.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".md", ".txt"):
+            assert owner not in path.read_text(encoding="utf-8"), path.name
+    assert release.verified and release.inputs[0]["path"] == Path(artifact.inputs[0]["path"]).name
 
 
 def test_a_starting_model_is_an_input_and_composes(tmp_path, tiny_beir, tiny_causal_dir):
