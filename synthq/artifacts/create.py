@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from synthq import __version__
+from synthq._version import __version__
 from synthq.artifacts.freshness import config_fingerprint, refuse_if_finished_meanwhile
 from synthq.artifacts.hashing import config_to_dict, json_default, json_safe
 from synthq.artifacts.locking import check_output_free, output_lock

@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from synthq import __version__
+from synthq._version import __version__
 from synthq.cli.inspect_commands import data_app, export_command, info_command, key_command, ledger_command
 from synthq.cli.options import config_command, plain_arguments, stage_command
 from synthq.cli.plan_command import plan_command

@@ -104,9 +104,7 @@ def _summarise(
 
 
 def _code_root() -> Path:
-    import synthq
-
-    return Path(synthq.__file__).parent
+    return Path(__file__).resolve().parents[1]  # the synthq package
 
 
 def code_fingerprint() -> dict[str, tuple[int, int]]:

@@ -299,7 +299,7 @@ def _nothing_private(book: Ledger, audits: list[Artifact]) -> list[str]:
 
 def render_statement(book: Ledger, audits: list[Artifact] = ()) -> str:
     """The statement (Markdown) for a ledger and the canary-audit artifacts given beside it."""
-    from synthq import __version__
+    from synthq._version import __version__
 
     audits = list(audits)
     today = _dt.datetime.now(_dt.timezone.utc).date().isoformat()

@@ -1,0 +1,85 @@
+"""The stages as Python functions: the same configs as the command line, the artifact back.
+
+Each function takes either the stage's config object or its fields as keyword arguments (the
+config's field names: ``data``, ``model``, ``epsilon``, ``out``, ... — what ``synthq STAGE
+--help`` lists, with dashes as underscores), runs the stage exactly as the command does (the same
+checks, the same artifact, the same privacy record) and returns the
+:class:`~synthq.artifacts.manifest.Artifact` it wrote (or found up to date)::
+
+    from synthq import finetune_lm, generate, train_retriever, evaluate
+
+    gen = finetune_lm(data="embedded", model="smollm2-135m", lora_rank=8, epsilon=8, out="runs/gen")
+    syn = generate(generator=gen.path, corpus="embedded", out="runs/syn")
+    ret = train_retriever(data=syn.path, encoder="minilm-l6", out="runs/ret")
+    table = evaluate(retrievers=[ret.path], datasets=["embedded"], out="runs/eval")
+    print(ret.privacy.describe())  # ε = 8.00 ..., inherited from the generator
+
+A bad value raises :class:`pydantic.ValidationError` naming the field, as the command line says
+it in one line; a stage's own refusal raises the :class:`~synthq.runtime.errors.SynthqError` the
+command would print.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.config.registry import stage_entry
+
+__all__ = [
+    "canary_audit", "evaluate", "evolve", "filter_queries", "finetune_lm", "generate", "ledger",
+    "open_artifact", "report", "run_stage", "similarity", "train_retriever",
+]  # fmt: skip
+
+
+def run_stage(stage: str, config=None, /, **options) -> Artifact:
+    """Run the stage named ``stage`` (``finetune-lm``, ``generate``, ... as ``synthq run``
+    pipelines name them) with ``config`` (its config object; ``options`` then replace fields of
+    it, validated again) or with ``options`` alone; return its artifact."""
+    entry = stage_entry(stage)
+    config_class = entry.config_type()
+    if config is None:
+        config = config_class(**options)
+    elif not isinstance(config, config_class):
+        raise TypeError(f"{stage} takes a {config_class.__name__}, not a {type(config).__name__}")
+    elif options:
+        config = config_class(**{**config.model_dump(exclude_unset=True), **options})
+    return entry.run_function()(config)
+
+
+def _stage_function(stage: str, name: str, summary: str) -> Callable[..., Artifact]:
+    config_class = stage_entry(stage).config_type()
+
+    def call(config=None, /, **options) -> Artifact:
+        return run_stage(stage, config, **options)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = (
+        f"{summary}\n\nThe ``synthq {stage}`` stage: a :class:`{config_class.__module__}."
+        f"{config_class.__name__}` or its fields as keyword arguments; returns the artifact."
+    )
+    return call
+
+
+finetune_lm = _stage_function(
+    "finetune-lm", "finetune_lm", "Fine-tune a query generator, with DP to a target ε."
+)
+generate = _stage_function("generate", "generate", "Sample synthetic queries for public documents.")
+filter_queries = _stage_function("filter", "filter_queries", "Filter a synthetic set (post-processing).")
+evolve = _stage_function("evolve", "evolve", "Private Evolution: synthetic queries from DP votes.")
+train_retriever = _stage_function("train-retriever", "train_retriever", "Train a dual encoder (DP or not).")
+evaluate = _stage_function("eval", "evaluate", "Evaluate retrievers (NDCG@10, Recall@10, ...).")
+report = _stage_function("report", "report", "Merge evaluations into one report.")
+similarity = _stage_function("similarity", "similarity", "BLEU and MAUVE of synthetic against real queries.")
+canary_audit = _stage_function(
+    "canary-audit", "canary_audit", "Inject canaries, measure exposure and extraction."
+)
+
+
+def ledger(*paths: str | Path):
+    """The privacy ledger of these artifacts (their inputs followed), per private dataset and
+    unit: what ``synthq ledger`` prints, as a :class:`synthq.privacy.ledger.Ledger`."""
+    from synthq.privacy.ledger import ledger as read_ledger
+
+    return read_ledger([Path(p) for p in paths])

@@ -1,0 +1,54 @@
+"""The Python API: ``from synthq import finetune_lm, ...`` runs the stages as the command line
+does and returns their artifacts; ``import synthq`` stays light."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+import synthq
+from synthq.config.retriever import TrainRetrieverConfig
+
+
+def test_import_synthq_loads_no_heavy_library_until_a_stage_is_called():
+    code = (
+        "import sys, synthq; from synthq import finetune_lm; "
+        "print(sorted(m for m in ('torch', 'numpy', 'transformers', 'opacus') if m in sys.modules))"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "[]"
+    from synthq import api
+
+    assert set(synthq.API) <= set(api.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'fine_tune'"):
+        synthq.fine_tune  # noqa: B018
+
+
+def test_the_stages_chain_from_python_with_the_guarantee_carried(tmp_path, tiny_beir, tiny_causal_dir,
+                                                                  tiny_encoder_dir):  # fmt: skip
+    from synthq import evaluate, finetune_lm, generate, ledger, train_retriever
+
+    small = dict(batch_size=8, max_steps=2, physical_batch_size=4, max_source_length=48)
+    gen = finetune_lm(data=str(tiny_beir), model=str(tiny_causal_dir), epsilon=8, out=tmp_path / "g", **small)
+    assert gen.stage == "finetune-lm" and 0 < gen.privacy.epsilon <= 8
+    syn = generate(generator=gen.path, corpus=str(tiny_beir), max_new_tokens=8, out=tmp_path / "syn")
+    tiny = dict(max_steps=1, batch_size=4, max_query_length=16, max_doc_length=32)
+    encoder = str(tiny_encoder_dir)
+    config = TrainRetrieverConfig(data=str(syn.path), encoder=encoder, out=tmp_path / "ret", **tiny)
+    ret = train_retriever(config)
+    assert ret.privacy.epsilon == pytest.approx(gen.privacy.epsilon)  # post-processing
+    again = train_retriever(config, out=tmp_path / "ret")  # up to date: the same artifact
+    assert again.manifest_hash == ret.manifest_hash
+    table = evaluate(retrievers=[str(ret.path)], datasets=[str(tiny_beir)], out=tmp_path / "eval")
+    rows = json.loads((table.path / "results.json").read_text())
+    assert any(row["kind"] == "retriever" for row in rows)
+    book = ledger(ret.path)
+    assert len(book.datasets) == 1
+    with pytest.raises(ValidationError, match="epsilon"):
+        finetune_lm(data=str(tiny_beir), model=str(tiny_causal_dir), epsilon=-1, out=tmp_path / "bad")
+    with pytest.raises(TypeError, match="takes a FinetuneConfig"):
+        finetune_lm(config)
