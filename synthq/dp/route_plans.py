@@ -203,7 +203,7 @@ def count_units(data: str, split: str, unit: str, max_queries_per_user: int) -> 
 
     dataset = load_source(data, splits=[split])
     pairs = training_pairs(dataset, split)
-    units = training_units(pairs, dataset.root, unit, max_queries_per_user, SecretRandomness(0))
+    units = training_units(pairs, dataset.root, unit, max_queries_per_user, SecretRandomness(0), links=False)
     where = f"{dataset.root}/qrels/{split}.tsv"
     if unit == "query":
         return len(units), f"the relevant judgements of {where}"

@@ -186,10 +186,12 @@ def _linked_users(releases: list[dict]) -> set[frozenset[str]]:
     return {frozenset(ids) for ids in components.values() if len(ids) > 1}
 
 
-def training_units(pairs, root: Path, unit: str, max_queries: int | None, randomness):
+def training_units(pairs, root: Path, unit: str, max_queries: int | None, randomness, links: bool = True):
     """The privacy units of a private training set of pairs (a :class:`~synthq.data.pairs.PairList`):
     one per query id, or one per user (``unit="user"``: user ids from the dataset at ``root``,
-    each user bounded to ``max_queries`` queries chosen with ``randomness``'s secret key)."""
+    each user bounded to ``max_queries`` queries chosen with ``randomness``'s secret key). At the
+    user unit ``links`` keeps the ids and texts of the users' queries for the release's link sets;
+    ``synthq plan`` counts without them (it reads no query text)."""
     from synthq.data.users import query_users
     from synthq.dp.units import PrivacyUnits
 
@@ -198,6 +200,8 @@ def training_units(pairs, root: Path, unit: str, max_queries: int | None, random
         return PrivacyUnits.from_keys(query_ids)
     users = query_users(root, pairs.queries, pairs.query_rows)
     units = PrivacyUnits.by_user(query_ids, users, max_queries, randomness)
+    if not links:
+        return units
     # every training query of the users (kept or not: the same people, whichever K were drawn)
     links = {
         "query": list(query_ids),
