@@ -11,8 +11,8 @@ either (:func:`synthq.artifacts.create._finish`).
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -32,57 +32,66 @@ def _fix_file_times(root: Path) -> None:
     os.utime(root, (RELEASE_FILE_TIME, RELEASE_FILE_TIME))
 
 
-# Payload files whose text may name the owner's paths (model cards, tables, configs): rewritten
-TEXT_SUFFIXES = (".md", ".json", ".jsonl", ".txt", ".tsv", ".yaml")
+# Payload files that are text for people or tables of runs (never data, tokenizers or configs a
+# library reads): where the owner's paths are rewritten
+REWRITTEN_FILES = ("README.md", "results.md", "selection.md", "audit.md", "results.json")
 LARGEST_REWRITTEN = 64 << 20
 
 
 def _local_paths(value, found: dict[str, str]) -> dict[str, str]:
-    """Every absolute path a manifest records (``path`` of inputs and releases) -> its last
-    component, the name the release shows instead."""
+    """Every absolute path a manifest holds as a value (inputs', releases' and config's) -> its
+    last component, the name the release shows instead."""
     if isinstance(value, dict):
-        for key, item in value.items():
-            if key == "path" and isinstance(item, str) and Path(item).is_absolute():
-                found[item] = Path(item).name
-            else:
-                _local_paths(item, found)
+        for item in value.values():
+            _local_paths(item, found)
     elif isinstance(value, list):
         for item in value:
             _local_paths(item, found)
+    elif isinstance(value, str) and value.startswith("/") and not any(c.isspace() for c in value):
+        path = Path(value)
+        if path.is_absolute() and path.name:
+            found[value] = path.name
     return found
 
 
 def _without_local_paths(manifest: dict, copy: Path) -> dict:
     """The release names where the owner's files were by their last component only: an absolute
     path carries the owner's user name and directory layout, which a release has no need of.
-    Rewritten in the manifest and in the copy's text payload (model card, tables, configs), whose
-    digests the manifest then lists anew; the owner's artifact keeps its paths (resume and
-    freshness need them). The home directory is shown as ``~`` wherever else it appears."""
-    replacements = sorted(_local_paths(manifest, {}).items(), key=lambda item: -len(item[0]))
-    home = str(Path.home())
-    if home not in ("/", ""):
-        replacements.append((home + "/", "~/"))
+    Rewritten in the manifest (every value that is an absolute path, and those paths inside its
+    notes) and in the copy's text for people and tables of runs (:data:`REWRITTEN_FILES`), whose
+    digests the manifest then lists anew; data, tokenizers and model configs are copied as they
+    are. A path is replaced only whole (at a path boundary); the owner's artifact keeps its paths
+    (resume and freshness need them)."""
+    pairs = sorted(_local_paths(manifest, {}).items(), key=lambda item: -len(item[0]))
+    if not pairs:
+        return manifest
+    pattern = re.compile(
+        "|".join(f"(?<![\\w./-]){re.escape(old)}(?=$|[^\\w.-])" for old, _ in pairs)
+    )
+    names = dict(pairs)
 
     def rewrite(text: str) -> str:
-        for old, new in replacements:
-            text = text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1]) if old != new else text
-            text = text.replace(old, new)
-        return text
+        return pattern.sub(lambda match: names[match.group(0)], text)
 
     files = dict(manifest.get("files", {}))
     for relative in files:
         target = copy / relative
-        if target.suffix not in TEXT_SUFFIXES or target.stat().st_size > LARGEST_REWRITTEN:
+        if Path(relative).name not in REWRITTEN_FILES or target.stat().st_size > LARGEST_REWRITTEN:
             continue
-        try:
-            text = target.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            continue
+        text = target.read_text(encoding="utf-8")
         changed = rewrite(text)
         if changed != text:
             target.write_text(changed, encoding="utf-8")
             files[relative] = artifact_digest(target, private=False)
-    return json.loads(rewrite(json.dumps({**manifest, "files": files}, ensure_ascii=False)))
+
+    def clean(value):
+        if isinstance(value, dict):
+            return {key: clean(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [clean(item) for item in value]
+        return rewrite(value) if isinstance(value, str) else value
+
+    return clean({**manifest, "files": files})
 
 
 def export_artifact(path: str | Path, out: str | Path) -> tuple[Artifact, list[str]]:

@@ -19,7 +19,7 @@ from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_arti
 from synthq.artifacts.records import current_input_hash
 from synthq.privacy.accounting import MAX_DELTA
 from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
-from synthq.privacy.units import sharing_groups
+from synthq.privacy.units import linked_users, sharing_groups, user_link_assumption
 from synthq.runtime.errors import ArtifactError
 
 
@@ -33,7 +33,8 @@ class DatasetCost:
 
     @property
     def total(self) -> Guarantee:
-        return compose_releases(self.releases, sharing_groups(self.releases), [])
+        assumptions = [a for a in [user_link_assumption(self.releases)] if a]
+        return compose_releases(self.releases, sharing_groups(self.releases), assumptions)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Ledger:
         """Everything composed per unit (across datasets: units are keyed by id, so ids that two
         datasets share are counted as one unit — a bound)."""
         assumptions = [a for artifact in self.artifacts for a in artifact.privacy.assumptions]
+        assumptions += [a for a in [user_link_assumption(self.releases)] if a]
         return compose_releases(self.releases, sharing_groups(self.releases), assumptions)
 
 
@@ -71,6 +73,26 @@ def _changed_since(artifact: Artifact, seen: set[str]) -> list[str]:
     return notes
 
 
+def _same_people(releases: list[dict]) -> dict[str, str]:
+    """Dataset key -> the key of the dataset it is merged into: datasets whose user-level releases
+    are linked (:func:`synthq.privacy.units.sharing_groups`' links: a re-exported or renamed log
+    holds the same people) are one dataset in the ledger, so no per-dataset total shows the max
+    of two releases over one person."""
+    by_id = {r["id"]: r["data"].get("identity") or r["data"]["sha256"] for r in releases}
+    merged: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while merged.get(key, key) != key:
+            key = merged[key]
+        return key
+
+    for group in linked_users(releases):
+        keys = sorted({root(by_id[i]) for i in group})
+        for key in keys[1:]:
+            merged[key] = keys[0]
+    return {key: root(key) for key in by_id.values()}
+
+
 def ledger(paths: list[str | Path]) -> Ledger:
     """The releases recorded by the artifacts at ``paths`` (each once), per private dataset."""
     for path in paths:
@@ -79,12 +101,16 @@ def ledger(paths: list[str | Path]) -> Ledger:
     artifacts = [open_artifact(path) for path in paths]
     releases = list({r["id"]: r for a in artifacts for r in a.releases}.values())
     datasets: dict[str, DatasetCost] = {}
+    same = _same_people(releases)
     for release in releases:
         data = release["data"]
         # grouped by the dataset's keyed identity (its query ids, synthq.privacy.digests), which an
-        # unrelated edit of the directory does not change; older records by their directory digest
-        key = data.get("identity") or data["sha256"]
+        # unrelated edit of the directory does not change; older records by their directory digest;
+        # datasets whose user-level releases hold the same people (linked) are one
+        key = same.get(data.get("identity") or data["sha256"], data.get("identity") or data["sha256"])
         cost = datasets.setdefault(key, DatasetCost(data.get("name") or "?", key, []))
+        if (data.get("name") or "?") not in cost.name.split(" + "):
+            cost.name = f"{cost.name} + {data.get('name') or '?'}"
         cost.releases.append(release)
     seen: set[str] = set()
     changed = list(dict.fromkeys(note for a in artifacts for note in _changed_since(a, seen)))

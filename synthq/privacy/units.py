@@ -14,7 +14,7 @@ User ids are pseudonyms, so a user-level release also keeps two *link* sets: the
 the ids and of the (whitespace- and case-normalised) texts of the queries its users held. Two
 user-level releases whose link sets meet — the same log re-exported with re-issued pseudonyms,
 minus a deleted query, or renamed throughout — hold the same people and compose as one unit set
-(:func:`_linked_users`): matching is by the query ids and the query texts, a design choice the
+(:func:`linked_users`): matching is by the query ids and the query texts, a design choice the
 threat model states. Two logs with no query and no query text in common are taken to be different
 people; one the owner knows to hold the same people under other texts must be declared so (the
 same dataset identity).
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import unicodedata
 from pathlib import Path
 
 from synthq.privacy.keys import key_id, state_dir, unit_digests
@@ -49,8 +50,30 @@ def _keep(data: bytes, also_in: Path | None, name: str) -> str:
 
 
 def link_text(text: str) -> str:
-    """A query text as the links compare it: whitespace collapsed, case folded."""
-    return " ".join(text.split()).casefold()
+    """A query text as the links compare it: Unicode NFKC, case folded, punctuation and symbols
+    dropped, whitespace collapsed (``"How to boil an egg?"`` and ``"how to  boil an egg"`` meet)."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    kept = "".join(ch if not unicodedata.category(ch).startswith(("P", "S")) else " " for ch in folded)
+    return " ".join(kept.split())
+
+
+DIFFERENT_PEOPLE = (
+    "user-level releases that share no query id and no query text (Unicode form, case, punctuation "
+    "and spacing aside) hold different people"
+)
+
+
+def user_link_assumption(releases: list[dict]) -> str | None:
+    """The assumption a composition of ``releases`` rests on when two of its user-level releases
+    are not linked (:func:`linked_users`): that they hold different people. None otherwise."""
+    users = {r["id"] for r in releases if (r.get("units") or {}).get("kind") == "user"}
+    if len(users) < 2:
+        return None
+    merged: list[set[str]] = []
+    for group in linked_users(releases) | _same_dataset_users(releases):
+        touching = [m for m in merged if m & group]
+        merged = [m for m in merged if not m & group] + [set(group).union(*touching)]
+    return None if any(users <= group for group in merged) else DIFFERENT_PEOPLE
 
 
 def store_unit_set(
@@ -135,7 +158,7 @@ def sharing_groups(releases: list[dict]) -> list[list[str]]:
         for key in known:  # a release with no units at all still counts once
             if not any(key in group for group in groups):
                 groups.add(frozenset([key]))
-    groups |= _same_dataset_users(releases) | _linked_users(releases)
+    groups |= _same_dataset_users(releases) | linked_users(releases)
     groups = {frozenset([*group, *unknown]) for group in groups} or {frozenset(unknown)}
     maximal = [g for g in groups if not any(g < other for other in groups)]
     return sorted(sorted(g) for g in maximal)
@@ -151,7 +174,7 @@ def _same_dataset_users(releases: list[dict]) -> set[frozenset[str]]:
     return {frozenset(ids) for ids in by_dataset.values() if len(ids) > 1}
 
 
-def _linked_users(releases: list[dict]) -> set[frozenset[str]]:
+def linked_users(releases: list[dict]) -> set[frozenset[str]]:
     """Groups of user-level releases that hold the same people: connected by link sets that meet
     (a query id or a query text in common). A user-level release whose link sets cannot be read
     (written before links, under another key, or lost) is linked to every other user-level
@@ -202,9 +225,11 @@ def training_units(pairs, root: Path, unit: str, max_queries: int | None, random
     units = PrivacyUnits.by_user(query_ids, users, max_queries, randomness)
     if not links:
         return units
-    # every training query of the users (kept or not: the same people, whichever K were drawn)
+    # every query of the dataset, all splits (the same people however a later export splits or
+    # renames the log; the sets are keyed and never released)
+    every = range(len(pairs.queries))
     links = {
-        "query": list(query_ids),
-        "text": [link_text(pairs.queries.text_at(int(row))) for row in pairs.query_rows],
+        "query": [pairs.queries.id_at(row) for row in every],
+        "text": [link_text(pairs.queries.text_at(row)) for row in every],
     }
     return dataclasses.replace(units, links=links)

@@ -315,7 +315,10 @@ def run(config: TrainRetrieverConfig) -> Artifact:
             writer.release(guarantee, data.record, units.keys, units.kind, links=units.links)
         elif not synthetic:
             reason = "trained on the private queries without DP (ε = ∞)"
-            writer.release(Guarantee.non_private(reason, unit="query"), data.record, units.keys)
+            writer.release(
+                Guarantee.non_private(reason, unit=units.kind), data.record, units.keys, units.kind,
+                links=units.links,
+            )  # fmt: skip
         if not synthetic:  # read the private pairs: private statistics
             writer.timings_are_private = True
             writer.diagnostics.update(unit_diagnostics(units, len(pairs)))

@@ -7,12 +7,15 @@ import hashlib
 import pytest
 
 from synthq.privacy.keys import key_id, state_dir, unit_digests
+from synthq.privacy.ledger import _same_people
 from synthq.privacy.units import (
+    DIFFERENT_PEOPLE,
     UNITS_DIR,
     link_text,
     load_unit_set,
     sharing_groups,
     store_unit_set,
+    user_link_assumption,
 )
 
 
@@ -115,6 +118,11 @@ def test_user_level_releases_of_an_edited_or_renamed_log_share_users():
     assert sharing_groups([log, edited]) == [["d", "e"]]
     assert sharing_groups([log, renamed]) == [["d", "r"]]
     assert sharing_groups([log, edited, renamed, strangers]) == [["d", "e", "r"], ["s"]]
+    unicode = _user_release("n", ["v"], ["n1"], ["Boil an e\u0301gg?", "TIE A KNOT!"], "hmac:nfd")
+    accented = _user_release("m", ["w"], ["m1"], ["boil an \u00e9gg"], "hmac:nfc")
+    assert sharing_groups([unicode, accented]) == [["m", "n"]]  # Unicode form and punctuation aside
+    assert user_link_assumption([log, edited]) is None
+    assert user_link_assumption([log, strangers]) == DIFFERENT_PEOPLE  # printed with the total
     without_links = {
         "id": "old",
         "units": store_unit_set("user", ["alice"]),
@@ -129,3 +137,7 @@ def test_user_level_releases_of_an_edited_or_renamed_log_share_users():
 
     both = [release(log), release(edited)]
     assert compose_releases(both, sharing_groups(both), []).epsilon == pytest.approx(4.0)
+    # the ledger's per-dataset lines: the edited log is the same people, so one dataset
+    for record, name in ((both[0], "log"), (both[1], "log-v2")):
+        record["data"] = {**record["data"], "sha256": record["data"]["identity"], "name": name}
+    assert len(set(_same_people([*both, release(strangers)]).values())) == 2
