@@ -48,7 +48,7 @@ def grouped(scores: dict[str, np.ndarray], groups: list[str]) -> dict[str, np.nd
     retrievers matching GLOB (which leave the table)."""
     out = dict(scores)
     for spec in groups:
-        route, _, rest = spec.partition("=")
+        route, _, rest = spec.rpartition("=")  # a route name may hold "=" (ε = 8)
         pattern, _, tag = rest.rpartition("@")
         members = sorted(name for name in scores if fnmatch.fnmatch(name, pattern))
         if not members:

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from synthq.artifacts.freshness import without_added_defaults
-from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.artifacts.manifest import Artifact, is_artifact, open_artifact
 from synthq.runtime.errors import ArtifactError
 
 
@@ -46,7 +46,18 @@ def _synthetic_origin(synthetic_path: str) -> tuple[str | None, int, list[str]]:
     per_document = int(min(int(recipe["generate"].get("num_queries") or 1), kept_per_document))
     generator = recipe["generator"]
     if not generator or "model" not in generator:
+        public = recipe.get("public_generator")  # generate --generator PUBLIC_MODEL: the ε = 0 control
+        if public:
+            few_shot = recipe["generate"].get("few_shot")
+            how = f"few-shot {few_shot}" if few_shot else "zero-shot"
+            return f"public {Path(str(public)).name}, {how}", per_document, filters
         return None, per_document, filters
+    if generator.get("max_steps") == 0 and generator.get("warm_start"):  # no DP step: public pairs only
+        return (
+            f"{Path(str(generator['model'])).name}, warm start {generator['warm_start']} only",
+            per_document,
+            filters,
+        )
     per_user = ", per user" if generator.get("privacy_unit") == "user" else ""
     if generator.get("user_clipping") == "per-user":
         per_user += " (per-user clipping)"
@@ -93,10 +104,14 @@ def synthetic_recipe(path: str) -> dict | None:
         if artifact.stage == "evolve":
             return {"evolve": {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS}}
         if artifact.stage == "generate":
-            return {
+            generator = artifact.config.get("generator")
+            recipe = {
                 "generate": {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"generator"}},
-                "generator": _generator_recipe(artifact.config.get("generator")),
+                "generator": _generator_recipe(generator),
             }
+            if recipe["generator"] is None and not is_artifact(Path(str(generator))):
+                recipe["public_generator"] = generator
+            return recipe
     except (ArtifactError, KeyError, OSError, TypeError):
         return None
     return None

@@ -200,6 +200,13 @@ def test_max_steps_zero_is_the_warm_started_generator_that_read_nothing_private(
         GenerateConfig(generator=control.path, corpus=str(tiny_beir), out=tmp_path / "syn")
     )
     assert written.privacy.epsilon == 0 and written.releases == [] and written.metrics["queries"] == 12
+    from synthq.reporting.labels import _synthetic_origin
+
+    label, _, _ = _synthetic_origin(str(written.path))
+    assert label == f"{tiny_causal_dir.name}, warm start {tiny_beir}:test only"  # not "per user"
+    zero = GenerateConfig(generator=tiny_causal_dir, corpus=str(tiny_beir), out=tmp_path / "zero")
+    public = generate.run(zero)
+    assert _synthetic_origin(str(public.path))[0] == f"public {tiny_causal_dir.name}, zero-shot"
     assert any("--warm-start pairs" in a for a in written.privacy.assumptions)
     with pytest.raises(ValueError, match="only the public control of --warm-start"):
         config(tmp_path, tiny_beir, tiny_causal_dir, "nothing", max_steps=0)
