@@ -19,7 +19,7 @@ from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_arti
 from synthq.artifacts.records import current_input_hash
 from synthq.privacy.accounting import MAX_DELTA
 from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
-from synthq.privacy.units import linked_users, sharing_groups, user_link_assumption
+from synthq.privacy.units import connected, linked_users, sharing_groups, user_link_assumption
 from synthq.runtime.errors import ArtifactError
 
 
@@ -79,18 +79,11 @@ def _same_people(releases: list[dict]) -> dict[str, str]:
     holds the same people) are one dataset in the ledger, so no per-dataset total shows the max
     of two releases over one person."""
     by_id = {r["id"]: r["data"].get("identity") or r["data"]["sha256"] for r in releases}
-    merged: dict[str, str] = {}
-
-    def root(key: str) -> str:
-        while merged.get(key, key) != key:
-            key = merged[key]
-        return key
-
-    for group in linked_users(releases):
-        keys = sorted({root(by_id[i]) for i in group})
-        for key in keys[1:]:
-            merged[key] = keys[0]
-    return {key: root(key) for key in by_id.values()}
+    same = {}
+    for group in connected([{by_id[i] for i in ids} for ids in linked_users(releases)]):
+        first = min(group)
+        same.update(dict.fromkeys(group, first))
+    return {key: same.get(key, key) for key in by_id.values()}
 
 
 def ledger(paths: list[str | Path]) -> Ledger:

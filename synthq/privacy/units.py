@@ -11,7 +11,7 @@ under another key, or the state directory was lost) is assumed to share units wi
 release (a bound, never an understatement).
 
 User ids are pseudonyms, so a user-level release also keeps two *link* sets: the keyed digests of
-the ids and of the (whitespace- and case-normalised) texts of the queries its users held. Two
+the ids and of the texts (:func:`link_text`) of every query of its dataset, all splits. Two
 user-level releases whose link sets meet — the same log re-exported with re-issued pseudonyms,
 minus a deleted query, or renamed throughout — hold the same people and compose as one unit set
 (:func:`linked_users`): matching is by the query ids and the query texts, a design choice the
@@ -69,11 +69,18 @@ def user_link_assumption(releases: list[dict]) -> str | None:
     users = {r["id"] for r in releases if (r.get("units") or {}).get("kind") == "user"}
     if len(users) < 2:
         return None
-    merged: list[set[str]] = []
-    for group in linked_users(releases) | _same_dataset_users(releases):
-        touching = [m for m in merged if m & group]
-        merged = [m for m in merged if not m & group] + [set(group).union(*touching)]
+    merged = connected(linked_users(releases) | _same_dataset_users(releases))
     return None if any(users <= group for group in merged) else DIFFERENT_PEOPLE
+
+
+def connected(groups) -> list[set[str]]:
+    """The connected components of overlapping groups (each an iterable of keys)."""
+    merged: list[set[str]] = []
+    for group in groups:
+        group = set(group)
+        touching = [m for m in merged if m & group]
+        merged = [m for m in merged if not m & group] + [group.union(*touching)]
+    return merged
 
 
 def store_unit_set(
