@@ -193,6 +193,10 @@ def environment() -> dict:
 
         env["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
         env["cpu_threads"] = torch.get_num_threads()
+        from synthq.runtime.precision import current
+
+        if current() is not None:  # the precision the stage's forward passes ran at
+            env["precision"] = current()
     except Exception:
         env["device"] = "unknown"
     return env

@@ -65,9 +65,7 @@ def _without_local_paths(manifest: dict, copy: Path) -> dict:
     pairs = sorted(_local_paths(manifest, {}).items(), key=lambda item: -len(item[0]))
     if not pairs:
         return manifest
-    pattern = re.compile(
-        "|".join(f"(?<![\\w./-]){re.escape(old)}(?=$|[^\\w.-])" for old, _ in pairs)
-    )
+    pattern = re.compile("|".join(f"(?<![\\w./-]){re.escape(old)}(?=$|[^\\w.-])" for old, _ in pairs))
     names = dict(pairs)
 
     def rewrite(text: str) -> str:

@@ -31,7 +31,9 @@ VOLATILE_CONFIG_KEYS = frozenset({"out", "force", "resume"})
 # and recipes, so upgrading synthq does not make every existing artifact out of date; any other
 # value is part of them. A field whose default changes what the stage computes does not belong
 # here.
-ADDED_FIELD_DEFAULTS = {"user_clipping": "per-example", "hard_negatives": 0}
+# ``precision: auto`` is fp32 on a CPU, where every earlier artifact was written; on a GPU it is
+# bf16, which is recorded in the manifest's environment (like ``device: auto``).
+ADDED_FIELD_DEFAULTS = {"user_clipping": "per-example", "hard_negatives": 0, "precision": "auto"}
 
 
 def without_added_defaults(config: dict) -> dict:

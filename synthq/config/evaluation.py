@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from synthq.config.fields import Device, Seed, StageConfig, cli, renamed_batch_size
+from synthq.config.fields import Device, PrecisionName, Seed, StageConfig, cli, renamed_batch_size
 
 
 class EvalConfig(StageConfig):
@@ -51,6 +51,7 @@ class EvalConfig(StageConfig):
         "split over the methods that have more than one configuration) on the dev queries.",
     )
     device: Device = "auto"
+    precision: PrecisionName = "auto"
 
     @model_validator(mode="after")
     def _selection_needs_a_dev_evaluation(self) -> EvalConfig:
@@ -97,3 +98,4 @@ class SimilarityConfig(StageConfig):
     min_samples: int = Field(50, ge=2, description="Refuse MAUVE below this many queries per side.")
     seed: Seed = 0
     device: Device = "auto"
+    precision: PrecisionName = "auto"

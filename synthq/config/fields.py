@@ -88,6 +88,13 @@ def check_device(value: str) -> str:
 
 
 Accountant = Literal["rdp", "prv"]
+PrecisionName = Annotated[
+    Literal["auto", "bf16", "fp32"],
+    Field(
+        description="Forward passes in bf16 autocast or fp32; weights, DP norms, clipping and noise stay "
+        "fp32. auto = bf16 on a CUDA GPU that supports it, fp32 elsewhere (bf16 on a CPU is allowed, slow).",
+    ),
+]
 Device = Annotated[
     str,
     AfterValidator(check_device),

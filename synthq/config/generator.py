@@ -22,6 +22,7 @@ from synthq.config.fields import (
     Epsilon,
     Limit,
     MaxQueriesPerUser,
+    PrecisionName,
     PrivacyUnitName,
     Probability,
     Profile,
@@ -117,6 +118,7 @@ class FinetuneConfig(StageConfig):
     )
     seed: SecretSeed = None
     device: Device = "auto"
+    precision: PrecisionName = "auto"
     limit: Limit = None
     resume: Resume = False
 
@@ -188,6 +190,7 @@ class GenerateConfig(StageConfig):
     shard: str | None = Field(None, description="i/n: generate only the i-th of n document shards.")
     seed: Seed = 0
     device: Device = "auto"
+    precision: PrecisionName = "auto"
     limit: Limit = None
     resume: Resume = False
 
@@ -245,6 +248,7 @@ class EvolveConfig(StageConfig):
     generation_seed: Seed = 0
     seed: SecretSeed = None
     device: Device = "auto"
+    precision: PrecisionName = "auto"
 
     @model_validator(mode="after")
     def _keep_at_most_the_population(self) -> EvolveConfig:
@@ -282,3 +286,4 @@ class FilterConfig(StageConfig):
     encode_batch_size: int = Field(64, ge=1, description="consistency: texts per encoding batch.")
     scoring_batch_size: int = Field(16, ge=1, description="likelihood: queries per scoring batch.")
     device: Device = "auto"
+    precision: PrecisionName = "auto"

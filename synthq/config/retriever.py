@@ -16,6 +16,7 @@ from synthq.config.fields import (
     Epsilon,
     Limit,
     MaxQueriesPerUser,
+    PrecisionName,
     PrivacyUnitName,
     SecretSeed,
     StageConfig,
@@ -83,6 +84,7 @@ class TrainRetrieverConfig(StageConfig):
     max_queries_per_user: MaxQueriesPerUser = DEFAULT_MAX_QUERIES_PER_USER
     seed: SecretSeed = None
     device: Device = "auto"
+    precision: PrecisionName = "auto"
     limit: Limit = None
 
     @model_validator(mode="after")

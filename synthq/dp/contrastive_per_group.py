@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from synthq.dp.lm_grad_samplers import is_plain_rms_norm
+from synthq.runtime.precision import as_fp32, full_precision
 
 
 class UnsupportedLayer(RuntimeError):
@@ -213,7 +214,9 @@ class PerGroupGradients:
             loss, [output for _, _, output, _ in calls], allow_unused=True, retain_graph=keep
         )
         names = {}
-        with torch.no_grad():  # the recorded activations still carry the forward graph
+        # the recorded activations still carry the forward graph; under bf16 autocast they and
+        # the output gradients are bf16: each group's gradient is formed in fp32 from them
+        with torch.no_grad(), full_precision():
             for (module, x, _, recorded), delta in zip(calls, deltas, strict=True):
                 if delta is None:  # an output that does not reach the loss (BERT's unused pooler)
                     continue
@@ -221,7 +224,8 @@ class PerGroupGradients:
                 rows = [torch.nonzero(owner == g).flatten() for g in range(num_groups)]
                 if module not in names:
                     names[module] = dict(module.named_parameters(recurse=False))
-                for group, grads in enumerate(REGISTRY[type(module)](module, x.detach(), delta, rows)):
+                rule = REGISTRY[type(module)]
+                for group, grads in enumerate(rule(module, as_fp32(x.detach()), as_fp32(delta), rows)):
                     for name, value in grads.items():
                         parameter = names[module][name]
                         if id(parameter) in self.position:

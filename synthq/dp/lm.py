@@ -52,6 +52,7 @@ from synthq.models.generator import QueryGenerator
 from synthq.models.sequence_loss import label_window, model_inputs, per_sequence_loss
 from synthq.models.training_step import MakeBatch, MicroBatchProgress, StepResult, gather_result
 from synthq.runtime import distributed
+from synthq.runtime.precision import forward_autocast
 
 
 def prepare_model_for_per_sample_gradients(generator: QueryGenerator) -> None:
@@ -72,7 +73,8 @@ class PerSampleGradients:
     def _loss(self, params: dict, example: dict) -> torch.Tensor:
         batch = {k: v.unsqueeze(0) for k, v in example.items()}
         inputs = model_inputs(self.generator.kind, batch, traceable=True, window=self.window)
-        logits = functional_call(self.model, params, args=(), kwargs=inputs, strict=False).logits
+        with forward_autocast():
+            logits = functional_call(self.model, params, args=(), kwargs=inputs, strict=False).logits
         return per_sequence_loss(self.generator.kind, logits, batch["labels"])[0]
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -32,6 +32,8 @@ from opacus.grad_sample.functorch import ft_compute_per_sample_gradient
 from opacus.utils.module_utils import requires_grad
 from torch import nn
 
+from synthq.runtime.precision import as_fp32, full_precision
+
 
 def tied_parameters(model: nn.Module) -> dict[int, nn.Parameter]:
     """Trainable parameters owned by more than one module (tied embeddings), by ``id``."""
@@ -212,6 +214,7 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         self._records: list[tuple[nn.Module, list[torch.Tensor], torch.Tensor]] = []
         self._instantiated: list[dict[nn.Parameter, torch.Tensor]] = []
         self._grams: dict[tuple, torch.Tensor] = {}  # a a^T of inputs shared by several layers
+        self._fp32_copies: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # bf16 input -> fp32
         self.methods: dict[str, str] = {}
         self.layout: GroupLayout | None = None  # per-unit clipping: norms of units, not examples
         super().__init__(
@@ -228,8 +231,21 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         self._records.clear()
         self._instantiated.clear()
         self._grams.clear()
+        self._fp32_copies.clear()
         for parameter in self.trainable_parameters:
             parameter._norm_sample = None
+
+    def _fp32(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` in fp32, one copy per recorded input: layers that read one bf16 input
+        (query/key/value projections) share its fp32 copy, so the Gram matrix and the scaled
+        inputs are still computed once (they are keyed by storage address). The source is held
+        with its copy until the records are dropped, so no other tensor can take its address."""
+        if as_fp32(tensor) is tensor:
+            return tensor
+        key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype)
+        if key not in self._fp32_copies:
+            self._fp32_copies[key] = (tensor, tensor.float())
+        return self._fp32_copies[key][1]
 
     def capture_activations_hook(self, module, forward_input, forward_output):
         if not (requires_grad(module) and module.training and torch.is_grad_enabled() and self.hooks_enabled):
@@ -241,12 +257,21 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
     def capture_backprops_hook(self, module, forward_input, forward_output, loss_reduction, batch_first):
         if not self.hooks_enabled:
             return
+        with full_precision():
+            self._capture_backprops(module, forward_output, loss_reduction, batch_first)
+
+    def _capture_backprops(self, module, forward_output, loss_reduction, batch_first) -> None:
+        """One layer's per-example norms (or gradients) and records, in fp32: under bf16 autocast
+        the recorded inputs and output gradients are bf16, and the norms and the clipped sum are
+        both formed from their fp32 copies, so each example's contribution is clipped by the norm
+        of exactly the vector that is summed (:mod:`synthq.runtime.precision`)."""
         activations, backprops = self.rearrange_grad_samples(
             module=module,
-            backprops=forward_output[0].detach(),
+            backprops=as_fp32(forward_output[0].detach()),
             loss_reduction=loss_reduction,
             batch_first=batch_first,
         )
+        activations = [self._fp32(a) for a in activations]
         if not module.activations and hasattr(module, "max_batch_len"):
             del module.max_batch_len
         if isinstance(module, nn.Embedding) and module.padding_idx is not None:
@@ -376,7 +401,11 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         return norms
 
     def clipped_gradients(self, factors: torch.Tensor) -> dict[int, torch.Tensor]:
-        """``{id(param): Σ_i factors_i · ∇ℓ_i}`` from the records of the last backward pass."""
+        """``{id(param): Σ_i factors_i · ∇ℓ_i}`` from the records of the last backward pass (fp32)."""
+        with full_precision():
+            return self._clipped_gradients(factors)
+
+    def _clipped_gradients(self, factors: torch.Tensor) -> dict[int, torch.Tensor]:
         summed: dict[int, torch.Tensor] = {}
 
         def add(parameter: nn.Parameter, value: torch.Tensor) -> None:
@@ -389,6 +418,7 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
             for parameter, value in instantiated.pop().items():
                 add(parameter, torch.tensordot(factors.to(value.dtype), value, dims=1))
         records, self._records = self._records[::-1], []  # popped in backward order: a tied
+        self._fp32_copies.clear()  # the records hold the copies they still need
         inputs = _ScaledInputs(records, factors)  # output projection comes before its embedding
         while records:  # ghost and tied layers; each record is freed once it is used
             module, activations, backprops = records.pop()

@@ -45,6 +45,7 @@ from synthq.dp.lm_ghost import GroupLayout, TiedGhostClipping, unsupported_for_g
 from synthq.dp.lm_grad_samplers import batch_relative_attention_bias, register_rms_norm_grad_samplers
 from synthq.models.generator import QueryGenerator
 from synthq.models.sequence_loss import model_inputs, per_sequence_loss
+from synthq.runtime.precision import as_fp32, forward_autocast, full_precision
 
 # Embedding lookups have no input gradient, so their hooks fire on output gradients: expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
@@ -61,7 +62,8 @@ def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def _forward_losses(generator: QueryGenerator, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    logits = generator.model(**model_inputs(generator.kind, batch)).logits
+    with forward_autocast():  # bf16 matrix products at --precision bf16; the loss is fp32
+        logits = generator.model(**model_inputs(generator.kind, batch)).logits
     return per_sequence_loss(generator.kind, logits, batch["labels"])
 
 
@@ -79,9 +81,14 @@ class PaddingAwareGradSampleModule(GradSampleModule):
             ids = module.activations[-1][0]  # the lookup this backward belongs to (popped next)
             keep = (ids != module.padding_idx).unsqueeze(-1).to(forward_output[0].dtype)
             forward_output = (forward_output[0] * keep, *forward_output[1:])
-        return super().capture_backprops_hook(
-            module, forward_input, forward_output, loss_reduction, batch_first
-        )
+        if self.hooks_enabled and getattr(module, "activations", None):
+            # bf16 autocast records bf16 inputs and output gradients: per-example gradients in fp32
+            module.activations[-1] = [as_fp32(t) for t in module.activations[-1]]
+            forward_output = (as_fp32(forward_output[0]), *forward_output[1:])
+        with full_precision():
+            return super().capture_backprops_hook(
+                module, forward_input, forward_output, loss_reduction, batch_first
+            )
 
 
 class HookClipper:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from synthq.models.resolve import resolve_model
+from synthq.runtime.precision import forward_autocast
 
 
 def load_encoder(spec: str | Path, device: str = "cpu"):
@@ -69,7 +70,9 @@ def freeze_token_embeddings(encoder) -> int:
 
 def embed(encoder, texts: list[str], max_length: int) -> torch.Tensor:
     """L2-normalised embeddings with gradients (so dot products are cosine similarities)."""
-    return F.normalize(encoder(features(encoder, texts, max_length))["sentence_embedding"], dim=-1)
+    with forward_autocast():
+        embeddings = encoder(features(encoder, texts, max_length))["sentence_embedding"]
+    return F.normalize(embeddings.float(), dim=-1)
 
 
 def in_batch_softmax_loss(
@@ -153,7 +156,9 @@ def functional_embedding(encoder) -> tuple[dict[str, torch.nn.Parameter], Callab
         kwargs = {"input_ids": input_ids[None], "attention_mask": additive}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids[None]
-        hidden = functional_call(backbone, ({**params, **frozen}, buffers), (), kwargs).last_hidden_state[0]
+        with forward_autocast():
+            hidden = functional_call(backbone, ({**params, **frozen}, buffers), (), kwargs)
+        hidden = hidden.last_hidden_state[0].float()
         return (hidden * mask[:, None]).sum(0) / mask.sum().clamp(min=1e-9)
 
     return params, embedding

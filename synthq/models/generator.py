@@ -28,6 +28,7 @@ from transformers import (
 
 from synthq.models.resolve import resolve_model
 from synthq.runtime.errors import ModelResolutionError
+from synthq.runtime.precision import autocast_forward
 
 SEQ2SEQ_PREFIX = "generate_query: "
 CAUSAL_TEMPLATE = "Document: {document}\nSearch query:"
@@ -210,6 +211,7 @@ class QueryGenerator:
         return _label_log_likelihood(logits, labels)
 
     @torch.no_grad()
+    @autocast_forward
     def query_log_likelihood(
         self, documents: list[str], queries: list[str], batch_size: int = 16, max_target_length: int = 128
     ) -> torch.Tensor:
@@ -224,6 +226,7 @@ class QueryGenerator:
         return torch.cat(values) if values else torch.empty(0)
 
     @torch.no_grad()
+    @autocast_forward
     def candidate_log_likelihoods(
         self, document: str, queries: list[str], batch_size: int = 32, max_target_length: int = 128
     ) -> torch.Tensor:

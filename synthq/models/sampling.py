@@ -32,6 +32,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from synthq.data.synthetic import is_degenerate
 from synthq.models.generator import QueryGenerator
+from synthq.runtime.precision import autocast_forward
 
 # topk sizes tried in turn for a row's nucleus before sorting the whole vocabulary: topk of 4,096
 # of SmolLM2's 49,152 tokens costs a fifth of a full sort (a fine-tuned generator's first query
@@ -133,6 +134,7 @@ class Request:
     attempt: int = 0
 
 
+@autocast_forward
 def sample_queries(
     generator: QueryGenerator,
     requests: list[Request],

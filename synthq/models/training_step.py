@@ -17,6 +17,7 @@ import torch
 from synthq.models.generator import QueryGenerator
 from synthq.models.sequence_loss import model_inputs, per_sequence_loss
 from synthq.runtime import distributed
+from synthq.runtime.precision import forward_autocast
 
 MakeBatch = Callable[[list[int]], dict]
 # Called after each micro-batch of a step with (examples done, examples in this rank's share):
@@ -53,7 +54,8 @@ def non_private_step(
         chunk = local[start : start + physical_batch_size]
         batch = {k: v.to(device) for k, v in make_batch(chunk).items()}
         tokens += int((batch["labels"] != -100).sum())
-        logits = generator.model(**model_inputs(generator.kind, batch)).logits
+        with forward_autocast():  # bf16 matrix products at --precision bf16; fp32 weights and loss
+            logits = generator.model(**model_inputs(generator.kind, batch)).logits
         loss = per_sequence_loss(generator.kind, logits, batch["labels"])
         (loss.sum() / len(indices)).backward()
         losses.append(loss.detach())

@@ -32,6 +32,7 @@ from synthq.runtime import distributed
 from synthq.runtime.console import progress, warn
 from synthq.runtime.errors import DataError
 from synthq.runtime.paths import cache_dir
+from synthq.runtime.precision import autocast_forward, current
 
 
 def weights_key(manifest: dict) -> str:
@@ -93,7 +94,7 @@ def encode_texts(
             # every rank) and the vectors are gathered, so every rank holds the whole result.
             mine = distributed.shard(chunk)
             vectors = (
-                model.encode(
+                autocast_forward(model.encode)(
                     [texts[i] for i in mine],
                     batch_size=batch_size,
                     normalize_embeddings=True,
@@ -127,6 +128,8 @@ class CorpusEmbeddings:
 
 def cache_key(model_key: str, corpus: dict[str, dict[str, str]], max_seq_length: int | None) -> str:
     payload = [CACHE_FORMAT, model_key, corpus_fingerprint(corpus), max_seq_length, "l2-normalised"]
+    if current() == "bf16":  # bf16 embeddings are other numbers; fp32 keys stay as they were
+        payload.append("bf16")
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
 

@@ -100,7 +100,7 @@ from synthq.retrieval.dense import Throughput, score_dense
 from synthq.retrieval.metrics import judged_queries, per_query
 from synthq.retrieval.selection import Selection, select_retrievers, selection_label
 from synthq.retrieval.trec import RUN_SUFFIX, run_tag, write_run
-from synthq.runtime import distributed
+from synthq.runtime import distributed, precision
 from synthq.runtime.console import result, verbosity, warn
 from synthq.runtime.errors import DataError
 
@@ -109,6 +109,7 @@ RUNS_DIR = "runs"  # the ranked lists, one TREC run file per retriever per (sub-
 _BM25_PRIVACY = Guarantee.public("BM25 statistics of the evaluation corpus only")
 
 
+@precision.stage
 def run(config: EvalConfig) -> Artifact:
     distributed.setup(config.device)
     _check_request(config)

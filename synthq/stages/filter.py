@@ -40,6 +40,7 @@ from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.data.pairs import document_text
 from synthq.models.resolve import resolve_device
 from synthq.privacy.inputs import model_input
+from synthq.runtime import precision
 from synthq.runtime.errors import ArtifactError, DataError
 
 STAGE = "filter"
@@ -136,6 +137,7 @@ def _generator_record(synthetic: Artifact) -> dict:
     return record
 
 
+@precision.stage
 def run(config: FilterConfig) -> Artifact:
     synthetic = open_artifact(config.synthetic, stage=SYNTHETIC_STAGES)
     inputs = [synthetic.input_record()]

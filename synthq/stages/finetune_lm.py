@@ -62,7 +62,7 @@ from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import data_input, model_input, public_pairs_input
 from synthq.privacy.splits import split_is_private
 from synthq.privacy.units import training_units
-from synthq.runtime import distributed
+from synthq.runtime import distributed, precision
 from synthq.runtime.console import StepFraction, info, progress, warn
 from synthq.runtime.optim import make_optimizer
 
@@ -292,6 +292,7 @@ def _warm_start_only(config: FinetuneConfig, place, start) -> Artifact:
     return distributed.on_main(open_artifact, config.out, STAGE)
 
 
+@precision.stage
 def run(config: FinetuneConfig) -> Artifact:
     place = distributed.setup(config.device)
     start = model_input(config.model, stage=STAGE)

@@ -55,7 +55,7 @@ from synthq.models.defaults import generate_defaults
 from synthq.models.generator import QueryGenerator
 from synthq.models.sampling import Request, length_sorted_batches, sample_with_retries
 from synthq.privacy.inputs import model_input, public_documents_input, public_pairs_input
-from synthq.runtime import distributed
+from synthq.runtime import distributed, precision
 from synthq.runtime.console import info, progress, warn
 from synthq.runtime.errors import ArtifactError, DataError, SynthqError
 
@@ -289,6 +289,7 @@ def _load_generator(
     return generator
 
 
+@precision.stage
 def run(config: GenerateConfig) -> Artifact:
     if distributed.setup(config.device).world_size > 1 and config.shard is None:
         return run_over_ranks(config)

@@ -29,6 +29,7 @@ from synthq.data.beir_io import read_qrels, read_queries
 from synthq.data.sources import load_source, resolve_source
 from synthq.models.resolve import resolve_device
 from synthq.privacy.guarantee import Guarantee, format_epsilon
+from synthq.runtime import precision
 from synthq.runtime.console import result
 from synthq.runtime.errors import DataError
 
@@ -107,6 +108,7 @@ def mauve_scores(
     ]
 
 
+@precision.stage
 def run(config: SimilarityConfig) -> Artifact:
     synthetic = open_artifact(config.synthetic, stage=SYNTHETIC_STAGES)
     root = resolve_source(config.original)

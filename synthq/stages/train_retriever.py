@@ -57,7 +57,7 @@ from synthq.models.encoder import (
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import data_input, model_input
 from synthq.privacy.units import training_units
-from synthq.runtime import distributed
+from synthq.runtime import distributed, precision
 from synthq.runtime.console import info, progress, warn
 from synthq.runtime.errors import DataError, SynthqError
 from synthq.runtime.optim import make_optimizer
@@ -90,7 +90,9 @@ def _embed_rows(encoder, texts: list[str], max_length: int) -> torch.Tensor:
     if not texts:
         device = next(encoder.parameters()).device
         return torch.zeros(0, encoder.get_sentence_embedding_dimension(), device=device)
-    return encoder(features(encoder, texts, max_length))["sentence_embedding"]
+    with precision.forward_autocast():
+        embeddings = encoder(features(encoder, texts, max_length))["sentence_embedding"]
+    return embeddings.float()
 
 
 def _in_batch_loss(
@@ -221,6 +223,7 @@ def _statistics(losses: list[float], elapsed: float, seen: int, steps: int) -> d
     }
 
 
+@precision.stage
 def run(config: TrainRetrieverConfig) -> Artifact:
     place = distributed.setup(config.device)
     data = data_input(config.data)

@@ -70,7 +70,7 @@ from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import DataInput, ModelInput, data_input, model_input, public_documents_input
 from synthq.privacy.units import training_units
 from synthq.retrieval.cache import encode_texts
-from synthq.runtime import distributed
+from synthq.runtime import distributed, precision
 from synthq.runtime.console import info, warn
 from synthq.runtime.errors import SynthqError
 from synthq.stages.evolve.population import (
@@ -143,6 +143,7 @@ class _Clock:
         }
 
 
+@precision.stage
 def run(config: EvolveConfig) -> Artifact:
     """Set up the units and the public model, write the first population (or resume it), take
     ``--iterations`` noisy votes with selection and variation between them, and write the set."""

@@ -1,0 +1,132 @@
+"""Mixed precision: bf16 autocast for forward passes, fp32 for everything DP computes.
+
+``--precision auto|bf16|fp32`` (every stage that runs a model). ``auto`` is bf16 on a CUDA GPU
+that supports it and fp32 everywhere else; ``bf16`` may also be asked for on a CPU (torch's CPU
+autocast: slower on most CPUs, but it is how the tests check the bf16 path without a GPU).
+
+What bf16 changes, and what it does not:
+
+* **Forward passes only** run under ``torch.autocast(dtype=bfloat16)``
+  (:func:`forward_autocast`): matrix products in bf16, while autocast keeps softmax, norms and
+  losses in fp32. The weights stay fp32 (master weights); their gradients are fp32.
+* **DP arithmetic is fp32.** The per-example (per-user, per-group) gradient norms, the clip
+  factors, the clipped sums and the noise are computed in fp32 outside autocast
+  (:func:`full_precision`; :func:`as_fp32` for activations and output gradients recorded in
+  bf16 by the clipping hooks). A per-example gradient formed from bf16 activations is a
+  different vector from the fp32 one, but the norm that clips it is the norm *of that vector*,
+  computed in fp32, and the clipped sum is formed from the same records: each example
+  contributes at most ``C`` exactly as in fp32, so the sensitivity, the noise and the
+  accountant's inputs (σ, q, steps) do not change. ``tests/test_precision.py`` checks the norms
+  against the fp32 micro-batch ground truth and the bound by brute force.
+
+The stage sets the precision once for its run (:func:`use_precision`, or the :func:`stage`
+decorator); forward passes read it (:func:`forward_autocast`) and the manifest records it
+(:func:`current`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+import torch
+
+PRECISIONS = ("auto", "bf16", "fp32")
+Precision = Literal["auto", "bf16", "fp32"]
+
+# (resolved precision, device type) of the running stage
+_CURRENT: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("precision", default=None)
+
+
+class PrecisionError(ValueError):
+    """A precision this device cannot run."""
+
+
+def resolve_precision(requested: str, device: str | torch.device) -> str:
+    """``bf16`` or ``fp32`` for ``requested`` on ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``mps``).
+
+    Raises:
+        PrecisionError: bf16 on a GPU without bf16 support, or on MPS; an unknown precision.
+    """
+    if requested not in PRECISIONS:
+        raise PrecisionError(f"precision must be one of {PRECISIONS}, not {requested!r}")
+    kind = torch.device(device).type
+    cuda_bf16 = kind == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if requested == "auto":
+        return "bf16" if cuda_bf16 else "fp32"
+    if requested == "bf16" and kind == "mps":
+        raise PrecisionError("--precision bf16 runs on CUDA GPUs and CPUs, not MPS; use --precision fp32")
+    if requested == "bf16" and kind == "cuda" and not cuda_bf16:
+        raise PrecisionError(
+            f"--precision bf16: {torch.cuda.get_device_name(torch.device(device))} has no bf16 support; "
+            "use --precision fp32"
+        )
+    return requested
+
+
+@contextlib.contextmanager
+def use_precision(requested: str, device: str | torch.device) -> Iterator[str]:
+    """Run the enclosed stage at ``requested`` precision on ``device``; yields the resolved one."""
+    resolved = resolve_precision(requested, device)
+    token = _CURRENT.set((resolved, torch.device(device).type))
+    try:
+        yield resolved
+    finally:
+        _CURRENT.reset(token)
+
+
+def stage(run: Callable) -> Callable:
+    """Decorate a stage's ``run(config)``: the run uses ``config.precision`` on ``config.device``."""
+
+    @functools.wraps(run)
+    def wrapper(config, *args, **kwargs):
+        from synthq.runtime.distributed import device_for
+
+        with use_precision(config.precision, device_for(config.device)):
+            return run(config, *args, **kwargs)
+
+    return wrapper
+
+
+def current() -> str | None:
+    """The running stage's resolved precision (``None`` outside a stage that sets one)."""
+    state = _CURRENT.get()
+    return state[0] if state else None
+
+
+def forward_autocast() -> contextlib.AbstractContextManager:
+    """The context for a forward pass: bf16 autocast when the stage runs at bf16, else nothing."""
+    state = _CURRENT.get()
+    if state is None or state[0] != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=state[1], dtype=torch.bfloat16)
+
+
+def full_precision() -> contextlib.AbstractContextManager:
+    """Autocast switched off (for the DP arithmetic, whatever context encloses it)."""
+    state = _CURRENT.get()
+    if state is None or state[0] != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=state[1], enabled=False)
+
+
+def as_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    """A floating tensor in fp32 (fp64 kept); anything else (token ids) unchanged."""
+    if tensor.is_floating_point() and tensor.dtype not in (torch.float32, torch.float64):
+        return tensor.float()
+    return tensor
+
+
+def autocast_forward(function: Callable) -> Callable:
+    """Decorate an inference function whose forward passes run at the stage's precision
+    (scoring, sampling, encoding); its results should be read in fp32 (``.float()``)."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with forward_autocast():
+            return function(*args, **kwargs)
+
+    return wrapper
