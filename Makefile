@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.synthq-installed
 DOCS_STAMP := $(VENV)/.synthq-docs-installed
 
-.PHONY: pylibs-logs demo study test test-fast bench bench-pipelines lint setup docs
+.PHONY: pylibs-logs demo study test test-fast bench bench-pipelines lint setup docs gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -84,3 +84,20 @@ bench-pipelines: $(STAMP)
 	$(PY) benchmarks/pipeline_wall.py demo && \
 	$(PY) benchmarks/first_hour.py
 	$(PY) benchmarks/collect.py benchmarks/pipelines.jsonl benchmarks/results.json --page docs/performance.md
+
+# On a GPU machine, with the image's own python3 (no .venv, no network): whether synthq's DP steps are
+# correct and fast there (benchmarks/gpu_check.py; about 6 minutes on one H100-class GPU). The wheels
+# the image lacks (benchmarks/gpu_wheels.txt) are installed from .whl/ first when it exists.
+GPU_PYTHON ?= python3
+GPU_SITE ?= /tmp/synthq-gpu-site
+GPU_CHECK_OUT ?= benchmarks/gpu_check.json
+gpu-check:
+	if [ -d .whl ]; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+		--upgrade --target $(GPU_SITE) .whl/*.whl; fi
+	PYTHONPATH=$(CURDIR):$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT)
+
+# Here, with a network: the exact wheels of benchmarks/gpu_wheels.txt for the GPU image's Python 3.12.
+gpu-wheels: $(STAMP)
+	$(PY) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d .whl -r benchmarks/gpu_wheels.txt

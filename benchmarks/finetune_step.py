@@ -45,8 +45,16 @@ def user_groups(batch: int) -> tuple[list[int], list[float]]:
 
 
 def make_step(
-    model_spec: str, mode: str | None, lora: int, batch: int, tokens: int, user_clipping: str | None = None
+    model_spec: str,
+    mode: str | None,
+    lora: int,
+    batch: int,
+    tokens: int,
+    user_clipping: str | None = None,
+    device: str = "cpu",
 ):
+    """One training step of ``model_spec`` (an alias, a model directory, or ``t5-small-shape``):
+    a DP step with per-example clipping ``mode``, or the non-private step when ``mode`` is None."""
     import torch
 
     from synthq.dp.engine import PrivacyPlan
@@ -73,6 +81,7 @@ def make_step(
         generator = QueryGenerator.load(model_spec, max_source_length=tokens)
     if lora:
         _apply_lora(generator, lora, None)
+    generator.model.to(device)
     generator.model.train()
     words = " ".join(["retrieval"] * tokens)
     documents, queries = [words] * batch, ["a short user query about retrieval"] * batch

@@ -58,9 +58,7 @@ def commands(out: str | Path, quick: bool = False, readme: str | None = None) ->
     readme = readme if readme is not None else README.read_text(encoding="utf-8")
     steps, names = [], {}
     for arguments in guide_commands(readme):
-        arguments = [
-            "embedded" if a == "mylog" else re.sub(r"^runs/", f"{out}/", a) for a in arguments
-        ]
+        arguments = ["embedded" if a == "mylog" else re.sub(r"^runs/", f"{out}/", a) for a in arguments]
         if quick:
             arguments += QUICK.get(arguments[0], [])
         count = names[arguments[0]] = names.get(arguments[0], 0) + 1

@@ -27,9 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._measure import add_ratios, emit, measure_interleaved  # noqa: E402
 
 
-def training_setup(batch: int, query_tokens: int, doc_tokens: int):
-    """MiniLM-L6 in training mode, its trainable parameters, AdamW over them, and ``batch``
-    synthetic pairs long enough to fill the token budgets (the tokenizer truncates them)."""
+def training_setup(
+    batch: int, query_tokens: int, doc_tokens: int, encoder_spec: str = "minilm-l6", device: str = "cpu"
+):
+    """The encoder (MiniLM-L6 by default) in training mode on ``device``, its trainable parameters,
+    AdamW over them, and ``batch`` synthetic pairs long enough to fill the token budgets (the
+    tokenizer truncates them)."""
     import torch
 
     from synthq.dp.contrastive import Example
@@ -37,7 +40,7 @@ def training_setup(batch: int, query_tokens: int, doc_tokens: int):
     from synthq.runtime.optim import make_optimizer
 
     torch.manual_seed(0)
-    encoder = load_encoder("minilm-l6")
+    encoder = load_encoder(encoder_spec, device=device)
     encoder.train()
     parameters = [p for p in encoder.parameters() if p.requires_grad]
     optimizer = make_optimizer("adamw", parameters, lr=1e-5, weight_decay=0.01)  # as train-retriever does
@@ -48,13 +51,23 @@ def training_setup(batch: int, query_tokens: int, doc_tokens: int):
     return encoder, parameters, optimizer, examples
 
 
-def make_step(mode: str, batch: int, query_tokens: int, doc_tokens: int, group_size: int = 8):
+def make_step(
+    mode: str,
+    batch: int,
+    query_tokens: int,
+    doc_tokens: int,
+    group_size: int = 8,
+    encoder_spec: str = "minilm-l6",
+    device: str = "cpu",
+):
     from synthq.dp.contrastive_sample_vmap import per_query_clipped_sum
     from synthq.dp.engine import PrivacyPlan, build_mechanism
     from synthq.dp.noise import SecretRandomness
     from synthq.models.encoder import embed, features, training_loss
 
-    encoder, parameters, optimizer, examples = training_setup(batch, query_tokens, doc_tokens)
+    encoder, parameters, optimizer, examples = training_setup(
+        batch, query_tokens, doc_tokens, encoder_spec, device
+    )
     lengths = {"query": query_tokens, "doc": doc_tokens}
 
     def encode(texts, side):
