@@ -18,9 +18,11 @@ file once, about a second per GB).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,6 +165,38 @@ def cached_corpus_embeddings(
     return None
 
 
+def _reserve(path: Path) -> None:
+    """Allocate the whole of a freshly created memory-mapped file on disk now, so that a full disk
+    is an error here and not a SIGBUS in the middle of encoding (a write to a sparse page that the
+    file system cannot back kills the process). Where the file system cannot preallocate, its free
+    space is checked instead.
+
+    Raises:
+        DataError: not enough free space for the file, naming it and the cache variable.
+    """
+    size = path.stat().st_size
+    try:
+        with open(path, "r+b") as handle:
+            os.posix_fallocate(handle.fileno(), 0, size)
+        return
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            free = None
+        elif error.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            free = shutil.disk_usage(path.parent).free
+        else:
+            raise
+    except AttributeError:  # no posix_fallocate on this platform
+        free = shutil.disk_usage(path.parent).free
+    if free is not None and free >= size:
+        return
+    raise DataError(
+        f"not enough free disk space here for the cached corpus embeddings ({size / 2**20:,.1f} MiB); "
+        "free some space or point SYNTHQ_CACHE at a larger disk",
+        path.parent,
+    )
+
+
 def _digest_path(path: Path) -> Path:
     return path.with_suffix(".sha256")
 
@@ -211,6 +245,7 @@ def corpus_embeddings(
     shape = (len(doc_ids), embedding_dimension(model))
     target = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
     try:
+        _reserve(tmp)
         encode_texts(
             model, [document_text(corpus[d]) for d in doc_ids], batch_size, "encoding corpus", target
         )

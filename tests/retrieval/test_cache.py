@@ -116,3 +116,41 @@ def test_a_corpus_read_from_a_file_is_keyed_by_its_bytes(tmp_path):
     assert cache.corpus_fingerprint(read_corpus(path)) not in (first, cache.corpus_fingerprint(records))
     # a plain dict (a subset, or synthetic text) still hashes every text
     assert cache.corpus_fingerprint(records) != cache.corpus_fingerprint(edited)
+
+
+@pytest.mark.parametrize("file_system", ["full", "no-preallocation"])
+def test_a_full_disk_is_a_clear_error_before_encoding_not_a_sigbus(model, monkeypatch, tmp_path, file_system):
+    """The memory-mapped file is allocated whole before anything is encoded: a full cache disk
+    raises a DataError naming the cache directory and SYNTHQ_CACHE, and leaves nothing behind."""
+    import errno
+    import os
+    import shutil
+    from collections import namedtuple
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def unsupported(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    encoded = []
+    monkeypatch.setattr(cache, "encode_texts", lambda *a, **k: encoded.append(1))
+    monkeypatch.setattr(os, "posix_fallocate", full if file_system == "full" else unsupported)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9, 16))
+    with pytest.raises(DataError, match="not enough free disk space.*SYNTHQ_CACHE") as raised:
+        corpus_embeddings(model, "model-a", corpus_records(), batch_size=8)
+    assert str(tmp_path / "cache" / "embeddings") in str(raised.value)
+    assert encoded == [] and list((tmp_path / "cache" / "embeddings").iterdir()) == []
+
+
+def test_without_preallocation_enough_free_space_still_caches(model, monkeypatch):
+    import errno
+    import os
+
+    def unsupported(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    assert not corpus_embeddings(model, "model-a", corpus_records(), batch_size=8).cache_hit
+    assert corpus_embeddings(model, "model-a", corpus_records(), batch_size=8).cache_hit
