@@ -93,7 +93,9 @@ def test_the_reproducing_page_lists_every_pipeline(gen):
 
 def test_expected_figures_read_as_bounds(gen):
     assert gen.expectation({"stage": "s", "metric": ["a", "ndcg@10"], "value": 0.5, "tolerance": 0.01}) == (
-        "`s`", "`a › ndcg@10`", "0.5 ± 0.01"
+        "`s`",
+        "`a › ndcg@10`",
+        "0.5 ± 0.01",
     )
     assert gen.expectation({"stage": "s", "metric": ["a"], "min": 0.07, "max": 0.15})[2] == "0.07 … 0.15"
     assert gen.expectation({"stage": "s", "metric": ["a"], "max": 0.05})[2] == "≤ 0.05"
@@ -110,11 +112,7 @@ def _nav_files(nav) -> list[str]:
 def test_the_nav_holds_every_page_and_every_relative_link_resolves():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
     nav = _nav_files(config["nav"])
-    pages = {
-        p.relative_to(DOCS).as_posix()
-        for p in DOCS.rglob("*.md")
-        if "generated" not in p.parts
-    }
+    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md") if "generated" not in p.parts}
     # one name per page, whatever the case: a case-insensitive file system (macOS, Windows) would
     # let one overwrite the other at clone time
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from synthq.runtime import distributed
+from synthq.runtime.errors import PrivacyError
 
 
 class SecretRandomness:
@@ -131,6 +132,9 @@ def add_noise(tensors: list[torch.Tensor], std: float, generator: torch.Generato
     draws the same noise, on the CPU, and moves it to the tensor's device). Extra memory: one
     chunk of :data:`NOISE_CHUNK` coordinates per thread."""
     tensors = list(tensors)
+    low = sorted({str(t.dtype) for t in tensors if t.dtype not in (torch.float32, torch.float64)})
+    if low:  # noise rounded to a short mantissa is not the Gaussian the accountant assumed
+        raise PrivacyError(f"DP noise is added in fp32 or fp64, not to {', '.join(low)} sums")
     if std <= 0 or not tensors:
         return tensors
     seeds = torch.randint(0, 2**63 - 1, (NOISE_STREAMS,), generator=generator).tolist()

@@ -23,15 +23,17 @@ from synthq.runtime.precision import forward_autocast
 
 def load_encoder(spec: str | Path, device: str = "cpu"):
     """A ``SentenceTransformer`` for a spec (alias, local dir, hub id), with mean pooling if the
-    model is a plain transformer."""
+    model is a plain transformer, its weights in fp32 whatever dtype the checkpoint was saved in:
+    DP norms, clipped sums and noise are computed in the weights' dtype, and a bf16 checkpoint
+    would round them (``--precision bf16`` runs the forward passes in bf16 instead)."""
     from sentence_transformers import SentenceTransformer, models
 
     path = resolve_model(str(spec))
     if (path / "modules.json").is_file():
-        return SentenceTransformer(str(path), device=device)
+        return SentenceTransformer(str(path), device=device).float()
     transformer = models.Transformer(str(path))
     pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
-    return SentenceTransformer(modules=[transformer, pooling], device=device)
+    return SentenceTransformer(modules=[transformer, pooling], device=device).float()
 
 
 def features(encoder, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:

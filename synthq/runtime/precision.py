@@ -106,11 +106,14 @@ def forward_autocast() -> contextlib.AbstractContextManager:
 
 
 def full_precision() -> contextlib.AbstractContextManager:
-    """Autocast switched off (for the DP arithmetic, whatever context encloses it)."""
-    state = _CURRENT.get()
-    if state is None or state[0] != "bf16":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=state[1], enabled=False)
+    """Autocast switched off on the CPU and on CUDA (for the DP arithmetic, whatever context
+    encloses it). It reads no stage state: autograd carries autocast's state into its CUDA
+    worker threads, where a stage's context variable is not set."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.autocast(device_type="cpu", enabled=False))
+    if torch.cuda.is_available():
+        stack.enter_context(torch.autocast(device_type="cuda", enabled=False))
+    return stack
 
 
 def as_fp32(tensor: torch.Tensor) -> torch.Tensor:

@@ -92,8 +92,9 @@ def mauve_scores(
     from synthq.models.encoder import load_encoder
 
     encoder = load_encoder(encoder_spec, device=device)
-    p_features = encoder.encode(original, batch_size=64, normalize_embeddings=True)
-    q_features = encoder.encode(synthetic, batch_size=64, normalize_embeddings=True)
+    encode = precision.autocast_forward(encoder.encode)
+    p_features = encode(original, batch_size=64, normalize_embeddings=True)
+    q_features = encode(synthetic, batch_size=64, normalize_embeddings=True)
     return [
         float(
             mauve.compute_mauve(

@@ -144,8 +144,9 @@ def _train_step(
         features(encoder, [e.document for e in batch], config.max_doc_length),
         *(features(encoder, list(column), config.max_doc_length) for column in zip(*negatives, strict=True)),
     ]
-    loss = loss_function(features_pair, None)
-    loss.backward()
+    with precision.forward_autocast():  # GradCache's own backward replays these forward passes
+        loss = loss_function(features_pair, None)
+        loss.backward()
     return loss.item()
 
 

@@ -30,4 +30,3 @@ def test_model_artifacts_carry_a_model_card(tmp_path):
     with create_artifact(tmp_path / "ev", "eval", {}) as writer:
         writer.privacy = Guarantee.public()
     assert not (tmp_path / "ev" / "README.md").exists()
-

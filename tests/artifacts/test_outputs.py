@@ -123,4 +123,3 @@ def test_lock_is_exclusive_within_a_process(tmp_path):
     refused = pytest.raises(ArtifactError, match=f"pid {os.getpid()}")
     with output_lock(tmp_path / "o"), refused, output_lock(tmp_path / "o"):
         pass
-

@@ -86,4 +86,3 @@ def test_a_full_disk_names_the_artifact_and_a_resume_keeps_only_checkpoints(tmp_
         (writer.dir / "model.safetensors").write_bytes(b"the whole model")
         writer.public()
     assert set(open_artifact(out).manifest["files"]) == {"model.safetensors"}
-

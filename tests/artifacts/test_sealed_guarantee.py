@@ -83,4 +83,3 @@ def test_an_edited_accountant_memo_is_recomputed(tmp_path):
     memo.write_text(json.dumps(entries))
     accountant_memo._loaded.clear()
     assert accountant_memo.remembered(compute, 1.0, 1e-5, 0.1, 10, "rdp") == 3.25 and len(calls) == 2
-

@@ -183,4 +183,3 @@ def test_library_warnings_are_one_synthq_line(capsys, monkeypatch):
     assert status == 0
     assert "resume_download" not in output  # deprecations only with -v
     assert one_line(output.replace("q\n", "")) == "warning: a library has (UserWarning)"
-

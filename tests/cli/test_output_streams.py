@@ -78,4 +78,3 @@ def test_progress_prints_plain_lines_when_not_a_terminal(capsys, monkeypatch):
     assert len(lines) == 4
     assert lines[1].startswith("finetune-lm: 2/4 (50%) eps=1.00 loss=0.5 | ") and "/s elapsed=" in lines[1]
     assert "eta=" in lines[1] and "elapsed=" in lines[-1]
-

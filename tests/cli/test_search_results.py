@@ -31,4 +31,3 @@ def test_search_prints_top_k_with_scores(tiny_encoder_dir, tiny_beir, capsys, mo
     best = [ids[i] for i in np.argsort(-scores)[:3]]
     assert [h["doc_id"] for h in hits] == best and [h["rank"] for h in hits] == [1, 2, 3]
     assert np.allclose([h["score"] for h in hits], np.sort(scores)[::-1][:3], atol=1e-4)
-

@@ -79,4 +79,3 @@ def test_merge_takes_several_shards_after_one_flag(tmp_path, capsys, monkeypatch
     }
     status, output = run_main(["generate", "runs/syn-0", "--out", "x"], capsys, monkeypatch)
     assert status == 2 and "after --merge" in one_line(output)
-

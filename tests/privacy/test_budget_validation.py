@@ -67,4 +67,3 @@ def test_the_calibration_prints_no_accountant_advice():
         noise_multiplier_for(8.0, 1e-5, 0.05, 8)
         noise_multiplier_for(0.5, 1e-5, 0.01, 1000, "prv")
     assert not [w for w in caught if "Optimal order" in str(w.message)]
-

@@ -62,4 +62,3 @@ def test_d_and_d_minus_one_query_compose_on_the_shared_units(tmp_path, tiny_beir
     assert len(book.datasets) == 1
     both = first.privacy.epsilon + second.privacy.epsilon
     assert book.total.epsilon == pytest.approx(both)  # ... but the shared queries are at 2ε
-

@@ -77,8 +77,13 @@ def test_evolve_judged_split_records_the_judged_set(tmp_path, tiny_beir, tiny_ca
     data = private_copy(tmp_path, tiny_beir)
     evolved = evolve.run(
         evolve_config(
-            tmp_path / "pe", data, tiny_causal_dir, tiny_encoder_dir,
-            iterations=1, max_new_tokens=4, judged_split="train",
+            tmp_path / "pe",
+            data,
+            tiny_causal_dir,
+            tiny_encoder_dir,
+            iterations=1,
+            max_new_tokens=4,
+            judged_split="train",
         )  # fmt: skip
     )
     assert [r for r in evolved.inputs if r.get("kind") == "judged-set"]

@@ -36,4 +36,3 @@ def test_the_key_command_shows_exports_and_imports(tmp_path, monkeypatch):
     assert refused.exit_code != 0 and keys.key_id() == other
     installed = runner.invoke(app, ["key", "--import", str(tmp_path / "team.key"), "--replace"])
     assert installed.exit_code == 0 and keys.key_id() != other
-

@@ -39,7 +39,6 @@ def test_eval_on_a_private_split_is_infinite_even_for_a_public_encoder(tmp_path,
     assert public.privacy.epsilon == 0
 
 
-
 def test_per_query_scores_and_runs_of_a_private_split_stay_private(tmp_path, tiny_beir, tiny_encoder_dir):
     """Per-query scores and TREC runs name private queries one by one: for a private split they
     go to the private diagnostics/, never to a released file (or an export); report still reads

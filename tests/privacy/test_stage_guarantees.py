@@ -182,4 +182,3 @@ def test_a_synthetic_set_used_as_data_inherits(tmp_path, tiny_beir, tiny_causal_
     assert again.privacy.epsilon == pytest.approx(generator.privacy.epsilon)
     bm25 = evaluate.run(EvalConfig(out=tmp_path / "bm25", datasets=[str(synthetic.path)], split="train"))
     assert bm25.privacy.epsilon == pytest.approx(generator.privacy.epsilon)
-

@@ -180,8 +180,14 @@ def test_private_evolution_per_user_and_a_query_level_retriever_print_the_true_b
     data = with_users(tmp_path, tiny_beir)
     pe = evolve.run(
         evolve_config(
-            tmp_path / "pe", data, tiny_causal_dir, tiny_encoder_dir,
-            epsilon=2.0, max_new_tokens=4, privacy_unit="user", max_queries_per_user=1,
+            tmp_path / "pe",
+            data,
+            tiny_causal_dir,
+            tiny_encoder_dir,
+            epsilon=2.0,
+            max_new_tokens=4,
+            privacy_unit="user",
+            max_queries_per_user=1,
         )  # fmt: skip
     )
     retriever = train_retriever.run(

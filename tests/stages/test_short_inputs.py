@@ -38,4 +38,3 @@ def test_lengths_beyond_the_encoders_positions_are_clamped(tmp_path, tiny_beir, 
     assert artifact.config["max_doc_length"] == 2000  # the artifact records what was asked
     error = capsys.readouterr().err
     assert "beyond" in error and "using 512" in error
-
