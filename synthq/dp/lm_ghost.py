@@ -214,7 +214,6 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         self._records: list[tuple[nn.Module, list[torch.Tensor], torch.Tensor]] = []
         self._instantiated: list[dict[nn.Parameter, torch.Tensor]] = []
         self._grams: dict[tuple, torch.Tensor] = {}  # a a^T of inputs shared by several layers
-        self._fp32_copies: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # bf16 input -> fp32
         self.methods: dict[str, str] = {}
         self.layout: GroupLayout | None = None  # per-unit clipping: norms of units, not examples
         super().__init__(
@@ -231,21 +230,8 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         self._records.clear()
         self._instantiated.clear()
         self._grams.clear()
-        self._fp32_copies.clear()
         for parameter in self.trainable_parameters:
             parameter._norm_sample = None
-
-    def _fp32(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` in fp32, one copy per recorded input: layers that read one bf16 input
-        (query/key/value projections) share its fp32 copy, so the Gram matrix and the scaled
-        inputs are still computed once (they are keyed by storage address). The source is held
-        with its copy until the records are dropped, so no other tensor can take its address."""
-        if as_fp32(tensor) is tensor:
-            return tensor
-        key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype)
-        if key not in self._fp32_copies:
-            self._fp32_copies[key] = (tensor, tensor.float())
-        return self._fp32_copies[key][1]
 
     def capture_activations_hook(self, module, forward_input, forward_output):
         if not (requires_grad(module) and module.training and torch.is_grad_enabled() and self.hooks_enabled):
@@ -261,25 +247,27 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
             self._capture_backprops(module, forward_output, loss_reduction, batch_first)
 
     def _capture_backprops(self, module, forward_output, loss_reduction, batch_first) -> None:
-        """One layer's per-example norms (or gradients) and records, in fp32: under bf16 autocast
-        the recorded inputs and output gradients are bf16, and the norms and the clipped sum are
-        both formed from their fp32 copies, so each example's contribution is clipped by the norm
-        of exactly the vector that is summed (:mod:`synthq.runtime.precision`)."""
-        activations, backprops = self.rearrange_grad_samples(
+        """One layer's per-example norms (or gradients) and records. Under bf16 autocast the inputs
+        and output gradients are bf16: the records keep them so (half the memory), and the norms
+        here and the clipped sum later are both computed in fp32 from exact fp32 conversions of
+        those same records, so each example's contribution is clipped by the norm of exactly the
+        vector that is summed (:mod:`synthq.runtime.precision`)."""
+        activations, recorded = self.rearrange_grad_samples(
             module=module,
-            backprops=as_fp32(forward_output[0].detach()),
+            backprops=forward_output[0].detach(),
             loss_reduction=loss_reduction,
             batch_first=batch_first,
         )
-        activations = [self._fp32(a) for a in activations]
         if not module.activations and hasattr(module, "max_batch_len"):
             del module.max_batch_len
         if isinstance(module, nn.Embedding) and module.padding_idx is not None:
             # autograd gives the padding row no gradient; the norms and the update must agree
             keep = (activations[0] != module.padding_idx).unsqueeze(-1)
-            backprops = backprops * keep.to(backprops.dtype)
+            recorded = recorded * keep.to(recorded.dtype)
+        backprops = as_fp32(recorded)  # fp32 for this layer's norms only; the records stay as they are
+        full = [as_fp32(a) for a in activations]
         if id(module) in self._tied_modules:
-            self._records.append((module, activations, backprops))
+            self._records.append((module, activations, recorded))
             (parameter,) = [p for p in module.parameters(recurse=False) if p.requires_grad]
             self._factors[id(parameter)].append(self._grouped(_factor(module, activations[0], backprops)))
             self.methods[self._names[id(module)]] = "tied"
@@ -287,18 +275,18 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
         method = self._method(module, backprops)
         self.methods[self._names[id(module)]] = method
         if method == "ghost":
-            self._records.append((module, activations, backprops))
+            self._records.append((module, activations, recorded))
             if isinstance(module, nn.Linear) and backprops.dim() == 3:
                 norms = self._linear_ghost_norms(module, activations[0], backprops)
             elif self.layout is not None:  # one "example" per unit: its rows' tokens, weighted
-                grouped = [self.layout.tokens(a) for a in activations]
+                grouped = [self.layout.tokens(a) for a in full]
                 unit_backprops = self.layout.tokens(backprops, scale=True)
                 norms = self.NORM_SAMPLERS[type(module)](module, grouped, unit_backprops)
             else:
-                norms = self.NORM_SAMPLERS[type(module)](module, activations, backprops)
+                norms = self.NORM_SAMPLERS[type(module)](module, full, backprops)
         else:
             sampler = self.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
-            grads = {p: g for p, g in sampler(module, activations, backprops).items() if p.requires_grad}
+            grads = {p: g for p, g in sampler(module, full, backprops).items() if p.requires_grad}
             self._instantiated.append(grads)
             if self.layout is not None:
                 norms = {p: self.layout.sums(g).flatten(1).norm(2, dim=1) for p, g in grads.items()}
@@ -418,12 +406,11 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
             for parameter, value in instantiated.pop().items():
                 add(parameter, torch.tensordot(factors.to(value.dtype), value, dims=1))
         records, self._records = self._records[::-1], []  # popped in backward order: a tied
-        self._fp32_copies.clear()  # the records hold the copies they still need
         inputs = _ScaledInputs(records, factors)  # output projection comes before its embedding
         while records:  # ghost and tied layers; each record is freed once it is used
             module, activations, backprops = records.pop()
             batch = backprops.shape[0]
-            outputs = backprops.reshape(batch, -1, backprops.shape[-1])
+            outputs = as_fp32(backprops).reshape(batch, -1, backprops.shape[-1])  # as the norms saw them
             if isinstance(module, nn.Linear):
                 add(module.weight, inputs.weighted_product(outputs, activations[0]))
                 if module.bias is not None:
