@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from synthq.dp.clipping import norm as _norm
-from synthq.dp.contrastive import GroupClipping, SampleClipping
+from synthq.dp.contrastive import SampleClipping
+from synthq.dp.engine import build_mechanism
 from synthq.dp.lm import make_clipper
 from synthq.dp.noise import SecretRandomness
 from synthq.runtime.precision import (
@@ -123,15 +124,11 @@ def test_bf16_retriever_neighbouring_batches_stay_within_the_sensitivity(encoder
     def mechanism():
         if mode == "sample":
             return SampleClipping(clip_norm, 0.05)
-        group = GroupClipping(
-            clip_norm,
-            0.05,
-            group_size=3,
-            expected_batch_size=8,
-            randomness=SecretRandomness(seed=1),
-            model=encoder,
-        )
-        group.one_pass = True
+        group = build_mechanism(
+            "group", clip_norm=clip_norm, temperature=0.05, group_size=3, expected_batch_size=8,
+            randomness=SecretRandomness(seed=1), model=encoder,
+        )  # fmt: skip
+        group.one_pass = True  # the one-pass engine, whatever the CPU default
         return group
 
     differences = []
