@@ -30,10 +30,13 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
+# torch is imported inside the functions that need it: `synthq search` reads the stage state
+# (no stage: nothing to do) on its torch-free ONNX path.
 PRECISIONS = ("auto", "bf16", "fp32")
 Precision = Literal["auto", "bf16", "fp32"]
 
@@ -51,6 +54,8 @@ def resolve_precision(requested: str, device: str | torch.device) -> str:
     Raises:
         PrecisionError: bf16 on a GPU without bf16 support, or on MPS; an unknown precision.
     """
+    import torch
+
     if requested not in PRECISIONS:
         raise PrecisionError(f"precision must be one of {PRECISIONS}, not {requested!r}")
     kind = torch.device(device).type
@@ -70,6 +75,8 @@ def resolve_precision(requested: str, device: str | torch.device) -> str:
 @contextlib.contextmanager
 def use_precision(requested: str, device: str | torch.device) -> Iterator[str]:
     """Run the enclosed stage at ``requested`` precision on ``device``; yields the resolved one."""
+    import torch
+
     resolved = resolve_precision(requested, device)
     token = _CURRENT.set((resolved, torch.device(device).type))
     try:
@@ -102,6 +109,8 @@ def forward_autocast() -> contextlib.AbstractContextManager:
     state = _CURRENT.get()
     if state is None or state[0] != "bf16":
         return contextlib.nullcontext()
+    import torch
+
     return torch.autocast(device_type=state[1], dtype=torch.bfloat16)
 
 
@@ -109,6 +118,8 @@ def full_precision() -> contextlib.AbstractContextManager:
     """Autocast switched off on the CPU and on CUDA (for the DP arithmetic, whatever context
     encloses it). It reads no stage state: autograd carries autocast's state into its CUDA
     worker threads, where a stage's context variable is not set."""
+    import torch
+
     stack = contextlib.ExitStack()
     stack.enter_context(torch.autocast(device_type="cpu", enabled=False))
     if torch.cuda.is_available():
@@ -118,6 +129,8 @@ def full_precision() -> contextlib.AbstractContextManager:
 
 def as_fp32(tensor: torch.Tensor) -> torch.Tensor:
     """A floating tensor in fp32 (fp64 kept); anything else (token ids) unchanged."""
+    import torch
+
     if tensor.is_floating_point() and tensor.dtype not in (torch.float32, torch.float64):
         return tensor.float()
     return tensor
