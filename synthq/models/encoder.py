@@ -70,11 +70,17 @@ def freeze_token_embeddings(encoder) -> int:
     return frozen
 
 
-def embed(encoder, texts: list[str], max_length: int) -> torch.Tensor:
-    """L2-normalised embeddings with gradients (so dot products are cosine similarities)."""
+def sentence_embeddings(encoder, texts: list[str], max_length: int) -> torch.Tensor:
+    """The encoder's sentence embeddings with gradients, in fp32 (the forward pass at the stage's
+    precision)."""
     with forward_autocast():
         embeddings = encoder(features(encoder, texts, max_length))["sentence_embedding"]
-    return F.normalize(embeddings.float(), dim=-1)
+    return embeddings.float()
+
+
+def embed(encoder, texts: list[str], max_length: int) -> torch.Tensor:
+    """L2-normalised embeddings with gradients (so dot products are cosine similarities)."""
+    return F.normalize(sentence_embeddings(encoder, texts, max_length), dim=-1)
 
 
 def in_batch_softmax_loss(

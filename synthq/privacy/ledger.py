@@ -100,7 +100,7 @@ def ledger(paths: list[str | Path]) -> Ledger:
         # grouped by the dataset's keyed identity (its query ids, synthq.privacy.digests), which an
         # unrelated edit of the directory does not change; older records by their directory digest;
         # datasets whose user-level releases hold the same people (linked) are one
-        key = same.get(data.get("identity") or data["sha256"], data.get("identity") or data["sha256"])
+        key = same[data.get("identity") or data["sha256"]]
         cost = datasets.setdefault(key, DatasetCost(data.get("name") or "?", key, []))
         if (data.get("name") or "?") not in cost.name.split(" + "):
             cost.name = f"{cost.name} + {data.get('name') or '?'}"

@@ -194,13 +194,7 @@ def linked_users(releases: list[dict]) -> set[frozenset[str]]:
     links = {
         r["id"]: [load_unit_set(r.get("units"), r.get("path"), link) for link in LINK_KINDS] for r in users
     }
-    parent = {r["id"]: r["id"] for r in users}
-
-    def root(key: str) -> str:
-        while parent[key] != key:
-            key = parent[key]
-        return key
-
+    pairs = []
     for index, first in enumerate(users):
         for second in users[index + 1 :]:
             a, b = links[first["id"]], links[second["id"]]
@@ -209,11 +203,8 @@ def linked_users(releases: list[dict]) -> set[frozenset[str]]:
                 np.intersect1d(np.frombuffer(x, ">u8"), np.frombuffer(y, ">u8")).size
                 for x, y in zip(a, b, strict=True)
             ):
-                parent[root(first["id"])] = root(second["id"])
-    components: dict[str, set[str]] = {}
-    for key in parent:
-        components.setdefault(root(key), set()).add(key)
-    return {frozenset(ids) for ids in components.values() if len(ids) > 1}
+                pairs.append({first["id"], second["id"]})
+    return {frozenset(group) for group in connected(pairs)}
 
 
 def training_units(pairs, root: Path, unit: str, max_queries: int | None, randomness, links: bool = True):

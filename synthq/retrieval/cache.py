@@ -88,6 +88,7 @@ def encode_texts(
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     ranks = distributed.topology().world_size
     block = max(TEXTS_PER_CALL, batch_size) * ranks
+    encode = autocast_forward(model.encode)  # at the stage's precision
     with progress() as bar:
         task = bar.add_task(description, total=len(texts))
         for start in range(0, len(order), block):
@@ -96,7 +97,7 @@ def encode_texts(
             # every rank) and the vectors are gathered, so every rank holds the whole result.
             mine = distributed.shard(chunk)
             vectors = (
-                autocast_forward(model.encode)(
+                encode(
                     [texts[i] for i in mine],
                     batch_size=batch_size,
                     normalize_embeddings=True,

@@ -30,15 +30,14 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
 # torch is imported inside the functions that need it: `synthq search` reads the stage state
 # (no stage: nothing to do) on its torch-free ONNX path.
-PRECISIONS = ("auto", "bf16", "fp32")
-Precision = Literal["auto", "bf16", "fp32"]
+PRECISIONS = ("auto", "bf16", "fp32")  # the values of synthq.config.fields.PrecisionName
 
 # (resolved precision, device type) of the running stage
 _CURRENT: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("precision", default=None)

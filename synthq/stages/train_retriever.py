@@ -52,6 +52,7 @@ from synthq.models.encoder import (
     freeze_token_embeddings,
     load_encoder,
     position_limit,
+    sentence_embeddings,
     training_loss,
 )
 from synthq.privacy.guarantee import Guarantee
@@ -90,9 +91,7 @@ def _embed_rows(encoder, texts: list[str], max_length: int) -> torch.Tensor:
     if not texts:
         device = next(encoder.parameters()).device
         return torch.zeros(0, encoder.get_sentence_embedding_dimension(), device=device)
-    with precision.forward_autocast():
-        embeddings = encoder(features(encoder, texts, max_length))["sentence_embedding"]
-    return embeddings.float()
+    return sentence_embeddings(encoder, texts, max_length)
 
 
 def _in_batch_loss(
