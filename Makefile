@@ -86,7 +86,7 @@ bench-pipelines: $(STAMP)
 	$(PY) benchmarks/collect.py benchmarks/pipelines.jsonl benchmarks/results.json --page docs/performance.md
 
 # On a GPU machine, with the image's own python3 (no .venv, no network): whether synthq's DP steps are
-# correct and fast there (benchmarks/gpu_check.py; about 6 minutes on one H100-class GPU). The wheels
+# correct and fast there (benchmarks/gpu_check.py; 3.5 minutes on one H200, 2026-11-27). The wheels
 # the image lacks (benchmarks/gpu_wheels.txt) are installed from .whl/ first when it exists.
 GPU_PYTHON ?= python3
 GPU_SITE ?= /tmp/synthq-gpu-site

@@ -20,10 +20,18 @@ and the others still run; ``--budget-s`` skips what would start after the budget
 * ``steps``: step time and peak GPU memory, DP against non-private in the same process: full and
   LoRA SmolLM2, full T5-Base, MiniLM ``--dp group`` and ``--dp sample``.
 * ``generation``: queries per second, synthq's sampler against Hugging Face ``generate`` on the
-  same batches (the random model never stops early, so every query runs ``--new-tokens``).
+  same batches, both warmed on the largest batch first (the random model never stops early, so
+  every query runs ``--new-tokens``); its parts: greedy decoding, the nucleus draw with and
+  without its ``topk`` tiers on flat and on sharpened logits, the rows' own uniform numbers.
 * ``stages``: finetune-lm (DP), generate and train-retriever under ``torchrun --nproc_per_node 1``
   (NCCL), then a DP retriever and eval, on tiny data with ``--device cuda`` (``--cpu-smoke``:
   the same chain with ``--device cpu``, no torchrun): artifacts written, ε, wall time per stage.
+* ``profile``: one profiled full-SmolLM2 bf16 step, DP (ghost) and non-private: wall against
+  device time, kernel launches, the operators of most device time.
+
+``--step-batch N`` sets the generators' batch of ``steps`` and ``profile`` (default 32). The
+first GPU rows (one H200, 2026-11-27) are in ``benchmarks/gpu_check_h200.json`` and
+docs/performance.md#gpu-check.
 
 Aims (from the issue that asked for this check): DP step ≤ 1.10× non-private for full SmolLM2
 (ghost), ≤ 1.05× with LoRA, at bf16; ≥ 1,000 generated queries per second with SmolLM2-135M on
@@ -42,13 +50,13 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SECTIONS = ("environment", "norms", "steps", "generation", "stages")
+SECTIONS = ("environment", "norms", "steps", "generation", "stages", "profile")
 AIMS = {
     "fp32_norm_error": 1e-5,
     "bf16_norm_error": 1e-2,
@@ -167,7 +175,7 @@ class Check:
             yield entry
         except Exception as error:  # one broken part must not lose the others' results
             entry["error"] = f"{type(error).__name__}: {error}"
-            entry["traceback"] = traceback.format_exc(limit=6)
+            entry["traceback"] = traceback.format_exc(limit=-6)  # the innermost frames
         entry["seconds"] = round(time.perf_counter() - started, 1)
         self.write()
 
@@ -349,28 +357,33 @@ def step_times(paths: dict[str, Path], device: str, sizes: Sizes) -> list[dict]:
         ("MiniLM-L6 --dp sample", "minilm-l6", 0, "sample", "bf16", None),
     ]
     for label, model, lora, mode, precision, aim in plans:
+        row = {"work": label, "precision": precision,
+               "batch": sizes.retriever_batch if model == "minilm-l6" else sizes.step_batch}  # fmt: skip
         sides = {}
-        with use_precision(precision, device):
-            for side in ("non_private", "dp"):
-                if model == "minilm-l6":
-                    step = retriever_step.make_step(
-                        mode if side == "dp" else "non_private", sizes.retriever_batch, 32, 128,
-                        encoder_spec=str(paths[model]), device=device,
-                    )  # fmt: skip
-                else:
-                    step = finetune_step.make_step(
-                        str(paths[model]), mode if side == "dp" else None, lora, sizes.step_batch,
-                        sizes.step_tokens, device=device,
-                    )  # fmt: skip
-                sides[side] = timed(step, device, sizes.timed_steps)
-                del step
-                gc.collect()
+        try:  # one failing pair must not lose the other rows
+            with use_precision(precision, device):
+                for side in ("non_private", "dp"):
+                    if model == "minilm-l6":
+                        step = retriever_step.make_step(
+                            mode if side == "dp" else "non_private", sizes.retriever_batch, 32, 128,
+                            encoder_spec=str(paths[model]), device=device,
+                        )  # fmt: skip
+                    else:
+                        step = finetune_step.make_step(
+                            str(paths[model]), mode if side == "dp" else None, lora, sizes.step_batch,
+                            sizes.step_tokens, device=device,
+                        )  # fmt: skip
+                    sides[side] = timed(step, device, sizes.timed_steps)
+                    del step
+                    gc.collect()
+        except Exception as error:
+            rows.append({**row, "error": f"{type(error).__name__}: {error}",
+                         "traceback": traceback.format_exc(limit=-4), "ok": False})  # fmt: skip
+            continue
         ratio = sides["dp"][0] / sides["non_private"][0]
         aim = aim if sizes.real_models else None  # tiny models' ratios say nothing about the aims
         rows.append({
-            "work": label, "precision": precision,
-            "batch": sizes.retriever_batch if model == "minilm-l6" else sizes.step_batch,
-            "non_private_s": round(sides["non_private"][0], 4), "dp_s": round(sides["dp"][0], 4),
+            **row, "non_private_s": round(sides["non_private"][0], 4), "dp_s": round(sides["dp"][0], 4),
             "ratio": round(ratio, 3), "non_private_peak_gib": sides["non_private"][1],
             "dp_peak_gib": sides["dp"][1],
             "aim": aim, "ok": None if aim is None else ratio <= aim,
@@ -410,18 +423,121 @@ def generation(path: Path, device: str, sizes: Sizes) -> dict:
                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                     )  # fmt: skip
 
-        sample_queries(generator, batches[-1][:2], 0, 0.8, 1.0, 2)  # warm-up
+        # warm-up: both paths once on the largest batch (kernel choices, the allocator's blocks),
+        # so neither timing pays first-use costs the other does not
+        sample_queries(generator, batches[0], 0, 0.8, 1.0, sizes.new_tokens)
+        inputs = generator.generation_batch([r.document for r in batches[0]]).to(device)
+        with torch.inference_mode(), forward_autocast():
+            generator.model.generate(
+                **inputs, do_sample=True, top_p=0.8, top_k=0, max_new_tokens=sizes.new_tokens,
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            )  # fmt: skip
         for name, run in (("synthq", ours), ("hf_generate", hugging_face)):
             synchronize(device)
             started = time.perf_counter()
             run()
             synchronize(device)
             result[f"{name}_queries_per_second"] = round(len(requests) / (time.perf_counter() - started), 1)
+        result["parts"] = sampling_parts(generator, batches, device, sizes)
     result["speedup"] = round(
         result["synthq_queries_per_second"] / result["hf_generate_queries_per_second"], 2
     )
     result["aim"] = AIMS["queries_per_second_smollm2"] if sizes.real_models else None
     result["ok"] = None if result["aim"] is None else result["synthq_queries_per_second"] >= result["aim"]
+    return result
+
+
+def sampling_parts(generator, batches, device: str, sizes: Sizes) -> dict:
+    """Where synthq's decoding time goes: the same batches decoded greedily (the model's passes and
+    the loop, no sampling), and per step on one batch's first-step logits: the nucleus draw with
+    its ``topk`` tiers and with a plain sort, on the model's logits and on logits 8× sharper (a
+    trained generator's peaked distribution), and the rows' uniform numbers from their own streams."""
+    import torch
+
+    from synthq.models.sampling import NUCLEUS_CANDIDATES, nucleus_draw, sample_queries
+    from synthq.runtime.precision import forward_autocast
+
+    def clock(work, repeats: int = 1) -> float:
+        synchronize(device)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            work()
+        synchronize(device)
+        return (time.perf_counter() - started) / repeats
+
+    parts: dict = {}
+    queries = sum(len(batch) for batch in batches)
+    seconds = clock(
+        lambda: [sample_queries(generator, b, 0, 0.8, 1.0, sizes.new_tokens, greedy=True) for b in batches]
+    )
+    parts["greedy_queries_per_second"] = round(queries / seconds, 1)
+    batch = batches[0]
+    inputs = generator.generation_batch([r.document for r in batch]).to(device)
+    with torch.inference_mode(), forward_autocast():
+        logits = generator.model(**inputs, logits_to_keep=1).logits[:, -1].float()
+    uniforms = torch.rand(len(batch), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for name, scaled in (("model", logits), ("sharpened_x8", logits * 8)):
+        probabilities = scaled.softmax(-1)
+        held = probabilities.topk(min(NUCLEUS_CANDIDATES[0], probabilities.shape[-1]), -1)[0].sum(-1) >= 0.8
+        parts[f"{name}_rows_within_first_tier"] = round(held.float().mean().item(), 3)
+        for how, candidates in (("tiers", NUCLEUS_CANDIDATES), ("sort", ())):
+            step_s = clock(lambda: nucleus_draw(scaled, uniforms, 0.8, candidates), 10)  # noqa: B023
+            parts[f"{name}_nucleus_{how}_ms_per_step"] = round(1000 * step_s, 3)
+    streams = [torch.Generator().manual_seed(i) for i in range(len(batch))]
+    draw_s = clock(lambda: torch.cat([torch.rand(1, generator=s, dtype=torch.float64) for s in streams]), 10)
+    parts["row_uniforms_ms_per_step"] = round(1000 * draw_s, 3)
+    parts["batch"] = len(batch)
+    return parts
+
+
+def profile(path: Path, device: str, sizes: Sizes) -> dict:
+    """Where a full SmolLM2-135M bf16 step's time goes, DP (ghost clipping) and non-private: the
+    operators of most self device time in one profiled step (after two untimed ones), and the
+    step's device time against its wall time (a step far longer than its device time is bound by
+    kernel launches and synchronisation, not by arithmetic)."""
+    import gc
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from benchmarks import finetune_step
+    from synthq.runtime.precision import use_precision
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    result = {}
+    with use_precision("bf16", device):
+        for side, mode in (("non_private", None), ("dp_ghost", "ghost")):
+            step = finetune_step.make_step(
+                str(path), mode, 0, sizes.step_batch, sizes.step_tokens, device=device
+            )
+            for _ in range(2):
+                step()
+            synchronize(device)
+            started = time.perf_counter()
+            with torch_profile(activities=activities) as profiler:
+                step()
+                synchronize(device)
+            wall = time.perf_counter() - started
+            # host-side operators only (kernels are their children): an operator's self device
+            # time is the kernels it launched itself, so the sum counts each kernel once; on a CPU
+            # the operators' own CPU time stands in
+            events = [e for e in profiler.key_averages() if str(e.device_type).endswith("CPU")]
+            field = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+
+            def own_us(event, field=field) -> float:
+                return float(getattr(event, field, 0.0) or 0.0)
+
+            result[side] = {
+                "wall_ms": round(1000 * wall, 1),
+                "device_ms": round(sum(own_us(e) for e in events) / 1000, 1),
+                "kernel_launches": int(sum(e.count for e in events if e.key.startswith("cudaLaunchKernel"))),
+                "top": [
+                    {"op": e.key[:80], "calls": e.count, "ms": round(own_us(e) / 1000, 2)}
+                    for e in sorted(events, key=own_us, reverse=True)[:15]
+                ],
+            }
+            del step
+            gc.collect()
     return result
 
 
@@ -520,6 +636,11 @@ def table(results: dict) -> str:
             f"{row['max_change_over_sensitivity']:.4f} × sensitivity | ≤ 1 | {verdict(row['ok'])} |"
         )
     for row in sections.get("steps", {}).get("rows", []):
+        if "error" in row:
+            lines.append(
+                f"| {row['work']} DP step vs non-private, {row['precision']} | {row['error']} | — | **NO** |"
+            )
+            continue
         memory = (
             f", peak {row['non_private_peak_gib']} → {row['dp_peak_gib']} GiB" if row["dp_peak_gib"] else ""
         )
@@ -539,6 +660,17 @@ def table(results: dict) -> str:
             f"{gen['hf_generate_queries_per_second']:,.1f}, {gen['speedup']:.2f}×) | "
             f"{aim} | {verdict(gen['ok'])} |"
         )
+    if "parts" in gen:
+        parts = gen["parts"]
+        lines.append(
+            f"| generate's parts, batch {parts['batch']}: greedy decoding; nucleus draw with tiers / "
+            f"with a sort on the model's logits and on 8× sharper ones; rows' uniforms | "
+            f"{parts['greedy_queries_per_second']:,.1f} q/s; "
+            f"{parts['model_nucleus_tiers_ms_per_step']} / {parts['model_nucleus_sort_ms_per_step']} ms, "
+            f"{parts['sharpened_x8_nucleus_tiers_ms_per_step']} / "
+            f"{parts['sharpened_x8_nucleus_sort_ms_per_step']} ms; "
+            f"{parts['row_uniforms_ms_per_step']} ms a step | — | — |"
+        )
     for row in sections.get("stages", {}).get("rows", []):
         how = "torchrun, 1 rank" if row["torchrun"] else "one process"
         epsilon = "—" if row.get("epsilon") is None else f"{row['epsilon']:.2f}"
@@ -548,6 +680,12 @@ def table(results: dict) -> str:
             else f"exit {row['exit']}, no artifact: {row['stderr'].strip().splitlines()[-1:]}"
         )
         lines.append(f"| {row['stage']} ({how}) | {figure} | artifact written | {verdict(row['ok'])} |")
+    for side, entry in sections.get("profile", {}).items():
+        if isinstance(entry, dict) and "wall_ms" in entry:
+            lines.append(
+                f"| profile: full SmolLM2-135M {side} step, bf16 | wall {entry['wall_ms']} ms, device "
+                f"{entry['device_ms']} ms, {entry['kernel_launches']} kernel launches | — | — |"
+            )
     for name, entry in sections.items():
         if "error" in entry or "skipped" in entry:
             lines.append(f"| {name} | {entry.get('error') or entry.get('skipped')} | — | **NO** |")
@@ -566,6 +704,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget-s", type=float, default=420.0, help="start no section after this many seconds"
     )
+    parser.add_argument(
+        "--step-batch", type=int, default=None, help="the generators' batch in the steps section (default 32)"
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -577,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no CUDA GPU visible: run with --cpu-smoke for the CPU check")
     device = "cpu" if args.cpu_smoke else "cuda"
     sizes = SMOKE if args.cpu_smoke else GPU
+    if args.step_batch:
+        sizes = replace(sizes, step_batch=args.step_batch)
     check = Check(args.out, args.budget_s, args.cpu_smoke)
     with tempfile.TemporaryDirectory(prefix="synthq-gpu-check-") as scratch:
         root = Path(scratch)
@@ -597,6 +740,8 @@ def main(argv: list[str] | None = None) -> int:
                     entry["rows"] = step_times(paths, device, sizes)
                 elif name == "generation":
                     entry.update(generation(paths["smollm2-135m"], device, sizes))
+                elif name == "profile":
+                    entry.update(profile(paths["smollm2-135m"], device, sizes))
                 elif name == "stages":
                     entry["torchrun"] = (
                         "used" if device == "cuda" else "skipped (no CUDA: the chain runs on CPU)"

@@ -141,7 +141,9 @@ def per_query_clipped_sum(
             norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads))
             factors = (clip_norm / (norms + 1e-12)).clamp(max=1.0)  # the factor of clipping.clip
             if weights is not None:
-                factors = factors * torch.tensor([weights[i] for i in rows[start:stop]], dtype=factors.dtype)
+                factors = factors * torch.tensor(
+                    [weights[i] for i in rows[start:stop]], dtype=factors.dtype, device=factors.device
+                )
             for t, g in zip(total, grads, strict=True):
                 t.add_(torch.tensordot(factors.to(g.dtype), g, dims=1))
         return total, losses.mean().item()
