@@ -21,7 +21,7 @@ from synthq.cli.run_command import run_command
 from synthq.cli.search_command import search_command
 from synthq.cli.stage_commands import STAGE_COMMANDS
 from synthq.config.search import SearchConfig
-from synthq.runtime.console import set_verbosity
+from synthq.runtime.console import progress_interval, set_verbosity
 
 plain_arguments()
 app = typer.Typer(
@@ -64,6 +64,7 @@ def _main(
     ),
 ) -> None:
     set_verbosity(0 if quiet else 2 if verbose else 1)
+    progress_interval()  # an impossible SYNTHQ_PROGRESS_INTERVAL is refused before any work
     if threads is not None:  # read by synthq.runtime.threads when a stage sets up its device
         os.environ["SYNTHQ_THREADS"] = str(threads)
     if not verbose:

@@ -73,7 +73,8 @@ _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 def check_device(value: str) -> str:
-    """``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N``; CUDA only where this build sees a GPU."""
+    """``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N``; CUDA and MPS only where this build and
+    machine have them."""
     if not _DEVICE.fullmatch(value):
         raise ValueError(f"{value!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
     if value.startswith("cuda"):
@@ -84,6 +85,11 @@ def check_device(value: str) -> str:
         index = int(value.partition(":")[2] or 0)
         if index >= torch.cuda.device_count():
             raise ValueError(f"{value!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    if value == "mps":
+        import torch
+
+        if not torch.backends.mps.is_available():  # the tensors' first move failed with a traceback
+            raise ValueError("'mps' requested but this torch build or machine has no MPS GPU; use cpu")
     return value
 
 

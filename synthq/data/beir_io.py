@@ -177,6 +177,7 @@ def _parse_queries(lines: HashingReader, out: Path) -> None:
 def _parse_qrels(lines: HashingReader, out: Path) -> None:
     path = lines.path
     qrels: dict[str, dict[str, int]] = {}
+    first_line: dict[tuple[str, str], int] = {}
     for number, raw in enumerate(lines, 1):
         try:
             line = raw.decode("utf-8").rstrip("\r\n")
@@ -204,7 +205,17 @@ def _parse_qrels(lines: HashingReader, out: Path) -> None:
                 number,
             )
         relevance = int(value)
-        qrels.setdefault(query_id, {})[doc_id] = relevance
+        judged = qrels.setdefault(query_id, {})
+        if doc_id in judged and judged[doc_id] != relevance:  # which one is meant? not ours to guess
+            raise DataError(
+                f"pair ({query_id!r}, {doc_id!r}) is judged {judged[doc_id]} on line "
+                f"{first_line[query_id, doc_id]} and {relevance} here: keep one grade per pair",
+                path,
+                number,
+            )
+        if doc_id not in judged:
+            first_line[query_id, doc_id] = number
+        judged[doc_id] = relevance
     starts = []
     with TableWriter(out / DATA_FILE, QRELS_SCHEMA) as writer:
         for query_id, docs in qrels.items():
@@ -230,8 +241,8 @@ def read_queries(path: str | Path) -> Queries:
 
 def read_qrels(path: str | Path) -> Qrels:
     """A BEIR qrels TSV (``query-id  corpus-id  score``, optional header row) as a lazy
-    :class:`~synthq.data.tables.Qrels`; a (query, document) pair given twice keeps its first
-    position and its last score."""
+    :class:`~synthq.data.tables.Qrels`; a (query, document) pair given twice with the same grade
+    counts once, with two different grades it is refused (line numbers of both)."""
     return Qrels(_build("qrels", Path(path), _parse_qrels))
 
 

@@ -37,7 +37,9 @@ from synthq.runtime.errors import DataError
 from synthq.runtime.paths import cache_dir
 
 # Bump when the layout or the parsing rules of the cached tables change.
-CACHE_FORMAT = 4  # 2: queries carry user_id and line; 3: non-string JSON fields refused; 4: whole grades
+# 2: queries carry user_id and line; 3: non-string JSON fields refused; 4: whole grades;
+# 5: a qrels pair judged twice with two grades refused
+CACHE_FORMAT = 5
 # Every stored table is written in record batches of exactly this many rows (the last one
 # shorter), so row r lives in chunk r // BATCH_ROWS at offset r % BATCH_ROWS.
 BATCH_ROWS = 4096

@@ -30,6 +30,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from synthq.runtime.errors import SettingError
+
 console = Console(stderr=True, soft_wrap=True)
 # Piped or redirected, rich would fold tables to 80 columns; a file gets them whole.
 output = Console(soft_wrap=True, width=None if os.isatty(1) else 200)
@@ -123,12 +125,27 @@ class LoggedProgress(Progress):
         super().stop()
 
 
+def progress_interval() -> float:
+    """Seconds between plain progress lines: ``SYNTHQ_PROGRESS_INTERVAL``, else
+    :data:`LOG_INTERVAL_SECONDS`; a value that is not a positive number is a one-line error."""
+    value = os.environ.get("SYNTHQ_PROGRESS_INTERVAL", "").strip()
+    if not value:
+        return LOG_INTERVAL_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise SettingError(f"SYNTHQ_PROGRESS_INTERVAL must be a positive number of seconds, not {value!r}")
+    return seconds
+
+
 def progress(*extra_columns) -> Progress:
     """A progress bar with count, elapsed and remaining time, plus any stage-specific columns
     (for example ``TextColumn("loss {task.fields[loss]:.3f}")``); plain periodic lines when the
     output is not a terminal; nothing under ``-q``."""
     if verbosity() > 0 and not console.is_terminal:
-        interval = float(os.environ.get("SYNTHQ_PROGRESS_INTERVAL", LOG_INTERVAL_SECONDS))
+        interval = progress_interval()
         return LoggedProgress(console=console, interval=interval)
     return Progress(
         TextColumn("[bold]{task.description}"),

@@ -27,6 +27,11 @@ class PrivacyError(SynthqError):
     """An impossible privacy budget or accountant request."""
 
 
+class SettingError(SynthqError, ValueError):
+    """An option or environment variable with a value that cannot work (a device this machine
+    lacks, a thread count of ``abc``)."""
+
+
 class ModelResolutionError(SynthqError):
     """A model spec could not be resolved to weights on this machine."""
 

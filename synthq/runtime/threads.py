@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from synthq.runtime.errors import SettingError
+
 
 def available_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     """CPUs this process may use: affinity mask, container quota and physical cores, the least."""
@@ -97,7 +99,7 @@ def thread_count(
     environ = os.environ if environ is None else environ
     if threads is not None:
         if threads < 1:
-            raise ValueError(f"threads must be at least 1, not {threads}")
+            raise SettingError(f"threads must be at least 1, not {threads}")
         return threads
     for name in ("SYNTHQ_THREADS", "OMP_NUM_THREADS"):
         value = environ.get(name, "").strip()
@@ -107,7 +109,7 @@ def thread_count(
         if name == "OMP_NUM_THREADS" and value == "1" and local_ranks > 1:
             continue  # torchrun's default for every multi-rank launch, not a user's choice
         if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"{name} must be a positive integer, not {value!r}")
+            raise SettingError(f"{name} must be a positive integer, not {value!r}")
         return int(value)
     cores = available_cores() if cores is None else cores
     count = max(1, cores // max(1, int(environ.get("LOCAL_WORLD_SIZE", "1") or 1)))

@@ -145,3 +145,39 @@ def test_nothing_is_written_inside_an_artifact_and_a_statement_is_not_overwritte
     assert statement.read_text() == "signed by the reviewer\n"
     status, output = run_main([*argv, "--force"], capsys, monkeypatch)
     assert status == 0 and statement.read_text().startswith("#")
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ({"SYNTHQ_THREADS": "abc"}, "SYNTHQ_THREADS must be a positive integer, not 'abc'"),
+        ({"SYNTHQ_THREADS": "0"}, "SYNTHQ_THREADS must be a positive integer, not '0'"),
+        ({"SYNTHQ_PROGRESS_INTERVAL": "abc"}, "SYNTHQ_PROGRESS_INTERVAL must be a positive number"),
+        ({"SYNTHQ_PROGRESS_INTERVAL": "-5"}, "SYNTHQ_PROGRESS_INTERVAL must be a positive number"),
+    ],
+)
+def test_an_impossible_environment_setting_is_one_line(
+    setting, expected, tmp_path, tiny_beir, tiny_encoder_dir, capsys, monkeypatch
+):
+    """Fault pass round 4: SYNTHQ_THREADS=abc|0 and SYNTHQ_PROGRESS_INTERVAL=abc ended in
+    tracebacks (a ValueError from int()/float()); each is one line naming the variable."""
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    argv = ["train-retriever", "--data", str(tiny_beir), "--encoder", str(tiny_encoder_dir),
+            "--max-steps", "1", "--out", str(tmp_path / "out")]  # fmt: skip
+    status, output = run_main(argv, capsys, monkeypatch)
+    assert status == 2 and expected in one_line(output), output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_device_this_machine_lacks_is_one_line(tmp_path, tiny_beir, tiny_encoder_dir, capsys, monkeypatch):
+    """Fault pass round 4: --device mps on a build without MPS died in a tensor's move."""
+    import torch
+
+    if torch.backends.mps.is_available():
+        pytest.skip("this machine has MPS")
+    argv = ["train-retriever", "--data", str(tiny_beir), "--encoder", str(tiny_encoder_dir),
+            "--device", "mps", "--out", str(tmp_path / "out")]  # fmt: skip
+    status, output = run_main(argv, capsys, monkeypatch)
+    assert status == 2 and "'mps' requested but this torch build or machine has no MPS" in one_line(output)
+    assert not (tmp_path / "out").exists()

@@ -55,8 +55,15 @@ def test_epsilon_text():
 
 
 def test_device_names():
-    for name in ("auto", "cpu", "mps"):
+    import torch
+
+    for name in ("auto", "cpu"):
         assert check_device(name) == name
+    if torch.backends.mps.is_available():
+        assert check_device("mps") == "mps"
+    else:
+        with pytest.raises(ValueError, match="no MPS"):
+            check_device("mps")
     for bad in ("gpu", "cuda:x", "cpu:0"):
         with pytest.raises(ValueError, match="not a device"):
             check_device(bad)

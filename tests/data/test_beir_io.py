@@ -77,6 +77,12 @@ def broken(tmp_path, tiny_beir):
         ),
         ("qrels/test.tsv", ["test-egg-0\tegg-0\thigh"], r"test.tsv:1: relevance 'high' is not a number"),
         # int() truncated 0.5 to 0 and the judged query vanished from eval (fault pass, round 4)
+        # a pair judged 1 then 0 was read as 0 without a word (fault pass, round 4)
+        (
+            "qrels/test.tsv",
+            ["query-id\tcorpus-id\tscore", "test-egg-0\tegg-0\t1", "test-egg-0\tegg-0\t0"],
+            r"test.tsv:3: pair \('test-egg-0', 'egg-0'\) is judged 1 on line 2 and 0 here",
+        ),
         (
             "qrels/test.tsv",
             ["query-id\tcorpus-id\tscore", "test-egg-0\tegg-0\t0.5"],
