@@ -47,13 +47,15 @@ def run_command(
         raise OptionError("give a PIPELINE file (or --schema)")
 
     plan = plan_pipeline(pipeline, overrides or [], force or [])
+    missing = missing_inputs(plan)
+    if dry_run:  # the plan is the command's result: on stdout, so `--dry-run > plan.txt` keeps it
+        for line in describe_plan(plan):
+            result(line)
+        for line in missing:
+            result(escape(f"missing input: {line}"))
+        return
     for line in describe_plan(plan):
         console.print(line)
-    missing = missing_inputs(plan)
-    if dry_run:
-        for line in missing:
-            console.print(escape(f"missing input: {line}"), highlight=False)
-        return
     if missing:  # refused now rather than when that stage is reached, perhaps hours in
         more = f" (and {len(missing) - 1} more; see --dry-run)" if len(missing) > 1 else ""
         raise OptionError(f"pipeline {plan.name!r}: {missing[0]}{more}; nothing was run")

@@ -29,6 +29,18 @@ def substitute(value: Any, variables: dict[str, Any]) -> Any:
     return value
 
 
+def unknown_variables(value: Any, variables: dict[str, Any]) -> list[str]:
+    """The ``{name}`` placeholders in ``value``'s strings (recursively) that ``variables`` does not
+    define: a misspelt ``{lrr}`` would otherwise reach the stage's config as text."""
+    if isinstance(value, str):
+        return [name for name in _VARIABLE.findall(value) if name not in variables]
+    if isinstance(value, dict):
+        return [name for item in value.values() for name in unknown_variables(item, variables)]
+    if isinstance(value, list):
+        return [name for item in value for name in unknown_variables(item, variables)]
+    return []
+
+
 def resolve_references(value: Any, known: dict[str, Path], where: str, used: list[str]) -> Any:
     """Replace ``@name`` (recursively) by that earlier stage's directory, and a glob ``@ret-*`` by
     the list of every match (spliced into an enclosing list); the names used are appended to
@@ -64,6 +76,9 @@ def expand_sweep(entry: dict, variables: dict[str, Any]) -> list[tuple[dict, dic
         raise SynthqError(f"stage {entry.get('name')!r}: sweep must be a mapping of variable -> list")
     keys = list(sweep)
     values = [v if isinstance(v, list) else [v] for v in sweep.values()]
+    empty = [key for key, value in zip(keys, values, strict=True) if not value]
+    if empty:  # the product would be empty: the stage, and every stage after it, silently gone
+        raise SynthqError(f"stage {entry.get('name')!r}: sweep {', '.join(empty)} lists no values")
     return [
         (entry, {**variables, **dict(zip(keys, combo, strict=True))}) for combo in itertools.product(*values)
     ]

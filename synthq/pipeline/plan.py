@@ -47,7 +47,7 @@ from pydantic import ValidationError
 from synthq.artifacts.freshness import is_still_up_to_date
 from synthq.config.loading import apply_overrides, load_yaml, validation_message
 from synthq.config.registry import stage_entry
-from synthq.pipeline.expand import expand_sweep, resolve_references, substitute
+from synthq.pipeline.expand import expand_sweep, resolve_references, substitute, unknown_variables
 from synthq.runtime.errors import SynthqError
 
 _IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -133,11 +133,18 @@ def _concrete_stages(
         _check_keys(raw, STAGE_KEYS, f"{path}: stages[{index}]")
         entry_point = stage_entry(raw["stage"])
         for entry, scope in expand_sweep(raw, variables):
+            options = {**(defaults.get(entry["stage"]) or {}), **(entry.get("config") or {})}
+            unknown = unknown_variables([entry["name"], options], scope)
+            if unknown:
+                defined = ", ".join(sorted(scope)) or "none (define them under vars: or the stage's sweep:)"
+                raise SynthqError(
+                    f"{path}: stages[{index}] ({raw['name']}): unknown variable(s) "
+                    f"{', '.join('{' + name + '}' for name in dict.fromkeys(unknown))}; defined: {defined}"
+                )
             stage_name = _identifier(str(substitute(entry["name"], scope)), f"{path}: stages[{index}] name")
             where = f"{path}: stage {stage_name!r}"
             if stage_name in known:
                 raise SynthqError(f"{where}: duplicate stage name")
-            options = {**(defaults.get(entry["stage"]) or {}), **(entry.get("config") or {})}
             options = substitute(options, scope)
             used: list[str] = []
             options = resolve_references(options, known, where, used)

@@ -198,6 +198,36 @@ def test_dry_run_runs_nothing(tmp_path):
     assert "first-3 (generate): run, ~2 s" in result.output
 
 
+def test_the_dry_run_plan_is_on_stdout(tmp_path, capsys, monkeypatch):
+    """Fault pass round 4: `run --dry-run > plan.txt` wrote nothing (the plan went to stderr)."""
+    from synthq.cli.errors import main
+
+    monkeypatch.setattr("sys.argv", ["synthq", "run", str(write(tmp_path)), "--dry-run"])
+    capsys.readouterr()
+    main()  # returns normally on success
+    captured = capsys.readouterr()
+    assert "first-3 (generate): run, ~2 s" in captured.out
+    assert "first-3" not in captured.err and CALLS == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        # an empty sweep list planned "0 stages" and exited 0: the stage and its dependants were gone
+        ((r"{{eps: [1, 3]}}", r"{{eps: []}}"), r"stage 'first-\{eps\}': sweep eps lists no values"),
+        # a misspelt variable reached the config as text and was reported as a bad number
+        (
+            ('value: "{{base}}"', 'value: "{{bsae}}"'),
+            r"stages\[1\] \(second\): unknown variable\(s\) \{bsae\}; defined: base",
+        ),
+    ],
+)
+def test_an_empty_sweep_or_an_unknown_variable_is_refused(tmp_path, edit, message):
+    path = write(tmp_path, PIPELINE.replace(*edit))
+    with pytest.raises(SynthqError, match=message):
+        plan_pipeline(path)
+
+
 def test_failure_names_the_stage_and_keeps_earlier_artifacts(tmp_path):
     path = write(tmp_path)
     with pytest.raises(SynthqError, match="stopped at stage 'second'.*synthetic failure"):
