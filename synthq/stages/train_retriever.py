@@ -343,6 +343,14 @@ def _hard_negatives(config: TrainRetrieverConfig, encoder, pairs, corpus, rng: r
     for pair in pairs:
         judged.setdefault(pair.query_id, set()).add(pair.doc_id)
 
+    possible = len(texts) - max(len(positives) for positives in judged.values())
+    if config.hard_negatives > possible:  # the rest would be random documents, recorded as mined
+        raise DataError(
+            f"--hard-negatives {config.hard_negatives} is more than the {possible} documents that can be "
+            f"a query's negatives here ({len(texts)} documents, up to {len(texts) - possible} positives "
+            "for one query); choose at most that"
+        )
+
     def encode(strings: list[str], length: int) -> torch.Tensor:
         return torch.cat([embed(encoder, strings[i : i + 64], length) for i in range(0, len(strings), 64)])
 

@@ -181,3 +181,27 @@ def test_a_device_this_machine_lacks_is_one_line(tmp_path, tiny_beir, tiny_encod
     status, output = run_main(argv, capsys, monkeypatch)
     assert status == 2 and "'mps' requested but this torch build or machine has no MPS" in one_line(output)
     assert not (tmp_path / "out").exists()
+
+
+def test_hard_negatives_beyond_the_corpus_are_refused_and_within_it_train(
+    tmp_path, tiny_beir, tiny_encoder_dir, capsys, monkeypatch
+):
+    """Fault pass round 4: --hard-negatives 100 on a corpus of a few dozen documents topped the
+    list up with random documents while the manifest said 100 mined. Now refused before any
+    training; a count the corpus holds trains (the stage path had no test of its own)."""
+    base = ["train-retriever", "--data", str(tiny_beir), "--encoder", str(tiny_encoder_dir),
+            "--max-steps", "1", "--batch-size", "2", "--device", "cpu"]  # fmt: skip
+    status, output = run_main(
+        [*base, "--hard-negatives", "1000", "--out", str(tmp_path / "many")], capsys, monkeypatch
+    )
+    line = [ln for ln in output.splitlines() if ln.startswith("synthq:")]
+    assert status == 2 and len(line) == 1, output
+    assert "--hard-negatives 1000 is more than the" in line[0] and "documents that can be" in line[0]
+    assert not (tmp_path / "many").exists()
+    status, output = run_main(
+        [*base, "--hard-negatives", "2", "--out", str(tmp_path / "two")], capsys, monkeypatch
+    )
+    assert status == 0, output
+    from synthq.artifacts.manifest import open_artifact
+
+    assert open_artifact(tmp_path / "two").config["hard_negatives"] == 2
