@@ -101,7 +101,7 @@ from synthq.retrieval.metrics import judged_queries, per_query
 from synthq.retrieval.selection import Selection, select_retrievers, selection_label
 from synthq.retrieval.trec import RUN_SUFFIX, run_tag, write_run
 from synthq.runtime import distributed, precision
-from synthq.runtime.console import result, verbosity, warn
+from synthq.runtime.console import result, warn
 from synthq.runtime.errors import DataError
 
 STAGE = "eval"
@@ -139,8 +139,7 @@ def run(config: EvalConfig) -> Artifact:
             _add_rows(tally, scored, data, data_releases, models, config.bm25, selection, chosen_by)
         _write_results(writer, tally, selection)
         writer.timings.update(tally.throughput.summary(device))
-    if verbosity() >= 1:  # rank 0 only under torchrun
-        result(results_table(tally.rows))
+    result(results_table(tally.rows))  # the command's result: on stdout under -q too (rank 0 only)
     return distributed.on_main(open_artifact, config.out, STAGE)
 
 

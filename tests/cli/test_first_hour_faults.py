@@ -205,3 +205,20 @@ def test_hard_negatives_beyond_the_corpus_are_refused_and_within_it_train(
     from synthq.artifacts.manifest import open_artifact
 
     assert open_artifact(tmp_path / "two").config["hard_negatives"] == 2
+
+
+def test_quiet_hides_progress_not_the_eval_table(tmp_path, tiny_beir, tiny_encoder_dir, capsys, monkeypatch):
+    """Fault pass round 4: `-q` hid the eval table from stdout, though the help says it hides
+    progress and info lines only."""
+    from synthq.cli.errors import main
+    from tests.helpers import eval_argv
+
+    from synthq.runtime import console
+
+    argv = ["-q", *eval_argv(tmp_path, tiny_encoder_dir, tiny_beir, tmp_path / "ev")]
+    monkeypatch.setattr("sys.argv", ["synthq", *argv])
+    monkeypatch.setitem(console._state, "verbosity", console._state["verbosity"])  # -q must not leak
+    capsys.readouterr()
+    main()
+    captured = capsys.readouterr()
+    assert "| retriever | method | ε | NDCG@10 |" in captured.out, captured.out
