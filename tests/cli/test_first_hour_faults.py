@@ -211,9 +211,8 @@ def test_quiet_hides_progress_not_the_eval_table(tmp_path, tiny_beir, tiny_encod
     """Fault pass round 4: `-q` hid the eval table from stdout, though the help says it hides
     progress and info lines only."""
     from synthq.cli.errors import main
-    from tests.helpers import eval_argv
-
     from synthq.runtime import console
+    from tests.helpers import eval_argv
 
     argv = ["-q", *eval_argv(tmp_path, tiny_encoder_dir, tiny_beir, tmp_path / "ev")]
     monkeypatch.setattr("sys.argv", ["synthq", *argv])
