@@ -75,7 +75,8 @@ class FinetuneConfig(StageConfig):
     batch_size: int = Field(
         1024,
         ge=1,
-        description="Expected batch, in queries; Poisson rate q = batch / training queries (paper: 1024).",
+        description="Expected batch, in privacy units (queries, or users at --privacy-unit user); Poisson "
+        "rate q = batch / units (paper: 1024 queries).",
     )
     physical_batch_size: int | None = Field(
         None,

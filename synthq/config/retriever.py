@@ -42,7 +42,12 @@ class TrainRetrieverConfig(StageConfig):
         description="Clipping norm C for --dp (the paper uses 0.1 with T5-Base; 1.0 here by default).",
     )
     accountant: Accountant = Field("rdp", description="Privacy accountant for --dp: rdp or prv.")
-    batch_size: int = Field(32, ge=1, description="Batch (paper: 32); the expected batch under --dp.")
+    batch_size: int = Field(
+        32,
+        ge=1,
+        description="Batch of pairs (paper: 32); under --dp the expected batch of privacy units "
+        "(pairs, or users at --privacy-unit user).",
+    )
     epochs: float = Field(5.0, gt=0, allow_inf_nan=False, description="Epochs (paper: 5).")
     max_steps: int | None = Field(None, ge=1, description="Cap on steps.")
     lr: float = Field(2e-5, gt=0, allow_inf_nan=False, description="Learning rate.")
