@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from synthq.runtime.file_digests import content_digest
+
 
 def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
     digest = hashlib.sha256()
@@ -29,14 +31,12 @@ LARGE_FILE_BYTES = 16 << 20
 
 def file_digest(path: Path) -> str:
     """sha256 of a file's whole content. A large file's digest is remembered while its stat
-    (device, inode, size, mtime, ctime) is unchanged — the data layer's
-    :func:`synthq.data.store.content_digest`, one cache for both — so an unchanged multi-GB corpus
-    is read once, not on every up-to-date check."""
+    (device, inode, size, mtime, ctime) is unchanged (:func:`synthq.runtime.file_digests.content_digest`,
+    the memo the Arrow cache keys its tables by) — so an unchanged multi-GB corpus is read once, not
+    on every up-to-date check."""
     path = Path(path)
     if path.stat().st_size <= LARGE_FILE_BYTES:
         return sha256_file(path)
-    from synthq.data.store import content_digest  # numpy/pyarrow only when a large file is hashed
-
     return content_digest(path)
 
 

@@ -26,12 +26,12 @@ from synthq.data.store import (
     IdIndex,
     TableWriter,
     cached_build,
-    content_digest,
     open_table,
     write_table,
 )
 from synthq.data.tables import DATA_FILE, Corpus, Qrels, Queries
 from synthq.runtime.errors import DataError
+from synthq.runtime.file_digests import content_digest
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The Arrow cache behind BEIR files: content digests, atomic builds, memory-mapped tables, id index.
+"""The Arrow cache behind BEIR files: atomic builds, memory-mapped tables, id index.
 
 Every BEIR file (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``) is parsed and
 validated once into a directory under ``$SYNTHQ_CACHE/arrow/`` named after the sha256 of the
@@ -6,13 +6,8 @@ file's bytes. The directory holds Arrow IPC stream files -- the format of the Hu
 ``datasets`` cache, so ``datasets.Dataset.from_file`` opens them as they are -- which every
 process (every torchrun rank) memory-maps instead of holding its own copy of the text.
 
-The cache key is the full sha256 of the file, never a sample. Re-reading gigabytes at every stage
-start is avoided the way git's index does it: the digest is remembered together with the file's
-size, inode, mtime and ctime, and recomputed whenever any of them differs. ctime cannot be set
-back by user tools, so an edit anywhere in the file (even one that restores the size and mtime)
-forces a new digest; a file changed within :data:`RACY_SECONDS` of being hashed is never
-remembered (the "racy git" rule: a second write in the same clock tick would leave the stat
-unchanged).
+The cache key is the full sha256 of the file, never a sample, remembered while the file's stat is
+unchanged (:mod:`synthq.runtime.file_digests`).
 
 Builds run under an exclusive ``flock`` in a private temporary directory that is renamed into
 place when complete, so concurrent processes either build once and share, or find the finished
@@ -23,10 +18,8 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import json
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -43,58 +36,6 @@ CACHE_FORMAT = 5
 # Every stored table is written in record batches of exactly this many rows (the last one
 # shorter), so row r lives in chunk r // BATCH_ROWS at offset r % BATCH_ROWS.
 BATCH_ROWS = 4096
-# A file whose mtime or ctime is this recent when hashed gets no remembered digest.
-RACY_SECONDS = 2.0
-HASH_CHUNK = 1 << 20
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of every byte of ``path``, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _stat_key(stat: os.stat_result) -> list[int]:
-    return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
-
-
-def _memo_path(path: Path) -> Path:
-    name = hashlib.sha256(str(path.resolve()).encode()).hexdigest()
-    return cache_dir("arrow", "digests") / f"{name}.json"
-
-
-def content_digest(path: Path) -> str:
-    """The full sha256 of ``path``, remembered while its stat (size, inode, mtime, ctime) is unchanged."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError("file not found", path)
-    memo = _memo_path(path)
-    stat = path.stat()
-    try:
-        remembered = json.loads(memo.read_text(encoding="utf-8"))
-        if remembered["stat"] == _stat_key(stat):
-            return remembered["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    digest = file_sha256(path)
-    remember_digest(path, stat, digest)
-    return digest
-
-
-def remember_digest(path: Path, stat: os.stat_result, digest: str) -> None:
-    """Store ``digest`` for ``path`` unless the file changed too recently to trust its stat."""
-    racy = time.time() - max(stat.st_mtime, stat.st_ctime) < RACY_SECONDS
-    if racy or _stat_key(path.stat()) != _stat_key(stat):
-        return
-    memo = _memo_path(path)
-    tmp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
-    tmp.write_text(
-        json.dumps({"path": str(path), "stat": _stat_key(stat), "sha256": digest}), encoding="utf-8"
-    )
-    os.replace(tmp, memo)
 
 
 class HashingReader:

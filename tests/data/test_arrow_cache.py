@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from synthq.data import store as store_module
 from synthq.data.beir_io import load_beir_dir, read_corpus, read_qrels, write_beir_dir
 from synthq.data.pairs import document_text, training_pairs
-from synthq.data.store import CACHE_FORMAT, cached_build, content_digest, file_sha256
+from synthq.data.store import CACHE_FORMAT, cached_build
+from synthq.runtime import file_digests as digests_module
 from synthq.runtime.errors import DataError
+from synthq.runtime.file_digests import content_digest, file_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,13 +90,16 @@ def test_cache_files_open_as_hugging_face_datasets(cache, unicode_beir):
     assert {row["_id"]: {"title": row["title"], "text": row["text"]} for row in hf} == dict(dataset.corpus)
 
 
-def test_duplicate_judgement_keeps_first_position_and_last_score(cache, tmp_path, tiny_beir):
+def test_a_repeated_judgement_counts_once_and_two_grades_are_refused(cache, tmp_path, tiny_beir):
     root = tmp_path / "dup"
     shutil.copytree(tiny_beir, root)
-    rows = ["query-id\tcorpus-id\tscore", "A\tegg-1\t1", "B\tegg-2\t1", "A\tegg-3\t2", "A\tegg-1\t0"]
+    rows = ["query-id\tcorpus-id\tscore", "A\tegg-1\t1", "B\tegg-2\t1", "A\tegg-3\t2", "A\tegg-1\t1"]
     (root / "qrels" / "test.tsv").write_text("\n".join(rows) + "\n")
     qrels = read_qrels(root / "qrels" / "test.tsv")
-    assert list(qrels.items()) == [("A", {"egg-1": 0, "egg-3": 2}), ("B", {"egg-2": 1})]
+    assert list(qrels.items()) == [("A", {"egg-1": 1, "egg-3": 2}), ("B", {"egg-2": 1})]
+    (root / "qrels" / "test.tsv").write_text("\n".join([*rows[:-1], "A\tegg-1\t0"]) + "\n")
+    with pytest.raises(DataError, match=r"test.tsv:5: pair \('A', 'egg-1'\) is judged 1 on line 2 and 0"):
+        read_qrels(root / "qrels" / "test.tsv")
 
 
 @pytest.mark.parametrize(
@@ -204,12 +208,12 @@ def test_digest_is_the_full_sha256_and_sees_a_middle_byte(tmp_path, cache):
 
 def test_remembered_digest_is_dropped_when_ctime_moves(tmp_path, cache, monkeypatch):
     """Edit the middle of a file, restore size and mtime: ctime still moves, so it is re-hashed."""
-    monkeypatch.setattr(store_module, "RACY_SECONDS", -1.0)  # remember even fresh files
+    monkeypatch.setattr(digests_module, "RACY_SECONDS", -1.0)  # remember even fresh files
     path = tmp_path / "blob"
     path.write_bytes(b"a" * 1000)
     first = content_digest(path)
     calls = []
-    monkeypatch.setattr(store_module, "file_sha256", lambda p: calls.append(p) or file_sha256(p))
+    monkeypatch.setattr(digests_module, "file_sha256", lambda p: calls.append(p) or file_sha256(p))
     assert content_digest(path) == first and calls == []  # remembered
     stat = path.stat()
     time.sleep(0.05)
@@ -226,7 +230,7 @@ def test_fresh_files_are_not_remembered(tmp_path, cache, monkeypatch):
     path.write_bytes(b"fresh")
     content_digest(path)
     calls = []
-    monkeypatch.setattr(store_module, "file_sha256", lambda p: calls.append(p) or file_sha256(p))
+    monkeypatch.setattr(digests_module, "file_sha256", lambda p: calls.append(p) or file_sha256(p))
     content_digest(path)
     assert len(calls) == 1  # changed under RACY_SECONDS ago: hashed again
 
