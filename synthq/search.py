@@ -96,7 +96,7 @@ def search(
         per query, a list of ``{"doc_id", "score", "title", "text"}``.
     """
     from synthq.data.sources import dataset_parts, resolve_dataset
-    from synthq.models.resolve import resolve_device
+    from synthq.runtime.distributed import resolve_device
 
     if not queries or not all(q.strip() for q in queries):
         raise DataError("give a non-empty query")

@@ -112,15 +112,6 @@ for _layers in (2, 4, 8, None):
     register_alias(f"smollm2-135m-enc{'-l' + str(_layers) if _layers else ''}")(_smollm2_encoder(_layers))
 
 
-def resolve_device(choice: str = "auto") -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; anything else is passed through."""
-    if choice != "auto":
-        return choice
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def resolve_model(spec: str) -> Path:
     """A local directory holding the weights that ``spec`` names.
 

@@ -132,10 +132,18 @@ def leave(completed: bool = True) -> None:
         dist.destroy_process_group()
 
 
+def resolve_device(choice: str = "auto") -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; anything else is passed through
+    (``--device`` values are checked when the config is read: :func:`synthq.config.fields.check_device`)."""
+    if choice != "auto":
+        return choice
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def device_for(choice: str = "auto") -> str:
     """The torch device of this rank: ``auto`` -> ``cuda:LOCAL_RANK`` when GPUs are visible."""
-    from synthq.models.resolve import resolve_device
-
     choice = resolve_device(choice)
     if choice == "cuda" and topology().world_size > 1:
         return f"cuda:{topology().local_rank}"

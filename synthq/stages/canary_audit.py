@@ -71,9 +71,9 @@ from synthq.config.audit import CanaryAuditConfig
 from synthq.config.registry import stage_entry
 from synthq.data.beir_io import BeirDataset, write_beir_dir
 from synthq.data.sources import load_source, resolve_source
-from synthq.models.resolve import resolve_device
 from synthq.privacy.guarantee import Guarantee, format_epsilon
 from synthq.runtime.console import info
+from synthq.runtime.distributed import resolve_device
 
 STAGE = "canary-audit"
 AUDIT_DATA = "data"  # scratch BEIR directory with the private pairs; removed at the end

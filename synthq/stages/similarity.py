@@ -27,10 +27,10 @@ from synthq.config.evaluation import SimilarityConfig
 from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.data.beir_io import read_qrels, read_queries
 from synthq.data.sources import load_source, resolve_source
-from synthq.models.resolve import resolve_device
 from synthq.privacy.guarantee import Guarantee, format_epsilon
 from synthq.runtime import precision
 from synthq.runtime.console import result
+from synthq.runtime.distributed import resolve_device
 from synthq.runtime.errors import DataError
 
 STAGE = "similarity"
