@@ -22,7 +22,6 @@ same dataset identity).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import unicodedata
 from pathlib import Path
@@ -205,29 +204,3 @@ def linked_users(releases: list[dict]) -> set[frozenset[str]]:
             ):
                 pairs.append({first["id"], second["id"]})
     return {frozenset(group) for group in connected(pairs)}
-
-
-def training_units(pairs, root: Path, unit: str, max_queries: int | None, randomness, links: bool = True):
-    """The privacy units of a private training set of pairs (a :class:`~synthq.data.pairs.PairList`):
-    one per query id, or one per user (``unit="user"``: user ids from the dataset at ``root``,
-    each user bounded to ``max_queries`` queries chosen with ``randomness``'s secret key). At the
-    user unit ``links`` keeps the ids and texts of the users' queries for the release's link sets;
-    ``synthq plan`` counts without them (it reads no query text)."""
-    from synthq.data.users import query_users
-    from synthq.dp.units import PrivacyUnits
-
-    query_ids = [pairs.queries.id_at(int(row)) for row in pairs.query_rows]
-    if unit == "query":
-        return PrivacyUnits.from_keys(query_ids)
-    users = query_users(root, pairs.queries, pairs.query_rows)
-    units = PrivacyUnits.by_user(query_ids, users, max_queries, randomness)
-    if not links:
-        return units
-    # every query of the dataset, all splits (the same people however a later export splits or
-    # renames the log; the sets are keyed and never released)
-    every = range(len(pairs.queries))
-    links = {
-        "query": [pairs.queries.id_at(row) for row in every],
-        "text": [link_text(pairs.queries.text_at(row)) for row in every],
-    }
-    return dataclasses.replace(units, links=links)

@@ -52,6 +52,7 @@ from synthq.dp.units import (
     PrivacyUnits,
     describe_units,
     public_count_assumption,
+    training_units,
     unit_details,
     unit_diagnostics,
 )
@@ -61,7 +62,6 @@ from synthq.models.training_step import non_private_step
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import data_input, model_input, public_pairs_input
 from synthq.privacy.splits import split_is_private
-from synthq.privacy.units import training_units
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import StepFraction, info, progress, warn
 from synthq.runtime.optim import make_optimizer

@@ -43,6 +43,7 @@ from synthq.dp.units import (
     PrivacyUnits,
     describe_units,
     public_count_assumption,
+    training_units,
     unit_details,
     unit_diagnostics,
 )
@@ -57,7 +58,6 @@ from synthq.models.encoder import (
 )
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import data_input, model_input
-from synthq.privacy.units import training_units
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import info, progress, warn
 from synthq.runtime.errors import DataError, SynthqError

@@ -26,12 +26,11 @@ from synthq.dp.contrastive import Example, GroupClipping, SampleClipping
 from synthq.dp.engine import PrivacyPlan
 from synthq.dp.lm import DPStep
 from synthq.dp.noise import SecretRandomness
-from synthq.dp.units import PrivacyUnits, poisson_units
+from synthq.dp.units import PrivacyUnits, poisson_units, training_units
 from synthq.models.encoder import embed
 from synthq.models.generator import QueryGenerator
 from synthq.privacy.guarantee import Guarantee, compose_releases
 from synthq.privacy.ledger import ledger_lines
-from synthq.privacy.units import training_units
 from synthq.reporting.labels import _synthetic_origin
 from synthq.runtime.errors import DataError, PrivacyError
 from synthq.stages import evaluate, generate, train_retriever

@@ -62,13 +62,13 @@ from synthq.dp.units import (
     PrivacyUnits,
     describe_units,
     public_count_assumption,
+    training_units,
     unit_details,
     unit_diagnostics,
 )
 from synthq.models.generator import QueryGenerator
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import DataInput, ModelInput, data_input, model_input, public_documents_input
-from synthq.privacy.units import training_units
 from synthq.retrieval.cache import encode_texts
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import info, warn
