@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
+from collections import OrderedDict
 from pathlib import Path
 
 from synthq.privacy.keys import key_id, state_dir, unit_digests
@@ -118,6 +119,9 @@ def load_unit_set(
     sha = record["sha256"] if link is None else (record.get("links") or {}).get(link)
     if sha is None:
         return None
+    if sha in _LOADED:  # content-addressed and checked when read: the same bytes, wherever they are
+        _LOADED.move_to_end(sha)
+        return _LOADED[sha]
     candidates = [state_dir(UNITS_DIR) / f"{sha}.bin"]
     if artifact_path:
         candidates.append(
@@ -127,8 +131,21 @@ def load_unit_set(
         if path.is_file():
             data = path.read_bytes()
             if hashlib.sha256(data).hexdigest() == sha:
+                _remember(sha, data)
                 return data
     return None
+
+
+# Unit sets already read in this process, by sha256: a ledger asks for the same sets several times
+# (sharing groups, user links, the statement), and each read hashes the whole file again.
+_LOADED: OrderedDict[str, bytes] = OrderedDict()
+LOADED_BYTES_LIMIT = 256 << 20
+
+
+def _remember(sha: str, data: bytes) -> None:
+    _LOADED[sha] = data
+    while len(_LOADED) > 1 and sum(len(d) for d in _LOADED.values()) > LOADED_BYTES_LIMIT:
+        _LOADED.popitem(last=False)
 
 
 def sharing_groups(releases: list[dict]) -> list[list[str]]:

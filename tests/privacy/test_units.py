@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
+from synthq.privacy import units as units_module
 from synthq.privacy.keys import key_id, state_dir, unit_digests
 from synthq.privacy.ledger import _same_people
 from synthq.privacy.units import (
@@ -28,11 +30,26 @@ def test_a_unit_set_is_stored_and_read_back_by_its_sha256(tmp_path):
     kept = state_dir(UNITS_DIR) / f"{record['sha256']}.bin"
     assert kept.read_bytes() == data and (tmp_path / "art" / "diagnostics" / "units.bin").read_bytes() == data
     assert load_unit_set(record) == data
+    units_module._LOADED.clear()  # a new process: nothing read yet
     kept.unlink()  # the state directory lost it: the releasing artifact's diagnostics still hold it
     assert load_unit_set(record) is None
     assert load_unit_set(record, str(tmp_path / "art")) == data
+    units_module._LOADED.clear()
     (tmp_path / "art" / "diagnostics" / "units.bin").write_bytes(data[:8])  # altered: not this set
     assert load_unit_set(record, str(tmp_path / "art")) is None
+
+
+def test_a_unit_set_is_read_from_disk_once_per_process(tmp_path, monkeypatch):
+    """A ledger asks for the same sets several times (sharing groups, user links, the statement);
+    the bytes are content-addressed and checked when first read, so later asks reuse them."""
+    record = store_unit_set("user", ["u1", "u2"], links={"query": ["q1"], "text": ["t"]})
+    reads = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self) or real(self))
+    units_module._LOADED.clear()
+    first = [load_unit_set(record, None, link) for link in (None, "query", "text")]
+    again = [load_unit_set(record, None, link) for link in (None, "query", "text")]
+    assert first == again and all(first) and len(reads) == 3
     assert load_unit_set(None) is None and load_unit_set({}) is None
 
 
