@@ -3,9 +3,9 @@
 A DP run (the generator's DP-SGD/DP-Adam in :mod:`synthq.dp.lm`, the retriever baselines in
 :mod:`synthq.dp.contrastive`) is the sampled Gaussian mechanism of Abadi et al. (2016), repeated:
 
-1. **Privacy units.** Training pairs are grouped by query id
-   (:class:`~synthq.dp.units.PrivacyUnits`): the unit is the query, with all of its (query,
-   document) pairs. ``n`` counts queries, δ defaults to ``1/(2n)``.
+1. **Privacy units.** Training pairs are grouped by unit (:class:`~synthq.dp.units.PrivacyUnits`):
+   a query with all of its (query, document) pairs, or at ``--privacy-unit user`` a user with all
+   of their kept queries' pairs (at most K). ``n`` counts units, δ defaults to ``1/(2n)``.
 2. **Poisson sampling** of units at ``q = B / n`` (:func:`~synthq.dp.units.poisson_units`), with
    the secret randomness of :class:`~synthq.dp.noise.SecretRandomness`. A mechanism whose
    sensitivity grows with the batch gets a cap ``B_max``; a batch over the cap is replaced by an

@@ -19,8 +19,6 @@ from synthq.runtime.errors import DataError
 
 HEADLINE = ("ndcg@10", "recall@10")
 METRICS = ("ndcg@10", "recall@10", "ndcg@1", "ndcg@3", "ndcg@5", "ndcg@100", "recall@100", "mrr@10", "map")
-# The largest cutoff among METRICS: a run must hold at least this many documents per query.
-DEEPEST_CUTOFF = 100
 
 _TREC_NAMES = {
     "ndcg@1": "ndcg_cut_1", "ndcg@3": "ndcg_cut_3", "ndcg@5": "ndcg_cut_5", "ndcg@10": "ndcg_cut_10",

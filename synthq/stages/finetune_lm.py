@@ -6,10 +6,11 @@ model, let the DP engine plan the run (:class:`synthq.dp.engine.PrivacyPlan`: q,
 the target ε with the chosen accountant), train with :class:`synthq.dp.generator_training.GeneratorTraining`,
 write the model. ``--epsilon inf`` trains the same way without clipping or noise (ε = ∞).
 
-Privacy unit: one query with all its pairs; sensitivity ``C``
-(:class:`synthq.dp.lm.PerQueryClipping`). A starting model that is a synthq artifact composes its
-own guarantee; any other local or hub model is recorded and assumed public
-(:func:`synthq.privacy.ledger.model_input`).
+Privacy unit: one query with all its pairs (:class:`synthq.dp.lm.PerQueryClipping`), or at
+``--privacy-unit user`` one user with all their kept queries (at most K; per-user clipping by
+default, :class:`synthq.dp.lm.PerUserClipping`); sensitivity ``C`` either way. A starting model
+that is a synthq artifact composes its own guarantee; any other local or hub model is recorded and
+assumed public (:func:`synthq.privacy.ledger.model_input`).
 
 The artifact is a Hugging Face ``save_pretrained`` directory (LoRA adapters merged). Per-step
 losses and batch sizes, which are computed from private data without noise, go to the private
