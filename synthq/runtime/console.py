@@ -127,7 +127,8 @@ class LoggedProgress(Progress):
 
 def progress_interval() -> float:
     """Seconds between plain progress lines: ``SYNTHQ_PROGRESS_INTERVAL``, else
-    :data:`LOG_INTERVAL_SECONDS`; a value that is not a positive number is a one-line error."""
+    :data:`LOG_INTERVAL_SECONDS` (0: a line at every update); anything but a finite number ≥ 0 is a
+    one-line error."""
     value = os.environ.get("SYNTHQ_PROGRESS_INTERVAL", "").strip()
     if not value:
         return LOG_INTERVAL_SECONDS
@@ -135,8 +136,8 @@ def progress_interval() -> float:
         seconds = float(value)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise SettingError(f"SYNTHQ_PROGRESS_INTERVAL must be a positive number of seconds, not {value!r}")
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise SettingError(f"SYNTHQ_PROGRESS_INTERVAL must be a number of seconds ≥ 0, not {value!r}")
     return seconds
 
 

@@ -47,6 +47,7 @@ from synthq.dp.units import (
     unit_details,
     unit_diagnostics,
 )
+from synthq.models.defaults import Chosen, document_token_length, hardware_profile, retriever_defaults
 from synthq.models.encoder import (
     embed,
     features,
@@ -199,6 +200,22 @@ def _dp_setup(config: TrainRetrieverConfig, units: PrivacyUnits, encoder, random
     return mechanism, plan, steps
 
 
+def _fitted_pass_size(config: TrainRetrieverConfig, encoder, corpus, place) -> Chosen:
+    """GradCache's chunk when ``--mini-batch-size`` is unset and the batch would not fit a CPU's
+    memory (:func:`synthq.models.defaults.retriever_defaults`; the corpus is public), said in one
+    line; nothing chosen otherwise."""
+    if config.mini_batch_size is not None or config.dp is not None or place.world_size > 1:
+        return Chosen()
+    device = str(next(encoder.parameters()).device)
+    if hardware_profile("auto", device) != "cpu":
+        return Chosen()
+    length = document_token_length(encoder.tokenizer, corpus, config.max_doc_length)
+    chosen = retriever_defaults(config, device, place.world_size, length)
+    if chosen.line():
+        info(chosen.line())
+    return chosen
+
+
 def _within_position_limit(config: TrainRetrieverConfig, encoder) -> TrainRetrieverConfig:
     """``config`` with --max-query-length / --max-doc-length clamped to the encoder's position
     limit (longer inputs would index past its position embeddings in every mode), with a warning."""
@@ -262,6 +279,8 @@ def run(config: TrainRetrieverConfig) -> Artifact:
     parameters = [p for p in encoder.parameters() if p.requires_grad]
     optimizer = make_optimizer("adamw", parameters, lr=config.lr, weight_decay=config.weight_decay)
     settings = _within_position_limit(config, encoder)  # what training uses; the artifact records config
+    fitted = _fitted_pass_size(settings, encoder, dataset.corpus, place)
+    settings = settings.model_copy(update=fitted.values)
 
     def encode(texts: list[str], side: str) -> torch.Tensor:
         length = settings.max_query_length if side == "query" else settings.max_doc_length
@@ -274,11 +293,12 @@ def run(config: TrainRetrieverConfig) -> Artifact:
     if config.dp is None:
         steps = math.ceil(config.epochs * math.ceil(len(pairs) / config.batch_size))
         steps = min(steps, config.max_steps) if config.max_steps is not None else steps
-        loss_function = training_loss(encoder, config.temperature, config.mini_batch_size)
+        loss_function = training_loss(encoder, config.temperature, settings.mini_batch_size)
     else:
         mechanism, plan, steps = _dp_setup(settings, units, encoder, randomness, synthetic)
     scheduler = _scheduler(optimizer, steps, config.warmup_ratio)
     with artifact_on_main(config.out, STAGE, config, inputs) as writer:
+        writer.config.update(fitted.values)  # the values used; the fingerprint keeps the options as given
         started, seen, losses, batches = time.perf_counter(), 0, [], []
         with progress() as bar:
             task = bar.add_task(

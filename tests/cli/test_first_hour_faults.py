@@ -152,8 +152,8 @@ def test_nothing_is_written_inside_an_artifact_and_a_statement_is_not_overwritte
     [
         ({"SYNTHQ_THREADS": "abc"}, "SYNTHQ_THREADS must be a positive integer, not 'abc'"),
         ({"SYNTHQ_THREADS": "0"}, "SYNTHQ_THREADS must be a positive integer, not '0'"),
-        ({"SYNTHQ_PROGRESS_INTERVAL": "abc"}, "SYNTHQ_PROGRESS_INTERVAL must be a positive number"),
-        ({"SYNTHQ_PROGRESS_INTERVAL": "-5"}, "SYNTHQ_PROGRESS_INTERVAL must be a positive number"),
+        ({"SYNTHQ_PROGRESS_INTERVAL": "abc"}, "SYNTHQ_PROGRESS_INTERVAL must be a number of seconds ≥ 0"),
+        ({"SYNTHQ_PROGRESS_INTERVAL": "-5"}, "SYNTHQ_PROGRESS_INTERVAL must be a number of seconds ≥ 0"),
     ],
 )
 def test_an_impossible_environment_setting_is_one_line(

@@ -127,3 +127,55 @@ def test_finetune_progress_moves_within_a_step(
     assert "eta=" in lines[0] and "eta=?" not in lines[0]  # an ETA from the first micro-batch
     if epsilon != "inf":  # the line that completes the step shows the ε after it
         assert lines[-1].startswith(f"finetune-lm ε {artifact.privacy.epsilon:.2f}: 1/1")
+
+
+def test_a_cpu_retriever_batch_too_large_for_memory_trains_in_gradcache_chunks(
+    tmp_path, tiny_beir, tiny_encoder_dir, capsys, monkeypatch
+):
+    """First hour on long documents: a non-private CPU step held the whole batch's activations (9.3
+    GB at 32 × 384 tokens). Unset --mini-batch-size now chooses GradCache chunks from the public
+    corpus's p95 document length and a public query length; recorded, said, and a rerun is up
+    to date. An explicit value wins; --dp never chunks."""
+    from synthq.models import defaults
+    from synthq.models.encoder import load_encoder
+    from synthq.stages import train_retriever
+    from tests.helpers import retriever_config
+
+    monkeypatch.setattr(defaults, "CPU_RETRIEVER_TOKENS", 100)
+    length = document_token_length(
+        load_encoder(tiny_encoder_dir).tokenizer, read_corpus(tiny_beir / "corpus.jsonl"), 32
+    )
+    expected = max(1, 100 // (16 + length))  # queries: min(public 32, --max-query-length 16)
+    config = retriever_config(tmp_path / "r", tiny_beir, tiny_encoder_dir)
+    capsys.readouterr()
+    artifact = train_retriever.run(config)
+    assert artifact.config["mini_batch_size"] == expected < config.batch_size
+    assert f"defaults: GradCache in chunks of {expected} (cpu:" in capsys.readouterr().err
+    manifest = (artifact.path / "manifest.json").read_bytes()
+    assert train_retriever.run(config).path == artifact.path
+    assert (artifact.path / "manifest.json").read_bytes() == manifest  # up to date: not redone
+    explicit = train_retriever.run(
+        retriever_config(tmp_path / "e", tiny_beir, tiny_encoder_dir, mini_batch_size=3)
+    )
+    assert explicit.config["mini_batch_size"] == 3
+    private = train_retriever.run(
+        retriever_config(tmp_path / "dp", tiny_beir, tiny_encoder_dir, dp="group", epsilon=8, batch_size=8)
+    )
+    assert private.config["mini_batch_size"] is None
+
+
+def test_the_retriever_pass_size_is_a_pure_function_of_public_lengths():
+    from synthq.config.retriever import TrainRetrieverConfig
+    from synthq.models.defaults import CPU_RETRIEVER_TOKENS, retriever_defaults
+
+    config = TrainRetrieverConfig(out="o", data="d")  # batch 32, --max-query-length 128
+    assert retriever_defaults(config, "cpu", 1, 384).values == {
+        "mini_batch_size": CPU_RETRIEVER_TOKENS // 416
+    }
+    assert retriever_defaults(config, "cpu", 1, 80).values == {}  # 32 × 112 tokens fit: one pass
+    assert retriever_defaults(config, "cuda", 1, 384).values == {}
+    assert retriever_defaults(config, "cpu", 2, 384).values == {}  # torchrun shards the batch instead
+    negatives = config.model_copy(update={"hard_negatives": 2})
+    assert retriever_defaults(negatives, "cpu", 1, 384).values == {
+        "mini_batch_size": CPU_RETRIEVER_TOKENS // 1184
+    }
