@@ -1,13 +1,19 @@
-"""Generate the parts of the docs site that must not drift from the code (run by ``make docs``
-before ``mkdocs build --strict``; the output, ``docs/generated/``, is not kept in git).
+"""Generate the parts of the docs that must not drift from the code (run by ``make docs`` before
+``mkdocs build --strict``), and write them into the pages that show them, so every page reads the
+same on GitHub as on the site.
 
-* ``docs/generated/cli/<command>.md``: every command's options table, read from the Typer app's
-  click command tree (``typer.main.get_command(synthq.cli.app.app)``), the same objects that
-  ``synthq COMMAND --help`` prints. The stage pages include them (``pymdownx.snippets``).
-* ``docs/generated/reproducing.md``: one entry per pipeline file under ``pipelines/``: the
-  command, what its header comment says it does and needs, and the figures it should reproduce
-  (its ``expected:`` block, checked by ``synthq run --check``; a paper pipeline's ``paper:``
-  block, the numbers the paper reports).
+* every command's options table, read from the Typer app's click command tree
+  (``typer.main.get_command(synthq.cli.app.app)``), the same objects that ``synthq COMMAND --help``
+  prints;
+* the reproducing list: one entry per pipeline file under ``pipelines/``: the command, what its
+  header comment says it does and needs, and the figures it should reproduce (its ``expected:``
+  block, checked by ``synthq run --check``; a paper pipeline's ``paper:`` block, the numbers the
+  paper reports).
+
+Each is written to ``docs/generated/<name>`` (not kept in git) and into every page between the
+markers ``<!-- generated/<name>: start -->`` and ``<!-- generated/<name>: end -->`` (a page asks
+for one with those two lines, or with a line ``--8<-- "generated/<name>"``, which is replaced by
+them). ``tests/test_docs.py`` fails when a page's block is not what this script writes.
 
     python docs/gen_pages.py [--out docs/generated]
 """
@@ -356,6 +362,35 @@ def pages() -> dict[str, str]:
     return {**cli_pages(), "reproducing.md": reproducing_page()}
 
 
+_BLOCK = re.compile(
+    r'^(?:--8<-- "generated/(?P<include>[^"]+)"|<!-- generated/(?P<name>\S+): start -->\n.*?'
+    r"^<!-- generated/(?P=name): end -->)$",
+    re.MULTILINE | re.DOTALL,
+)
+
+
+def block(name: str, text: str) -> str:
+    """The generated file ``name`` as a page holds it, between its two markers."""
+    return f"<!-- generated/{name}: start -->\n{text.rstrip()}\n<!-- generated/{name}: end -->"
+
+
+def inline_blocks(page: str, generated: dict[str, str]) -> str:
+    """``page`` with every generated block (or ``--8<--`` include) holding the current text."""
+
+    def fresh(match: re.Match) -> str:
+        name = match.group("include") or match.group("name")
+        if name not in generated:
+            raise KeyError(f"a page asks for generated/{name}, which docs/gen_pages.py does not write")
+        return block(name, generated[name])
+
+    return _BLOCK.sub(fresh, page)
+
+
+def source_pages() -> list[Path]:
+    """The hand-written pages (every ``docs/**/*.md`` outside ``docs/generated``)."""
+    return sorted(p for p in (ROOT / "docs").rglob("*.md") if GENERATED not in p.parents)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=GENERATED)
@@ -367,7 +402,14 @@ def main(argv: list[str] | None = None) -> None:
         target = args.out / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
-    print(f"{len(written)} pages -> {args.out}")
+    updated = []
+    for page in source_pages():
+        old = page.read_text(encoding="utf-8")
+        new = inline_blocks(old, written)
+        if new != old:
+            page.write_text(new, encoding="utf-8")
+            updated.append(page.relative_to(ROOT).as_posix())
+    print(f"{len(written)} pages -> {args.out}; blocks brought up to date in {len(updated)} page(s)")
 
 
 if __name__ == "__main__":

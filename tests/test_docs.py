@@ -1,5 +1,5 @@
 """The docs site's generated parts (docs/gen_pages.py) cover what they claim to, without MkDocs:
-every command and every option of the Typer app gets a row and a page that includes it, the
+every command and every option of the Typer app gets a row and a page that holds it up to date, the
 reproducing page lists every pipeline with its expected figures, and the nav and the relative
 links between pages point at files that exist."""
 
@@ -72,10 +72,19 @@ def test_option_rows_carry_default_choices_and_range(gen):
     assert "| required |" in out
 
 
-def test_every_command_table_is_included_by_a_page(gen):
-    text = "\n".join(p.read_text(encoding="utf-8") for p in DOCS.rglob("*.md") if "generated" not in p.parts)
-    for page in gen.cli_pages():
-        assert f'--8<-- "generated/{page}"' in text, page
+def test_every_generated_part_is_in_a_page_and_up_to_date(gen):
+    """The options tables and the reproducing list are written into the pages themselves (so they
+    read on GitHub too, where an include line would show raw): every one is in some page, and every
+    page's blocks are what docs/gen_pages.py writes now."""
+    generated = gen.pages()
+    pages = {path: path.read_text(encoding="utf-8") for path in gen.source_pages()}
+    text = "\n".join(pages.values())
+    rerun = "run python docs/gen_pages.py"
+    for name, body in generated.items():
+        assert gen.block(name, body) in text, f"generated/{name}: in no page, or stale; {rerun}"
+    for path, page in pages.items():
+        assert not re.search(r"^--8<--", page, re.MULTILINE), f"{path}: an include line; {rerun}"
+        assert gen.inline_blocks(page, generated) == page, f"{path}: a stale block; {rerun}"
 
 
 def test_the_reproducing_page_lists_every_pipeline(gen):
