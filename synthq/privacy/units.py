@@ -119,9 +119,10 @@ def load_unit_set(
     sha = record["sha256"] if link is None else (record.get("links") or {}).get(link)
     if sha is None:
         return None
-    if sha in _LOADED:  # content-addressed and checked when read: the same bytes, wherever they are
-        _LOADED.move_to_end(sha)
-        return _LOADED[sha]
+    cached = (key_id(), sha)  # under this installation's key: a key change never reuses old sets
+    if cached in _LOADED:  # content-addressed and checked when read: the same bytes, wherever they are
+        _LOADED.move_to_end(cached)
+        return _LOADED[cached]
     candidates = [state_dir(UNITS_DIR) / f"{sha}.bin"]
     if artifact_path:
         candidates.append(
@@ -131,19 +132,19 @@ def load_unit_set(
         if path.is_file():
             data = path.read_bytes()
             if hashlib.sha256(data).hexdigest() == sha:
-                _remember(sha, data)
+                _remember(cached, data)
                 return data
     return None
 
 
-# Unit sets already read in this process, by sha256: a ledger asks for the same sets several times
-# (sharing groups, user links, the statement), and each read hashes the whole file again.
-_LOADED: OrderedDict[str, bytes] = OrderedDict()
+# Unit sets already read in this process, by (owner key id, sha256): a ledger asks for the same sets
+# several times (sharing groups, user links, the statement), and each read hashes the whole file.
+_LOADED: OrderedDict[tuple[str, str], bytes] = OrderedDict()
 LOADED_BYTES_LIMIT = 256 << 20
 
 
-def _remember(sha: str, data: bytes) -> None:
-    _LOADED[sha] = data
+def _remember(cached: tuple[str, str], data: bytes) -> None:
+    _LOADED[cached] = data
     while len(_LOADED) > 1 and sum(len(d) for d in _LOADED.values()) > LOADED_BYTES_LIMIT:
         _LOADED.popitem(last=False)
 
