@@ -185,6 +185,12 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
         raise SynthqError("--merge needs the shard artifacts to merge")
     artifacts = [open_artifact(path, stage=STAGE) for path in shards]
     configs = [dict(a.config) for a in artifacts]
+    whole = [str(a.path) for a, c in zip(artifacts, configs, strict=True) if c.get("shard") is None]
+    if whole:  # parse_shard reads no --shard as 0/1: the message would have said "shards [None, None]"
+        raise ArtifactError(
+            f"{', '.join(whole)}: a whole synthetic set (generated without --shard); --merge joins the "
+            "shards 0/n .. n-1/n of one run generated with --shard i/n"
+        )
     shard_ids = sorted(parse_shard(c.get("shard")) for c in configs)
     count = shard_ids[0][1]
     if shard_ids != [(i, count) for i in range(count)]:

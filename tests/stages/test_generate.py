@@ -289,6 +289,9 @@ def test_shards_merge_into_the_unsharded_set(tmp_path, causal_generator, tiny_be
     assert generate.merge([s.path for s in shards], tmp_path / "merged").manifest_hash == merged.manifest_hash
     with pytest.raises(ArtifactError, match="not exactly"):
         generate.merge([s.path for s in shards[:2]], tmp_path / "incomplete")
+    # whole sets were reported as "shards [None, None] are not exactly 0/1 .. 0/1" (fault pass)
+    with pytest.raises(ArtifactError, match=r"whole synthetic set \(generated without --shard\)"):
+        generate.merge([whole.path, whole.path], tmp_path / "wholes")
     other_seed = make(tmp_path, causal_generator, tiny_beir, "s2", num_queries=2, shard="2/3", seed=9)
     with pytest.raises(ArtifactError, match="different settings"):
         generate.merge([shards[0].path, shards[1].path, other_seed.path], tmp_path / "mixed")
