@@ -74,6 +74,7 @@ from synthq.data.sources import load_source, resolve_source
 from synthq.privacy.guarantee import Guarantee, format_epsilon
 from synthq.runtime.console import info
 from synthq.runtime.distributed import resolve_device
+from synthq.runtime.errors import SynthqError
 
 STAGE = "canary-audit"
 AUDIT_DATA = "data"  # scratch BEIR directory with the private pairs; removed at the end
@@ -101,6 +102,9 @@ def run(config: CanaryAuditConfig) -> Artifact:
     one_run, exposure = choose_canaries(dataset, config.model_copy(update={"canary_seed": seed}))
     private = private_pairs(dataset, config)
     check_canary_count(one_run, exposure, private)
+    if _uses_one_run(config) and config.retriever_audit:  # refused now, not after the generators
+        synthetic = len(one_run) + min(config.retriever_documents, len(dataset.corpus))
+        _check_retriever_batch(config, min(synthetic, len(private) + inserted_count(one_run, exposure)))
     with create_artifact(
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
     ) as writer:
@@ -281,6 +285,18 @@ def _retriever_documents(dataset: BeirDataset, count: int) -> dict[str, dict]:
     """``count`` corpus documents for the retriever audit (public), by smallest SHA-256 of their ids."""
     ids = sorted(dataset.corpus, key=lambda d: hashlib.sha256(d.encode()).hexdigest())[:count]
     return {d: dataset.corpus[d] for d in ids}
+
+
+def _check_retriever_batch(config: CanaryAuditConfig, pairs: int) -> None:
+    """The retriever audit's batch against the fewest pairs one of its retrievers trains on (the
+    synthetic set of the canary and public documents, or the private pairs with the canaries):
+    a batch larger than that failed train-retriever only after every generator was fine-tuned."""
+    batch = int(_retriever_options(config, "", Path())["batch_size"])
+    if batch > pairs:
+        raise SynthqError(
+            f"the retriever audit trains with batch {batch} on as few as {pairs} pairs: give "
+            f"--retriever batch_size={pairs} (or less), or --no-retriever-audit"
+        )
 
 
 def _retriever_options(config: CanaryAuditConfig, data: str, out: Path) -> dict:

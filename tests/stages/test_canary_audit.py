@@ -116,6 +116,20 @@ def test_too_many_canaries_are_refused(tmp_path, tiny_beir, tiny_causal_dir):
         canary_audit.run(one_run)
 
 
+def test_a_retriever_batch_larger_than_its_pairs_is_refused_before_any_training(
+    tmp_path, tiny_beir, tiny_causal_dir
+):
+    """Fault pass round 4: the retriever audit's internal batch of 32 failed train-retriever only
+    after the generators were fine-tuned; now refused before anything is trained or written."""
+    config = CanaryAuditConfig(
+        data=str(tiny_beir), model=str(tiny_causal_dir), out=tmp_path / "a", method="one-run",
+        canaries=4, epsilons=[math.inf], retriever_documents=4,
+    )  # fmt: skip
+    with pytest.raises(SynthqError, match=r"retriever audit trains with batch 32 on as few as \d+ pairs"):
+        canary_audit.run(config)
+    assert not (tmp_path / "a").exists()
+
+
 def test_audit_delta_reads_command_line_text(tmp_path):
     config = CanaryAuditConfig(data="embedded", model="m", out=tmp_path, finetune={"delta": "1e-5"})
     assert audit_delta(config, 100) == 1e-5
