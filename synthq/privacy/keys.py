@@ -65,6 +65,13 @@ def _load_key(path: str) -> bytes:
     data = file.read_bytes()
     if len(data) != KEY_BYTES:
         raise SynthqError(f"{file}: not a synthq key ({len(data)} bytes, expected {KEY_BYTES})")
+    mode = file.stat().st_mode & 0o777
+    if mode & 0o077:  # as ssh refuses an unprotected private key
+        raise SynthqError(
+            f"{file}: the owner key is open to other users (mode {mode:03o}): whoever reads it can "
+            f"match the keyed unit sets and seal manifests as you; run chmod 600 {file} (on a file "
+            "system without permissions, point SYNTHQ_STATE at one that has them)"
+        )
     return data
 
 

@@ -105,3 +105,19 @@ def test_a_key_is_exported_and_imported_but_never_replaced_silently(tmp_path, ot
     key_path().write_bytes(b"x" * 7)
     with pytest.raises(SynthqError, match="not a synthq key"):
         owner_key()
+
+
+def test_a_key_open_to_other_users_is_refused_as_ssh_refuses_one(other_installation):
+    """Fault pass round 4: a world-readable owner key in a 0777 directory was used silently; whoever
+    reads it can match the keyed unit sets and forge seals."""
+    from synthq.privacy import keys
+
+    other_installation("exposed")
+    owner_key()
+    key_path().chmod(0o644)
+    keys._load_key.cache_clear()
+    with pytest.raises(SynthqError, match=r"open to other users \(mode 644\).*chmod 600"):
+        owner_key()
+    key_path().chmod(0o600)
+    keys._load_key.cache_clear()
+    assert len(owner_key()) == KEY_BYTES
