@@ -30,7 +30,7 @@ values make the run reproducible by hand). An explicit value always wins.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 LENGTH_QUANTILE = 0.95
@@ -174,12 +174,13 @@ def generation_batch(profile: str, prompt_tokens: int, new_tokens: int) -> int:
     return max(1, min(GENERATION_BATCH["cpu"], CPU_GENERATION_TOKENS // tokens))
 
 
-def retriever_defaults(config, device: str, world_size: int, document_tokens: int) -> Chosen:
+def retriever_defaults(config, device: str, world_size: int, document_tokens: Callable[[], int]) -> Chosen:
     """The pass size ``train-retriever`` uses when ``--mini-batch-size`` is unset: on a CPU, in one
     process, without DP, GradCache in chunks of at most :data:`CPU_RETRIEVER_TOKENS` tokens when
-    the batch holds more (``document_tokens``: the public corpus's p95, see
-    :func:`document_token_length`; queries count a public ``DEFAULT_QUERY_TOKENS``, never their
-    private lengths); otherwise nothing is chosen and the whole batch is one pass."""
+    the batch holds more (``document_tokens()``: the public corpus's p95, see
+    :func:`document_token_length`, asked for only when it can matter; queries count a public
+    ``DEFAULT_QUERY_TOKENS``, never their private lengths); otherwise nothing is chosen and the
+    whole batch is one pass."""
     from synthq.config.fields import DEFAULT_QUERY_TOKENS
 
     chosen = Chosen()
@@ -187,16 +188,15 @@ def retriever_defaults(config, device: str, world_size: int, document_tokens: in
         return chosen
     if hardware_profile("auto", device) != "cpu":
         return chosen
-    example = min(DEFAULT_QUERY_TOKENS, config.max_query_length) + document_tokens * (
-        1 + config.hard_negatives
-    )
+    length = document_tokens()
+    example = min(DEFAULT_QUERY_TOKENS, config.max_query_length) + length * (1 + config.hard_negatives)
     if config.batch_size * example <= CPU_RETRIEVER_TOKENS:
         return chosen
     size = max(1, CPU_RETRIEVER_TOKENS // example)
     chosen.add(
         "mini_batch_size", size,
         f"GradCache in chunks of {size} (cpu: ≤ {CPU_RETRIEVER_TOKENS} tokens a pass for documents of "
-        f"{document_tokens} tokens; the same loss, less memory)",
+        f"{length} tokens; the same loss, less memory)",
     )  # fmt: skip
     return chosen
 

@@ -145,8 +145,9 @@ LOADED_BYTES_LIMIT = 256 << 20
 
 def _remember(cached: tuple[str, str], data: bytes) -> None:
     _LOADED[cached] = data
-    while len(_LOADED) > 1 and sum(len(d) for d in _LOADED.values()) > LOADED_BYTES_LIMIT:
-        _LOADED.popitem(last=False)
+    held = sum(len(d) for d in _LOADED.values())
+    while len(_LOADED) > 1 and held > LOADED_BYTES_LIMIT:
+        held -= len(_LOADED.popitem(last=False)[1])
 
 
 def sharing_groups(releases: list[dict]) -> list[list[str]]:

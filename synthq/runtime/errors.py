@@ -28,8 +28,8 @@ class PrivacyError(SynthqError):
 
 
 class SettingError(SynthqError, ValueError):
-    """An option or environment variable with a value that cannot work (a device this machine
-    lacks, a thread count of ``abc``)."""
+    """An option or environment variable with a value that cannot work (``SYNTHQ_THREADS=abc``,
+    ``SYNTHQ_PROGRESS_INTERVAL=-5``)."""
 
 
 class ModelResolutionError(SynthqError):

@@ -47,7 +47,7 @@ from synthq.dp.units import (
     unit_details,
     unit_diagnostics,
 )
-from synthq.models.defaults import Chosen, document_token_length, hardware_profile, retriever_defaults
+from synthq.models.defaults import Chosen, document_token_length, retriever_defaults
 from synthq.models.encoder import (
     embed,
     features,
@@ -204,13 +204,11 @@ def _fitted_pass_size(config: TrainRetrieverConfig, encoder, corpus, place) -> C
     """GradCache's chunk when ``--mini-batch-size`` is unset and the batch would not fit a CPU's
     memory (:func:`synthq.models.defaults.retriever_defaults`; the corpus is public), said in one
     line; nothing chosen otherwise."""
-    if config.mini_batch_size is not None or config.dp is not None or place.world_size > 1:
-        return Chosen()
     device = str(next(encoder.parameters()).device)
-    if hardware_profile("auto", device) != "cpu":
-        return Chosen()
-    length = document_token_length(encoder.tokenizer, corpus, config.max_doc_length)
-    chosen = retriever_defaults(config, device, place.world_size, length)
+    chosen = retriever_defaults(
+        config, device, place.world_size,
+        lambda: document_token_length(encoder.tokenizer, corpus, config.max_doc_length),
+    )  # fmt: skip
     if chosen.line():
         info(chosen.line())
     return chosen

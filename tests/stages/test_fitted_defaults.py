@@ -169,13 +169,13 @@ def test_the_retriever_pass_size_is_a_pure_function_of_public_lengths():
     from synthq.models.defaults import CPU_RETRIEVER_TOKENS, retriever_defaults
 
     config = TrainRetrieverConfig(out="o", data="d")  # batch 32, --max-query-length 128
-    assert retriever_defaults(config, "cpu", 1, 384).values == {
+    assert retriever_defaults(config, "cpu", 1, lambda: 384).values == {
         "mini_batch_size": CPU_RETRIEVER_TOKENS // 416
     }
-    assert retriever_defaults(config, "cpu", 1, 80).values == {}  # 32 × 112 tokens fit: one pass
-    assert retriever_defaults(config, "cuda", 1, 384).values == {}
-    assert retriever_defaults(config, "cpu", 2, 384).values == {}  # torchrun shards the batch instead
+    assert retriever_defaults(config, "cpu", 1, lambda: 80).values == {}  # 32 × 112 tokens fit: one pass
+    assert retriever_defaults(config, "cuda", 1, lambda: 384).values == {}
+    assert retriever_defaults(config, "cpu", 2, lambda: 384).values == {}  # torchrun shards the batch instead
     negatives = config.model_copy(update={"hard_negatives": 2})
-    assert retriever_defaults(negatives, "cpu", 1, 384).values == {
+    assert retriever_defaults(negatives, "cpu", 1, lambda: 384).values == {
         "mini_batch_size": CPU_RETRIEVER_TOKENS // 1184
     }
