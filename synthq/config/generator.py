@@ -113,9 +113,10 @@ class FinetuneConfig(StageConfig):
     user_clipping: Literal["auto", "per-example", "per-user"] = Field(
         "auto",
         description="--privacy-unit user: per-user clips the user's combined gradient to C (a "
-        "user's pairs share a micro-batch); per-example clips each of a user's k pairs to C with "
-        "weight 1/k. Same sensitivity C, same accountant. auto = per-user for --privacy-unit user "
-        "at a finite ε (it fit better on pydocs at ε = 8, docs: results), else per-example.",
+        "user's pairs are summed, over several micro-batches when they do not fit one, then "
+        "clipped once); per-example clips each of a user's k pairs to C with weight 1/k. Same "
+        "sensitivity C, same accountant. auto = per-user for --privacy-unit user at a finite ε "
+        "(it fit better on pydocs at ε = 8, docs: results), else per-example.",
     )
     seed: SecretSeed = None
     device: Device = "auto"

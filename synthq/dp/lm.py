@@ -45,12 +45,18 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call, grad_and_value, vmap
 
-from synthq.dp.clipping import clip_and_sum
+from synthq.dp.clipping import clip_and_sum, clip_factors
 from synthq.dp.engine import Mechanism, PrivacyPlan, register_mechanism
 from synthq.dp.noise import SecretRandomness
 from synthq.models.generator import QueryGenerator
 from synthq.models.sequence_loss import label_window, model_inputs, per_sequence_loss
-from synthq.models.training_step import MakeBatch, MicroBatchProgress, StepResult, gather_result
+from synthq.models.training_step import (
+    MakeBatch,
+    MicroBatchProgress,
+    StepResult,
+    gather_result,
+    weighted_loss_gradient,
+)
 from synthq.runtime import distributed
 from synthq.runtime.precision import forward_autocast
 
@@ -105,6 +111,12 @@ class VmapClipper:
         per_example, losses = self.per_sample(batch)
         summed, norms = clip_and_sum(per_example, self.clip_norm, weights, groups)
         return summed, norms, losses
+
+    def unclipped_sum(
+        self, batch: dict, weights: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """``Σ_i w_i ∇ℓ_i`` by ordinary autograd (part of one unit too large for a micro-batch)."""
+        return weighted_loss_gradient(self.per_sample.generator, batch, weights)
 
     def close(self) -> None:
         """Nothing to undo: ``vmap`` leaves no hooks on the model."""
@@ -219,7 +231,7 @@ class PerUserClipping(Mechanism):
 def unit_chunks(groups: list[int], limit: int) -> list[list[int]]:
     """Positions of consecutive rows cut into micro-batches of at most ``limit`` rows that never
     split a unit (``groups``: each row's unit, a unit's rows adjacent); a unit larger than
-    ``limit`` is a micro-batch of its own."""
+    ``limit`` is a chunk of its own (the DP step splits it, summing before it clips)."""
     chunks: list[list[int]] = []
     current: list[int] = []
     start = 0
@@ -252,7 +264,8 @@ class DPStep:
             all compute the same clipped sum.
         user_clipping: ``per-example`` (each row clipped, weighted ``1/k``:
             :class:`PerQueryClipping`) or ``per-user`` (each unit's weighted sum clipped:
-            :class:`PerUserClipping`; a unit's rows share a micro-batch).
+            :class:`PerUserClipping`; a unit's rows share a micro-batch, or, past
+            ``physical_batch_size`` rows, are summed over several before the one clip).
     """
 
     def __init__(
@@ -296,14 +309,11 @@ class DPStep:
         losses, norms, tokens, done = [], [], 0, 0
         local, chunks = self._micro_batches(rows, weights, groups)
         for chunk in chunks:
-            batch = {k: v.to(device) for k, v in make_batch([row for row, _, _ in chunk]).items()}
-            tokens += int((batch["labels"] != -100).sum())
-            chunk_weights = torch.tensor([w for _, w, _ in chunk], device=device)
-            chunk_groups = None
-            if self.per_user:
-                chunk_groups = torch.unique(torch.tensor([g for _, _, g in chunk]), return_inverse=True)[1]
-                chunk_groups = chunk_groups.to(device)
-            summed, norm, loss = self.clipper.clipped_sum(batch, chunk_weights, chunk_groups)
+            if self.per_user and len(chunk) > self.physical_batch_size:  # one unit, too large
+                summed, norm, loss, chunk_tokens = self._large_unit_sum(make_batch, chunk, device)
+            else:
+                summed, norm, loss, chunk_tokens = self._micro_batch_sum(make_batch, chunk, device)
+            tokens += chunk_tokens
             for name, value in summed.items():
                 total[name] = total[name].add_(value) if name in total else value
             losses.append(loss.detach())
@@ -318,12 +328,45 @@ class DPStep:
         distributed.all_reduce_sum(list(total.values()))
         return total, gather_result(len(rows), losses, norms, tokens)
 
+    def _micro_batch_sum(self, make_batch: MakeBatch, chunk: list[tuple], device) -> tuple:
+        """One micro-batch through the clipper: whole units, each clipped (or each row)."""
+        batch = {k: v.to(device) for k, v in make_batch([row for row, _, _ in chunk]).items()}
+        weights = torch.tensor([w for _, w, _ in chunk], device=device)
+        groups = None
+        if self.per_user:
+            groups = torch.unique(torch.tensor([g for _, _, g in chunk]), return_inverse=True)[1].to(device)
+        summed, norms, losses = self.clipper.clipped_sum(batch, weights, groups)
+        return summed, norms, losses, int((batch["labels"] != -100).sum())
+
+    def _large_unit_sum(self, make_batch: MakeBatch, unit: list[tuple], device) -> tuple:
+        """One unit with more rows than a micro-batch holds (per-user clipping): its weighted
+        gradient ``G_u = Σ_{i∈u} w_i ∇ℓ_i`` accumulated unclipped over micro-batches of its
+        rows, then clipped once — ``min(1, C/‖G_u‖) · G_u``, the clipper's own per-unit result,
+        with one micro-batch's activations in memory. Clipping each part instead would let the
+        unit move the sum by up to parts × C."""
+        total: dict[str, torch.Tensor] = {}
+        losses, tokens = [], 0
+        for start in range(0, len(unit), self.physical_batch_size):
+            part = unit[start : start + self.physical_batch_size]
+            batch = {k: v.to(device) for k, v in make_batch([row for row, _, _ in part]).items()}
+            weights = torch.tensor([w for _, w, _ in part], device=device)
+            gradient, loss = self.clipper.unclipped_sum(batch, weights)
+            for name, value in gradient.items():
+                total[name] = total[name].add_(value.float()) if name in total else value.float()
+            losses.append(loss)
+            tokens += int((batch["labels"] != -100).sum())
+        norm = torch.sqrt(sum(value.pow(2).sum() for value in total.values())).view(1)
+        factor = clip_factors(norm, self.clipper.clip_norm)
+        return {name: value * factor for name, value in total.items()}, norm, torch.cat(losses), tokens
+
     def _micro_batches(
         self, rows: list[int], weights: list[float], groups: list[int] | None
     ) -> tuple[list[tuple], list[list[tuple]]]:
         """This rank's ``(row, weight, unit)`` items and their micro-batches. Per-user clipping
-        sorts a unit's rows together, gives every rank whole units and never splits a unit over
-        two micro-batches: a unit clipped in parts would move the sum by up to parts × C."""
+        sorts a unit's rows together, gives every rank whole units and never splits a unit between
+        two chunks; a unit larger than a micro-batch is a chunk of its own, which
+        :meth:`_large_unit_sum` sums in parts before it clips (a unit clipped in parts would move
+        the sum by up to parts × C)."""
         if self.per_user and groups is None:
             raise ValueError("per-user clipping needs each row's unit (groups)")
         items = list(zip(rows, weights, groups if self.per_user else [0] * len(rows), strict=True))

@@ -44,8 +44,8 @@ from synthq.dp.clipping import clip_and_sum, clip_factors, group_clip_factors
 from synthq.dp.lm_ghost import GroupLayout, TiedGhostClipping, unsupported_for_ghost
 from synthq.dp.lm_grad_samplers import batch_relative_attention_bias, register_rms_norm_grad_samplers
 from synthq.models.generator import QueryGenerator
-from synthq.models.sequence_loss import model_inputs, per_sequence_loss
-from synthq.runtime.precision import as_fp32, forward_autocast, full_precision
+from synthq.models.training_step import sequence_losses, weighted_loss_gradient
+from synthq.runtime.precision import as_fp32, full_precision
 
 # Embedding lookups have no input gradient, so their hooks fire on output gradients: expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
@@ -59,12 +59,6 @@ def prepare_model_for_hooks(model: nn.Module) -> None:
 
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
-def _forward_losses(generator: QueryGenerator, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    with forward_autocast():  # bf16 matrix products at --precision bf16; the loss is fp32
-        logits = generator.model(**model_inputs(generator.kind, batch)).logits
-    return per_sequence_loss(generator.kind, logits, batch["labels"])
 
 
 class PaddingAwareGradSampleModule(GradSampleModule):
@@ -112,7 +106,7 @@ class HookClipper:
 
     def per_sample_gradients(self, batch: dict) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """``{name: [b, *shape]}`` for every trainable parameter, and the per-example losses."""
-        losses = _forward_losses(self.generator, batch)
+        losses = sequence_losses(self.generator, batch)
         losses.sum().backward()
         grads = {}
         for name, parameter in _trainable(self.generator.model):
@@ -130,8 +124,22 @@ class HookClipper:
         summed, norms = clip_and_sum(grads, self.clip_norm, weights, groups)
         return summed, norms, losses
 
+    def unclipped_sum(
+        self, batch: dict, weights: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """``Σ_i w_i ∇ℓ_i`` by ordinary autograd, the per-example hooks off (part of one unit)."""
+        return _without_hooks(self.module, self.generator, batch, weights)
+
     def close(self) -> None:
         self.module._close()
+
+
+def _without_hooks(module, generator: QueryGenerator, batch: dict, weights: torch.Tensor):
+    module.disable_hooks()
+    try:
+        return weighted_loss_gradient(generator, batch, weights)
+    finally:
+        module.enable_hooks()
 
 
 class GhostClipper:
@@ -183,7 +191,7 @@ class GhostClipper:
         self.module.enable_hooks()
         self.module.reset()  # records of forward passes that never reached a norm pass
         self._roots.clear()
-        losses = _forward_losses(self.generator, batch)
+        losses = sequence_losses(self.generator, batch)
         roots, self._roots = self._roots, []
         # Every layer's backward hook lies between the loss and these roots, so all of them fire.
         torch.autograd.grad(losses.sum(), roots, allow_unused=True)
@@ -216,6 +224,12 @@ class GhostClipper:
         for name, parameter in _trainable(self.generator.model):
             summed[name] = by_id[id(parameter)] if id(parameter) in by_id else torch.zeros_like(parameter)
         return summed, norms, losses
+
+    def unclipped_sum(
+        self, batch: dict, weights: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """``Σ_i w_i ∇ℓ_i`` by ordinary autograd, the ghost hooks off (part of one unit)."""
+        return _without_hooks(self.module, self.generator, batch, weights)
 
     def close(self) -> None:
         for handle in self._root_hooks:

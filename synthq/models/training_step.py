@@ -36,6 +36,31 @@ class StepResult:
     mean_grad_norm: float
 
 
+def sequence_losses(generator: QueryGenerator, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each row's per-sequence loss ``[b]``, with the graph kept for a backward pass."""
+    with forward_autocast():  # bf16 matrix products at --precision bf16; fp32 weights and loss
+        logits = generator.model(**model_inputs(generator.kind, batch)).logits
+    return per_sequence_loss(generator.kind, logits, batch["labels"])
+
+
+def weighted_loss_gradient(
+    generator: QueryGenerator, batch: dict[str, torch.Tensor], weights: torch.Tensor
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``∇ Σ_i w_i ℓ_i`` over the trainable parameters (``{name: tensor}``, fp32 as the weights
+    are), by ordinary autograd, and the rows' losses: no clipping. The DP step sums this over
+    the micro-batches of one privacy unit too large for one, then clips the unit's sum once."""
+    trainable = [(n, p) for n, p in generator.model.named_parameters() if p.requires_grad]
+    losses = sequence_losses(generator, batch)
+    grads = torch.autograd.grad(
+        (losses * weights.to(losses)).sum(), [p for _, p in trainable], allow_unused=True
+    )
+    gradient = {
+        name: torch.zeros_like(parameter) if grad is None else grad
+        for (name, parameter), grad in zip(trainable, grads, strict=True)
+    }
+    return gradient, losses.detach()
+
+
 def non_private_step(
     generator: QueryGenerator,
     optimizer: torch.optim.Optimizer,
@@ -54,9 +79,7 @@ def non_private_step(
         chunk = local[start : start + physical_batch_size]
         batch = {k: v.to(device) for k, v in make_batch(chunk).items()}
         tokens += int((batch["labels"] != -100).sum())
-        with forward_autocast():  # bf16 matrix products at --precision bf16; fp32 weights and loss
-            logits = generator.model(**model_inputs(generator.kind, batch)).logits
-        loss = per_sequence_loss(generator.kind, logits, batch["labels"])
+        loss = sequence_losses(generator, batch)
         (loss.sum() / len(indices)).backward()
         losses.append(loss.detach())
         if on_micro_batch is not None:

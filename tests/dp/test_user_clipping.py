@@ -178,6 +178,50 @@ def test_dp_step_clips_each_user_whole_across_micro_batches(tiny_causal_dir):
     assert float(difference) > 1e-8
 
 
+@pytest.mark.parametrize("kind", ["seq2seq", "causal"])
+@pytest.mark.parametrize("mode", ["ghost", "hooks", "vmap"])
+def test_a_user_larger_than_a_micro_batch_is_summed_in_parts_then_clipped_once(kind, mode, request):
+    """Micro-batches of one row: user 0's three rows go through three forward/backward passes
+    (one row's activations in memory), and the step's sum is still the one-user-at-a-time
+    clipped sum — user 0 contributes min(1, C/‖G_0‖)·G_0, not three parts clipped to C each —
+    with the clipper's hooks left as they were for the next micro-batch."""
+    generator = load(request.getfixturevalue(MODELS[kind]), lora=False)
+    trainable = {n: p for n, p in generator.model.named_parameters() if p.requires_grad}
+    rows, groups = [0, 2, 4, 1, 3], [0, 0, 0, 1, 2]
+    weights = [1 / 3, 1 / 3, 1 / 3, 1.0, 1.0]
+    batch = generator.training_batch(
+        [DOCS[i] for i in rows], [QUERIES[i] for i in rows], max_target_length=16
+    )
+    users = user_ground_truth(generator, batch, torch.tensor(groups), torch.tensor(weights))
+    clip_norm = 0.05
+    true_sum, true_norms = clipped_user_sum(users, clip_norm)
+    assert (true_norms > clip_norm).all()
+    plan = PrivacyPlan.with_noise(0.0, clip_norm, expected_batch_size=3)
+    seen = []
+
+    def make_batch(indices):
+        seen.append(list(indices))
+        return generator.training_batch([DOCS[i] for i in indices], [QUERIES[i] for i in indices], 16)
+
+    step = DPStep(generator, torch.optim.SGD(trainable.values(), lr=1.0), plan, 1, mode, "per-user")
+    summed, result = step.clipped_sum(make_batch, rows, weights, groups=groups)
+    assert seen == [[0], [2], [4], [1], [3]]  # never more than one row per pass
+    for name, value in true_sum.items():
+        torch.testing.assert_close(summed[name], value, atol=1e-6, rtol=1e-4, msg=name)
+    assert result.mean_grad_norm == pytest.approx(float(true_norms.mean()), rel=1e-4)
+    contribution = torch.sqrt(sum(users[0][n].pow(2).sum() for n in users[0]))
+    assert float(contribution) > 3 * clip_norm  # clipped in parts, user 0 would have moved it further
+    # the hooks are back on: with micro-batches of three, user 0 goes through the clipper whole
+    step.physical_batch_size = 3
+    seen.clear()
+    again, _ = step.clipped_sum(make_batch, rows, weights, groups=groups)
+    assert seen == [[0, 2, 4], [1, 3]]
+    for name, value in true_sum.items():
+        torch.testing.assert_close(again[name], value, atol=1e-6, rtol=1e-4, msg=name)
+    assert all(p.grad is None for p in generator.model.parameters())
+    step.clipper.close()
+
+
 def test_per_user_clipping_needs_the_user_unit():
     with pytest.raises(ValueError, match="needs --privacy-unit user"):
         FinetuneConfig(data="embedded", model="m", out="x", user_clipping="per-user")
