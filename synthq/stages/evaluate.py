@@ -154,6 +154,14 @@ def _select_on_dev(config: EvalConfig, retrievers: list[Artifact]) -> Selection:
     """``--select-on``: the retrievers the dev evaluation chooses, and what choosing cost."""
     dev = open_artifact(config.select_on, stage="eval")
     rows = read_rows(dev.path)  # with each query's score: report-noisy-max's utility sums them
+    scored = {(row.get("dataset"), row.get("split")) for row in rows}
+    for spec in config.datasets:
+        if (source_name(spec), _split(config, spec)) in scored:
+            raise DataError(
+                f"--select-on {dev.path}: it scored {source_name(spec)} ({_split(config, spec)}), the "
+                "split this eval reports, so the chosen rows would be scored on the queries that chose "
+                "them (biased upward); select on a dev split (filter --holdout-documents gives one, free)"
+            )
     return select_retrievers(retrievers, dev, rows, config.select_epsilon, across_data=config.select_data)
 
 
@@ -360,7 +368,9 @@ def _add_rows(
     for label, method, kind, model_releases, identity, model_spec in entries:
         assumptions = [*(model_spec.privacy.assumptions if model_spec else []), data.assumption or ""]
         assumptions = [a for a in assumptions if a]
-        own = [] if kind == "bm25" or kind == "untrained" else chosen_by
+        # only a row the dev choice kept carries it; one the dev eval never scored is passed through
+        chosen = selection is not None and kind == "retriever" and identity in selection.chosen
+        own = chosen_by if chosen else []
         releases = release_lists(model_releases, data_releases, own)
         row = result_row(
             scored.name,

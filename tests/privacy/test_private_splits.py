@@ -16,6 +16,7 @@ from synthq.config.evaluation import EvalConfig
 from synthq.config.generator import FinetuneConfig
 from synthq.config.retriever import TrainRetrieverConfig
 from synthq.data.beir_io import load_beir_dir
+from synthq.reporting.epsilon import epsilon_cell
 from synthq.reporting.eval_files import read_rows
 from synthq.retrieval.selection import Candidate, selection_utility
 from synthq.runtime.errors import DataError
@@ -77,14 +78,24 @@ def test_selection_on_a_private_dev_split_is_accounted(tmp_path, tiny_beir, tiny
     paths = [str(r.path) for r in retrievers]
     dev = evaluate.run(EvalConfig(out=tmp_path / "dev", retrievers=paths, datasets=[str(data)], split="dev"))
     assert math.isinf(dev.privacy.epsilon)  # scores of private dev queries
-    unaccounted = evaluate.run(
-        EvalConfig(out=tmp_path / "test", retrievers=paths, datasets=[str(data)], select_on=str(dev.path))
+    passed_through = train_retriever.run(  # never scored on dev: the choice does not touch it
+        retriever_config(tmp_path / "dp-other", data, tiny_encoder_dir, dp="batch", epsilon=4, lr=1e-4)
     )
+    unaccounted = evaluate.run(
+        EvalConfig(
+            out=tmp_path / "test", retrievers=[*paths, str(passed_through.path)], datasets=[str(data)],
+            select_on=str(dev.path),
+        )
+    )  # fmt: skip
     rows = [
         r for r in json.loads((unaccounted.path / "results.json").read_text()) if r["kind"] == "retriever"
     ]
+    other = next(r for r in rows if r["retriever"] == "dp-other")
+    rows = [r for r in rows if r is not other]
     assert math.isinf(unaccounted.privacy.epsilon)
     assert rows and all(r["selection"]["how"] == "on private dev, unaccounted" for r in rows)
+    assert all("+ selection ∞" in epsilon_cell(r) for r in rows)
+    assert "selection" not in other and epsilon_cell(other) == f"{other['model_epsilon']:.2f}"
     assert "dev ndcg@10" not in (unaccounted.path / "selection.md").read_text()  # private scores stay out
     # the private diagnostics' copy keeps the scores and says what they are (never "public")
     private_copy_text = (unaccounted.path / "diagnostics" / "selection.md").read_text()

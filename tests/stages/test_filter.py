@@ -12,7 +12,7 @@ from synthq.artifacts.manifest import open_artifact
 from synthq.config.evaluation import EvalConfig
 from synthq.config.generator import FilterConfig, GenerateConfig
 from synthq.data.beir_io import load_beir_dir
-from synthq.runtime.errors import ArtifactError
+from synthq.runtime.errors import ArtifactError, DataError
 from synthq.stages import evaluate, generate, train_retriever
 from synthq.stages import filter as filter_stage
 from tests.helpers import finetune, retriever_config
@@ -97,7 +97,9 @@ def test_likelihood_keeps_each_documents_most_likely_query(tmp_path, synthetic, 
     assert "likelihood-filtered" in label and "queries/doc" not in label  # one kept per document
 
 
-def test_held_out_documents_give_a_dev_split_to_select_on_for_free(tmp_path, synthetic, tiny_encoder_dir):
+def test_held_out_documents_give_a_dev_split_to_select_on_for_free(
+    tmp_path, synthetic, tiny_encoder_dir, tiny_beir
+):
     held = filter_stage.run(
         FilterConfig(synthetic=synthetic.path, out=tmp_path / "h", method="none", holdout_documents=3)
     )
@@ -116,18 +118,28 @@ def test_held_out_documents_give_a_dev_split_to_select_on_for_free(tmp_path, syn
         )
     )  # fmt: skip
     assert on_dev.privacy.epsilon == pytest.approx(synthetic.privacy.epsilon)  # nothing private read
+    with pytest.raises(DataError, match="the split this eval reports"):  # chosen on what it reports
+        evaluate.run(
+            EvalConfig(
+                out=tmp_path / "same", retrievers=[str(r.path) for r in retrievers],
+                datasets=[str(held.path)], split="dev", bm25=False, select_on=str(on_dev.path),
+            )
+        )  # fmt: skip
     chosen = evaluate.run(
         EvalConfig(
-            out=tmp_path / "test", retrievers=[str(r.path) for r in retrievers], datasets=[str(held.path)],
-            split="dev", bm25=False, select_on=str(on_dev.path),
+            out=tmp_path / "test", retrievers=[str(r.path) for r in retrievers], datasets=[str(tiny_beir)],
+            split="test", bm25=False, select_on=str(on_dev.path),
         )
     )  # fmt: skip
     assert chosen.privacy.epsilon == pytest.approx(synthetic.privacy.epsilon)  # selection costs nothing
     rows = json.loads((chosen.path / "results.json").read_text())
     assert len(rows) == 1 and "∞" not in (chosen.path / "results.md").read_text()
+    assert not (tmp_path / "same").exists()
 
 
-def test_select_data_chooses_the_filter_on_synthetic_dev_for_free(tmp_path, synthetic, tiny_encoder_dir):
+def test_select_data_chooses_the_filter_on_synthetic_dev_for_free(
+    tmp_path, synthetic, tiny_encoder_dir, tiny_beir
+):
     """Two sets of one generator (unfiltered, likelihood-filtered), each with the same public
     hold-out documents: ``--select-data`` picks one retriever among both sets and learning rates
     on the held-out synthetic queries, spending nothing."""
@@ -159,7 +171,7 @@ def test_select_data_chooses_the_filter_on_synthetic_dev_for_free(tmp_path, synt
     )
     chosen = evaluate.run(
         EvalConfig(
-            out=tmp_path / "test", retrievers=paths, datasets=[str(held["none"].path)], split="dev",
+            out=tmp_path / "test", retrievers=paths, datasets=[str(tiny_beir)], split="test",
             bm25=False, select_on=str(on_dev.path), select_data=True,
         )
     )  # fmt: skip
