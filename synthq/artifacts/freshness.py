@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from synthq.artifacts.hashing import config_to_dict, json_default
-from synthq.artifacts.locking import check_output_free
+from synthq.artifacts.locking import being_written, check_output_free, lock_holder
 from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact, partial_dir
 from synthq.artifacts.process_state import may_replace, this_process
 from synthq.artifacts.records import current_input_hash
@@ -76,7 +76,7 @@ def check_resumable(path: Path, state: dict, config: Any, inputs: list[dict]) ->
         if saved_inputs.get(key) != record["sha256"]:
             raise ArtifactError(
                 f"{path}: cannot resume, the input {record['path']} changed since the interrupted run "
-                "read it; drop --resume to start over on the new data"
+                "read it; rerun with --force instead of --resume to start over on the new data"
             )
     saved = without_added_defaults(json.loads(state["config"]))
     now = without_added_defaults(config_to_dict(config))
@@ -85,7 +85,7 @@ def check_resumable(path: Path, state: dict, config: Any, inputs: list[dict]) ->
     if changed:
         raise ArtifactError(
             f"{path}: cannot resume, the interrupted run used other settings ({', '.join(changed)}); "
-            "rerun with those settings, or drop --resume to start over"
+            "rerun with those settings, or with --force instead of --resume to start over"
         )
 
 
@@ -138,6 +138,9 @@ def existing_result(stage: str, config: Any, inputs: list[dict]) -> Artifact | N
 
             debug(f"up to date: {out} ({stage}); pass --force to redo it")
             return artifact
+    holder = lock_holder(out)
+    if holder is not None:  # its checkpoint is a live run's, not an interrupted one's
+        raise being_written(out, holder)
     check_output_free(out, force=may_replace(out, getattr(config, "force", False)), inputs=inputs)
     _refuse_to_discard_silently(out, config)
     this_process.seen[out.resolve()] = _manifest_state(out)

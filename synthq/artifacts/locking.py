@@ -42,9 +42,7 @@ def output_lock(out: str | Path) -> Iterator[None]:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             handle.close()
-            raise ArtifactError(
-                f"{out}: is being written by {holder}; wait for it to finish or choose another --out"
-            ) from None
+            raise being_written(out, holder) from None
         try:
             same = os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
@@ -61,6 +59,30 @@ def output_lock(out: str | Path) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.unlink(path)
         handle.close()
+
+
+def being_written(out: str | Path, holder: str) -> ArtifactError:
+    return ArtifactError(
+        f"{out}: is being written by {holder}; wait for it to finish or choose another --out"
+    )
+
+
+def lock_holder(out: str | Path) -> str | None:
+    """Who holds the lock on ``out`` now (``synthq pid N on HOST``), or ``None`` when no process
+    is writing it: a checkpoint beside a running job is not an interrupted run's."""
+    import fcntl
+
+    try:
+        handle = open(lock_path(Path(out)), encoding="utf-8")  # noqa: SIM115 (closed below)
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "another process"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
 
 
 def _overlaps(out: Path, other: Path) -> bool:

@@ -3,6 +3,10 @@ and the partial keeps only its checkpoints."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from synthq.artifacts.manifest import partial_dir
@@ -10,6 +14,8 @@ from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.runtime.errors import ArtifactError
 from synthq.stages import finetune_lm
 from tests.helpers import finetune, private_copy
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_resume_with_a_changed_config_is_refused(tmp_path, tiny_beir, tiny_causal_dir, monkeypatch):
@@ -28,9 +34,26 @@ def test_resume_with_a_changed_config_is_refused(tmp_path, tiny_beir, tiny_causa
         finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **options)
     monkeypatch.setattr(finetune_lm.GeneratorTraining, "step", original)
     assert (partial_dir(tmp_path / "gen") / "checkpoints" / "state.pt").is_file()
-    with pytest.raises(ArtifactError, match="other settings.*epsilon"):
-        finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **{**options, "epsilon": 8.0}, resume=True)
+    changed = {**options, "epsilon": 8.0}
+    with pytest.raises(ArtifactError, match="other settings.*epsilon.*--force instead of --resume"):
+        finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **changed, resume=True)
     assert not (tmp_path / "gen").exists()
+    with pytest.raises(ArtifactError, match="rerun with --resume"):  # dropping --resume alone
+        finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **changed)
+    # while another process writes the output, its checkpoint is not called an interrupted run's
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom synthq.artifacts.locking import output_lock\n"
+         f"with output_lock({str(tmp_path / 'gen')!r}):\n    print('locked', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ArtifactError, match=f"being written by synthq pid {holder.pid} on "):
+            finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **changed)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **changed, force=True).privacy.epsilon < 8.01
 
 
 def test_resume_on_edited_data_is_refused(tmp_path, tiny_beir, tiny_causal_dir, monkeypatch):
