@@ -11,6 +11,7 @@ either (:func:`synthq.artifacts.create._finish`).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -92,6 +93,20 @@ def _without_local_paths(manifest: dict, copy: Path) -> dict:
     return clean({**manifest, "files": files})
 
 
+_WRITE_SIDE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def _copy_into_release(source: Path, target: Path, out: Path) -> None:
+    """Copy the content (no times, no modes); a disk that fills names the release being written,
+    not the file read (``shutil`` reports the source as the error's file name)."""
+    try:
+        shutil.copyfile(source, target)
+    except OSError as error:
+        if error.errno in _WRITE_SIDE:
+            raise OSError(error.errno, error.strerror or os.strerror(error.errno), str(out)) from error
+        raise
+
+
 def export_artifact(path: str | Path, out: str | Path) -> tuple[Artifact, list[str]]:
     """A release copy of an artifact: exactly the payload files its manifest lists (and
     verifies), and the manifest without the private ``diagnostics/`` part
@@ -123,7 +138,7 @@ def export_artifact(path: str | Path, out: str | Path) -> tuple[Artifact, list[s
         for relative in listed:
             target = tmp / relative
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source.path / relative, target)  # content only: no times, no modes
+            _copy_into_release(source.path / relative, target, out)
         manifest = {
             k: v
             for k, v in source.manifest.items()

@@ -64,3 +64,25 @@ def test_a_full_disk_while_writing_a_checkpoint_is_one_line(
     assert status == 1
     assert "No space left on device; free some space" in line
     assert not list(tmp_path.glob(".gen.partial/checkpoints/*"))  # the cut-off copy is removed, not resumable
+
+
+def test_a_full_disk_during_export_names_the_release_not_the_source(tmp_path, capsys, monkeypatch):
+    from synthq.artifacts import export
+    from synthq.artifacts.create import create_artifact
+    from synthq.privacy.guarantee import Guarantee
+
+    source = tmp_path / "ev"
+    with create_artifact(source, "eval", {}) as writer:
+        (writer.dir / "results.md").write_text("# results\n")
+        writer.privacy = Guarantee.public()
+
+    def full_disk(src, dst, *args, **kwargs):  # as shutil's sendfile path reports it: the source
+        raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+
+    monkeypatch.setattr(export.shutil, "copyfile", full_disk)
+    release = tmp_path / "release"
+    status, output = run_main(["-q", "export", str(source), "--out", str(release)], capsys, monkeypatch)
+    line = one_line(output)
+    assert status == 1
+    assert f"{release}: No space left on device; free some space" in line and "results.md" not in line
+    assert not release.exists() and not list(tmp_path.glob(".release*"))
