@@ -9,9 +9,11 @@ traceback.
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import sys
 import warnings
+from pathlib import Path
 
 import typer
 from rich.markup import escape
@@ -36,7 +38,26 @@ def _os_error_line(error: OSError) -> str:
     trouble = output_in_trouble()
     where = error.filename or (f"while writing {trouble}" if trouble is not None else "?")
     advice = _DISK_ADVICE.get(error.errno, "check the path and rerun")
+    setting = _setting_holding(error.filename)
+    if setting is not None and error.errno in _DISK_ADVICE:  # not an --out: the setting names it
+        variable, root = setting
+        advice = f"point {variable} at a writable directory with space (now {root}), then rerun"
     return f"{where}: {error.strerror or error}; {advice}"
+
+
+def _setting_holding(filename) -> tuple[str, Path] | None:
+    """``(variable, directory)`` when ``filename`` lies in synthq's state or cache directory."""
+    from synthq.privacy.keys import state_root
+    from synthq.runtime.paths import cache_root
+
+    if not filename:
+        return None
+    path = Path(os.path.abspath(filename))
+    for variable, root in (("SYNTHQ_STATE", state_root()), ("SYNTHQ_CACHE", cache_root())):
+        root = Path(os.path.abspath(root))
+        if path == root or root in path.parents:
+            return variable, root
+    return None
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -36,13 +36,18 @@ KEY_BYTES = 32
 SEAL_FIELD = "seal"
 
 
-def state_dir(*parts: str) -> Path:
-    """synthq's state directory (the key, private unit sets, the accountant memo)."""
+def state_root() -> Path:
+    """Where synthq's state lives (not created): ``$SYNTHQ_STATE``, else the XDG state home."""
     root = os.environ.get("SYNTHQ_STATE")
     if not root:
         xdg = os.environ.get("XDG_STATE_HOME")
         root = str(Path(xdg) / "synthq") if xdg else str(Path.home() / ".local" / "state" / "synthq")
-    path = Path(root).expanduser().joinpath(*parts)
+    return Path(root).expanduser()
+
+
+def state_dir(*parts: str) -> Path:
+    """synthq's state directory (the key, private unit sets, the accountant memo)."""
+    path = state_root().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
 

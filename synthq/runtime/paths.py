@@ -6,10 +6,14 @@ import os
 from pathlib import Path
 
 
+def cache_root() -> Path:
+    """``$SYNTHQ_CACHE`` (default ``~/.cache/synthq``), not created."""
+    return Path(os.environ.get("SYNTHQ_CACHE") or Path.home() / ".cache" / "synthq")
+
+
 def cache_dir(*parts: str) -> Path:
     """``$SYNTHQ_CACHE`` (default ``~/.cache/synthq``) joined with ``parts``, created on demand."""
-    root = Path(os.environ.get("SYNTHQ_CACHE") or Path.home() / ".cache" / "synthq")
-    path = root.joinpath(*parts)
+    path = cache_root().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

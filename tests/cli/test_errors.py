@@ -183,3 +183,19 @@ def test_library_warnings_are_one_synthq_line(capsys, monkeypatch):
     assert status == 0
     assert "resume_download" not in output  # deprecations only with -v
     assert one_line(output.replace("q\n", "")) == "warning: a library has (UserWarning)"
+
+
+def test_a_state_or_cache_directory_that_cannot_be_written_names_its_variable(tmp_path, monkeypatch):
+    """``synthq key`` has no --out: a read-only SYNTHQ_STATE must not be told to choose one."""
+    from synthq.cli.errors import _os_error_line
+
+    monkeypatch.setenv("SYNTHQ_STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
+    line = _os_error_line(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "state")))
+    assert "point SYNTHQ_STATE at a writable directory" in line and "--out" not in line
+    line = _os_error_line(
+        OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "cache" / "e" / "x"))
+    )
+    assert "point SYNTHQ_CACHE at a writable directory with space" in line
+    line = _os_error_line(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "out")))
+    assert "choose a writable --out" in line
