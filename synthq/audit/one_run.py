@@ -315,7 +315,11 @@ def auroc_interval(
 
 
 def score_summary(member_scores: Sequence[float], nonmember_scores: Sequence[float], seed: int = 0) -> dict:
-    """TPR at FPR 1 % and 10 %, AUROC and its 95 % bootstrap interval."""
+    """TPR at FPR 1 % and 10 %, AUROC and its 95 % bootstrap interval; ``None`` each when the coins
+    left one side empty (every canary included, or none: likely with few canaries), where they
+    are undefined — the one-run bound itself still holds."""
+    if len(member_scores) == 0 or len(nonmember_scores) == 0:
+        return dict.fromkeys(("tpr_at_fpr_1", "tpr_at_fpr_10", "auroc", "auroc_low", "auroc_high"))
     low, high = auroc_interval(member_scores, nonmember_scores, seed=seed)
     return {
         "tpr_at_fpr_1": tpr_at_fpr(member_scores, nonmember_scores, 0.01),

@@ -83,6 +83,20 @@ def to_markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _undefined(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _percent(value) -> str:
+    return "— (one side empty)" if _undefined(value) else f"{100 * value:.1f}%"
+
+
+def _auroc(row: dict) -> str:
+    if _undefined(row["auroc"]):
+        return "— (the coins put every canary on one side)"
+    return f"{row['auroc']:.3f} [{row['auroc_low']:.3f}, {row['auroc_high']:.3f}]"
+
+
 def one_run_markdown(rows: list[dict]) -> str:
     """The one-run table: one row per audited model (generator or retriever) and ε."""
     lines = [
@@ -95,9 +109,8 @@ def one_run_markdown(rows: list[dict]) -> str:
             f"| {row['audited']} | {format_epsilon(row['proven_epsilon'])} "
             f"| {row['included']}/{row['canaries'] - row['included']} | {row['guesses']} ({row['k_plus']}+"
             f"{row['k_minus']}) | {row['correct']} | **{row['epsilon_lower_bound']:.2f}** "
-            f"| {row['gdp_epsilon_lower_bound']:.2f} | {100 * row['tpr_at_fpr_1']:.1f}% "
-            f"| {100 * row['tpr_at_fpr_10']:.1f}% | {row['auroc']:.3f} [{row['auroc_low']:.3f}, "
-            f"{row['auroc_high']:.3f}] |"
+            f"| {row['gdp_epsilon_lower_bound']:.2f} | {_percent(row['tpr_at_fpr_1'])} "
+            f"| {_percent(row['tpr_at_fpr_10'])} | {_auroc(row)} |"
         )
     delta = rows[0]["delta"] if rows else math.nan
     confidence = rows[0]["confidence"] if rows else math.nan

@@ -56,3 +56,16 @@ def test_rows_are_gathered_in_audit_order_and_written(tmp_path):
     metrics = report.metrics([])
     assert list(metrics) == ["one-run/generator/eps=∞", "one-run/retriever (private pairs)/eps=∞"]
     assert metrics["one-run/generator/eps=∞"]["auroc"] == pytest.approx(1.0)
+
+
+def test_coins_that_put_every_canary_on_one_side_give_an_undefined_auroc_not_a_crash(tmp_path):
+    """Two canaries whose coins agree (probability ½): AUROC and TPR need both sides, so they are
+    reported as undefined; the one-run bound is still computed and the report is written."""
+    canaries = [OneRunCanary(f"canary-{i}", "some words", f"secret {i}", True) for i in range(2)]
+    report = AuditReport(canaries, by_user=False, delta=1e-5, confidence=0.95)
+    report.add_one_run("generator", 8.0, np.array([0.3, 0.7]), "generator ε = 8", "generator")
+    (row,) = report.one_run_rows
+    assert row["auroc"] is None and row["tpr_at_fpr_1"] is None and row["epsilon_lower_bound"] >= 0
+    report.write(tmp_path, "query", [])
+    assert "the coins put every canary on one side" in (tmp_path / "audit.md").read_text()
+    assert json.loads((tmp_path / "audit.json").read_text())["one_run"][0]["auroc"] is None
