@@ -19,6 +19,7 @@ from synthq.config.fields import (
     Resume,
     Seed,
     StageConfig,
+    refuse_user_options_at_the_query_unit,
     renamed_batch_size,
 )
 from synthq.config.generator import FinetuneConfig
@@ -105,10 +106,17 @@ class CanaryAuditConfig(StageConfig):
     def _comma_separated(cls, value: Any) -> Any:
         return value.split(",") if isinstance(value, str) else value
 
+    def unit_options(self) -> dict:
+        """The privacy unit as the audited fine-tuning takes it (K only at the user unit)."""
+        if self.privacy_unit == "user":
+            return {"privacy_unit": "user", "max_queries_per_user": self.max_queries_per_user}
+        return {"privacy_unit": self.privacy_unit}
+
     @model_validator(mode="after")
     def _finetune_options_are_valid(self) -> CanaryAuditConfig:
         fixed = {"data", "model", "out", "epsilon", "seed", "split", "resume", "privacy_unit",
                  "max_queries_per_user"}  # fmt: skip
+        refuse_user_options_at_the_query_unit(self)
         if self.privacy_unit == "user":
             if self.method != "one-run":
                 raise ValueError("--privacy-unit user audits with --method one-run (canary users); the "
@@ -124,8 +132,7 @@ class CanaryAuditConfig(StageConfig):
             raise ValueError(f"--finetune: {', '.join(clash)} is set by the audit itself")
         try:
             FinetuneConfig(
-                data=self.data, model=self.model, out=self.out, privacy_unit=self.privacy_unit,
-                max_queries_per_user=self.max_queries_per_user, **self.finetune,
+                data=self.data, model=self.model, out=self.out, **self.unit_options(), **self.finetune
             )  # fmt: skip
         except ValidationError as error:
             raise ValueError(f"--finetune {validation_message(error)}") from None

@@ -143,6 +143,18 @@ MaxQueriesPerUser = Annotated[
         "randomness (a user's weighted rows contribute at most C together whatever K is).",
     ),
 ]
+
+
+def refuse_user_options_at_the_query_unit(config) -> None:
+    """``--max-queries-per-user`` given at ``--privacy-unit query`` would be silently ignored
+    (every query is its own unit): refused, naming the option that makes it mean something."""
+    if config.privacy_unit != "user" and "max_queries_per_user" in config.model_fields_set:
+        raise ValueError(
+            "--max-queries-per-user applies with --privacy-unit user (at the query unit every query "
+            "is its own unit); add --privacy-unit user or drop it"
+        )
+
+
 Probability = Annotated[float, Field(gt=0, le=1)]
 PublicCorpus = Annotated[
     str, Field(description="Public documents: a BEIR directory or source name (embedded, beir:NAME).")

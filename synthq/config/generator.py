@@ -32,6 +32,7 @@ from synthq.config.fields import (
     Seed,
     StageConfig,
     refuse_limit_with_dp,
+    refuse_user_options_at_the_query_unit,
     renamed_batch_size,
 )
 
@@ -127,6 +128,7 @@ class FinetuneConfig(StageConfig):
     @model_validator(mode="after")
     def _limit_without_dp(self) -> FinetuneConfig:
         refuse_limit_with_dp(self.limit, math.isfinite(self.epsilon))
+        refuse_user_options_at_the_query_unit(self)
         return self
 
     @model_validator(mode="after")
@@ -254,6 +256,7 @@ class EvolveConfig(StageConfig):
 
     @model_validator(mode="after")
     def _keep_at_most_the_population(self) -> EvolveConfig:
+        refuse_user_options_at_the_query_unit(self)
         if self.queries_per_document > self.population:
             raise ValueError(
                 f"--queries-per-document {self.queries_per_document} is more than the --population "

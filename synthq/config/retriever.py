@@ -21,6 +21,7 @@ from synthq.config.fields import (
     SecretSeed,
     StageConfig,
     refuse_limit_with_dp,
+    refuse_user_options_at_the_query_unit,
 )
 
 DPMode = Literal["sample", "batch", "group", "logit"]
@@ -95,6 +96,7 @@ class TrainRetrieverConfig(StageConfig):
     @model_validator(mode="after")
     def _limit_without_dp(self) -> TrainRetrieverConfig:
         refuse_limit_with_dp(self.limit, self.dp is not None)
+        refuse_user_options_at_the_query_unit(self)
         if self.dp is None and "epsilon" in self.model_fields_set and math.isfinite(self.epsilon):
             raise ValueError("--epsilon needs --dp: without it the retriever trains non-privately (ε = ∞)")
         if self.hard_negatives and self.dp is not None:

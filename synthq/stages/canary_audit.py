@@ -209,8 +209,7 @@ def _fine_tune(
     )
     options = {
         **config.finetune, "data": str(training.path), "split": config.split, "model": config.model,
-        "privacy_unit": config.privacy_unit, "max_queries_per_user": config.max_queries_per_user,
-        "epsilon": epsilon, "seed": config.seed, "out": out, "resume": config.resume,
+        **config.unit_options(), "epsilon": epsilon, "seed": config.seed, "out": out, "resume": config.resume,
     }  # fmt: skip
     with report.timed(f"train_seconds[eps={key}]"):
         artifact = _train_stage("finetune-lm", options)

@@ -102,3 +102,19 @@ def test_search_config():
         bad = {k: v for k, v in {**valid, **bad}.items() if v is not None}
         with pytest.raises(ValidationError):
             SearchConfig(**bad)
+
+
+def test_max_queries_per_user_at_the_query_unit_is_refused_not_ignored():
+    """K only means something at --privacy-unit user; given at the query unit it was silently
+    dropped. Its default still applies everywhere, and the user unit takes it."""
+    made = {
+        FinetuneConfig: dict(out="o", data="d", model="m"),
+        TrainRetrieverConfig: dict(out="o", data="d", dp="group"),
+        EvolveConfig: dict(out="o", data="d", model="m"),
+        CanaryAuditConfig: dict(out="o", data="d", model="m"),
+    }
+    for config_class, options in made.items():
+        with pytest.raises(ValidationError, match="--max-queries-per-user applies with --privacy-unit user"):
+            config_class(**options, max_queries_per_user=4)
+        assert config_class(**options).max_queries_per_user == 8
+        assert config_class(**options, privacy_unit="user", max_queries_per_user=4).max_queries_per_user == 4
