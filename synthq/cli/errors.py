@@ -103,12 +103,23 @@ def _fail(message: str, status: int) -> None:
     sys.exit(status)
 
 
+GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose")
+
+
+def global_flags_first(argv: list[str]) -> list[str]:
+    """``synthq eval ... -q`` read as ``synthq -q eval ...``: the global flags work wherever they
+    are typed (no command has options of those names); nothing after ``--`` moves."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    head = argv[:end]
+    return [a for a in head if a in GLOBAL_FLAGS] + [a for a in head if a not in GLOBAL_FLAGS] + argv[end:]
+
+
 def _run_app():
     """The app, then the process group left (if a stage joined one) while the interpreter lives."""
     from synthq.runtime import distributed
 
     try:
-        status = app(standalone_mode=False, prog_name="synthq")
+        status = app(args=global_flags_first(sys.argv[1:]), standalone_mode=False, prog_name="synthq")
     except BaseException:
         distributed.leave(completed=False)
         raise

@@ -199,3 +199,12 @@ def test_a_state_or_cache_directory_that_cannot_be_written_names_its_variable(tm
     assert "point SYNTHQ_CACHE at a writable directory with space" in line
     line = _os_error_line(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "out")))
     assert "choose a writable --out" in line
+
+
+def test_quiet_and_verbose_work_after_the_command(tiny_beir, capsys, monkeypatch):
+    from synthq.cli.errors import global_flags_first
+
+    assert global_flags_first(["eval", "--out", "e", "-q"]) == ["-q", "eval", "--out", "e"]
+    assert global_flags_first(["-v", "key", "--", "-q"]) == ["-v", "key", "--", "-q"]
+    status, output = run_main(["data", "info", str(tiny_beir), "-q"], capsys, monkeypatch)
+    assert status == 0 and "No such option" not in output
