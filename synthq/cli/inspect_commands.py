@@ -184,19 +184,25 @@ def data_info_command(
     as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
 ) -> None:
     """Count documents, queries and judgements per split, and report validation problems."""
-    from synthq.data.sources import load_source
+    from synthq.data.beir_io import load_beir_dir
+    from synthq.data.sources import resolve_source
     from synthq.data.summary import summarize
+    from synthq.privacy.splits import split_is_private
 
-    summary = summarize(load_source(source))
+    root = resolve_source(source)
+    summary = summarize(load_beir_dir(root))
+    for split, row in summary["splits"].items():  # as eval reads it: fail closed, by privacy.json
+        row["privacy"] = "private" if split_is_private(source, root, split) else "public"
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
     table = Table(title=f"{source}: {summary['documents']} documents, {summary['queries']} queries")
-    for column in ("split", "queries", "judgements", "documents judged", "avg rel/query"):
-        table.add_column(column, justify="right" if column != "split" else "left")
+    for column in ("split", "privacy", "queries", "judgements", "documents judged", "avg rel/query"):
+        table.add_column(column, justify="right" if column not in ("split", "privacy") else "left")
     for split, row in summary["splits"].items():
         table.add_row(
             split,
+            row["privacy"],
             str(row["queries"]),
             str(row["judgements"]),
             str(row["documents"]),
@@ -210,6 +216,11 @@ def data_info_command(
                 f"{split}: {row['users']['users']} users; queries per user min {per['min']}, "
                 f"median {per['median']:g}, p99 {per['p99']:g}, max {per['max']}"
             )
+    if any(row["privacy"] == "private" for row in summary["splits"].values()):
+        result(
+            "private splits: their scores are ε = ∞ and what trains on them is accounted; a split is "
+            "private unless the dataset's privacy.json declares it public"
+        )
     for warning in summary["warnings"]:
         warn(escape(warning))
     if not summary["warnings"]:

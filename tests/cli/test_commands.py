@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -52,11 +53,22 @@ def test_info_prints_guarantee_and_lineage(tmp_path, tiny_beir):
     assert json.loads(as_json.output)["privacy"]["epsilon"] == 7.93
 
 
-def test_data_info(tiny_beir):
+def test_data_info(tiny_beir, tmp_path):
     result = runner.invoke(app, ["data", "info", str(tiny_beir), "--json"])
     assert result.exit_code == 0
     summary = json.loads(result.output)
     assert summary["documents"] == 12 and summary["splits"]["test"]["queries"] == 4
+    assert {split: row["privacy"] for split, row in summary["splits"].items()} == {
+        "train": "private",
+        "dev": "private",
+        "test": "public",  # as the fixture's privacy.json says
+    }
+    undeclared = shutil.copytree(tiny_beir, tmp_path / "undeclared")
+    (undeclared / "privacy.json").unlink()
+    table = runner.invoke(app, ["data", "info", str(undeclared)]).output
+    summary = json.loads(runner.invoke(app, ["data", "info", str(undeclared), "--json"]).output)
+    assert {row["privacy"] for row in summary["splits"].values()} == {"private"}  # fail closed
+    assert "privacy" in table and "private unless the dataset's privacy.json declares it public" in table
 
 
 def test_user_errors_exit_2_with_one_line(tmp_path):
