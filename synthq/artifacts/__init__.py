@@ -11,6 +11,7 @@ of their manifests. A stage skips when the same config on the same inputs was al
 * :mod:`~synthq.artifacts.records` — lineage records of inputs, and an input's hash now;
 * :mod:`~synthq.artifacts.freshness` — fingerprints, up-to-date checks, resumability, and
   ``existing_result``, what every stage calls first;
+* :mod:`~synthq.artifacts.checkpoint` — a stage's private, resumable checkpoint, written atomically;
 * :mod:`~synthq.artifacts.locking` — the output lock, and what an output may replace;
 * :mod:`~synthq.artifacts.writer` — ``ArtifactWriter``, what a stage fills: payload, metrics,
   private diagnostics and the privacy record;

@@ -121,6 +121,7 @@ class LogitClipping(Mechanism):
     """
 
     needs_batch_cap = True
+    supports_multi_row_units = False  # the pair-level proof: one (query, document) row per unit
     sensitivity_rule = (
         "max(G1+G2+(B-1)L, B*G1)C: Kong et al. Theorem 4.2 for cos/T, and the emptied over-full batch"
     )

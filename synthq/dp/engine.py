@@ -51,6 +51,7 @@ from synthq.privacy.accounting import (
     validate_budget,
 )
 from synthq.privacy.guarantee import UNIT_NOTES, Guarantee
+from synthq.runtime.console import warn
 from synthq.runtime.errors import PrivacyError
 
 # ---------------------------------------------------------------------------------------------
@@ -70,6 +71,9 @@ class Mechanism(abc.ABC):
     # How a user-level run's guarantee is derived per query (one of
     # synthq.privacy.accounting.PER_QUERY_RULES): group privacy of 2 unless the mechanism proves less.
     per_query_rule: ClassVar[str] = "group-of-2"
+    # Whether the sensitivity proof covers a unit of several rows (a query with several relevant
+    # documents, a user with several queries); :func:`check_units_fit` refuses data that needs it.
+    supports_multi_row_units: ClassVar[bool] = True
 
     @abc.abstractmethod
     def sensitivity(self, batch_cap: int | None) -> float:
@@ -205,6 +209,22 @@ class PrivacyPlan:
         )
 
     @classmethod
+    def for_stage(
+        cls, config, *, num_units: int, expected_batch_size: int, steps: int, mechanism: Mechanism, unit: str
+    ) -> PrivacyPlan | None:
+        """The plan a DP stage makes from its config's ε, δ and accountant: ``None`` at ε = ∞ (the
+        stage trains without DP); a fall back from PRV to RDP is said in one warning."""
+        if not math.isfinite(config.epsilon):
+            return None
+        plan = cls.create(
+            num_units=num_units, expected_batch_size=expected_batch_size, steps=steps, epsilon=config.epsilon,
+            delta=config.delta, accountant=config.accountant, mechanism=mechanism, unit=unit,
+        )  # fmt: skip
+        if plan.fallback_reason:
+            warn(f"accountant: {plan.fallback_reason}; using RDP")
+        return plan
+
+    @classmethod
     def with_noise(
         cls, noise_multiplier: float, sensitivity: float, expected_batch_size: int, num_units: int = 1_000_000
     ) -> PrivacyPlan:
@@ -309,10 +329,11 @@ class PrivacyPlan:
         return guarantee.model_copy(update={"details": {**guarantee.details, "per_query": derived}})
 
 
-def check_units_fit(units: PrivacyUnits, mechanism_name: str, supports_multi_row_units: bool) -> None:
-    """Refuse a mechanism whose sensitivity proof assumes one row per unit on data where a query
-    has several relevant documents."""
-    if not supports_multi_row_units and units.max_rows > 1:
+def check_units_fit(units: PrivacyUnits, mechanism: Mechanism) -> None:
+    """Refuse a mechanism whose sensitivity proof assumes one row per unit
+    (:attr:`Mechanism.supports_multi_row_units`) on data where a unit has several rows."""
+    mechanism_name = mechanism.name
+    if not mechanism.supports_multi_row_units and units.max_rows > 1:
         if units.kind == "user":
             raise PrivacyError(
                 f"--dp {mechanism_name} protects single (query, document) pairs and cannot protect a user "

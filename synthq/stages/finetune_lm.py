@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 import torch
 
-from synthq.artifacts.freshness import check_resumable, existing_result
-from synthq.artifacts.hashing import config_to_dict
+from synthq.artifacts.checkpoint import load_checkpoint, save_checkpoint
+from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.on_main import artifact_on_main
 from synthq.config.fields import DEFAULT_TOP_P
@@ -64,7 +63,7 @@ from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import data_input, model_input, public_pairs_input
 from synthq.privacy.splits import split_is_private
 from synthq.runtime import distributed, precision
-from synthq.runtime.console import StepFraction, info, progress, warn
+from synthq.runtime.console import StepFraction, info, progress
 from synthq.runtime.optim import make_optimizer
 
 STAGE = "finetune-lm"
@@ -76,38 +75,6 @@ PER_SAMPLE_CLIPPING = {
 }
 
 
-def save_checkpoint(
-    path: Path, training: GeneratorTraining, config: FinetuneConfig, inputs: list[dict], log: list[dict]
-) -> None:
-    """A private, resumable checkpoint (weights, optimizer, secret randomness, config, the
-    identifiers of the inputs, log)."""
-    state = {
-        **training.state_dict(),
-        "config": json.dumps(config_to_dict(config), sort_keys=True),
-        "inputs": json.dumps(inputs, sort_keys=True),
-        "log": json.dumps(log),
-    }
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as handle:  # through a Python file: a full disk stays an OSError in the chain
-            torch.save(state, handle)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a cut-off copy is no checkpoint, and a full disk needs the space
-        raise
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: Path, config: FinetuneConfig, inputs: list[dict]) -> dict | None:
-    """The checkpoint at ``path`` if there is one, refusing one written with another config or
-    on inputs (data, starting model) whose content has changed since: the accounting of the
-    steps already taken was for the data they read."""
-    if not path.is_file():
-        return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    check_resumable(path, state, config, inputs)
-    return state
-
-
 def _write_log(path: Path, log: list[dict]) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         for row in log:
@@ -116,16 +83,10 @@ def _write_log(path: Path, log: list[dict]) -> None:
 
 def _plan(config: FinetuneConfig, units: PrivacyUnits, steps: int) -> PrivacyPlan | None:
     """The DP plan for a finite ε (``None``: non-private training)."""
-    if not math.isfinite(config.epsilon):
-        return None
-    plan = PrivacyPlan.create(
-        num_units=len(units), expected_batch_size=config.batch_size, steps=steps, epsilon=config.epsilon,
-        delta=config.delta, accountant=config.accountant, mechanism=_mechanism(config)(config.clip_norm),
-        unit=units.kind,
+    return PrivacyPlan.for_stage(
+        config, num_units=len(units), expected_batch_size=config.batch_size, steps=steps,
+        mechanism=_mechanism(config)(config.clip_norm), unit=units.kind,
     )  # fmt: skip
-    if plan.fallback_reason:
-        warn(f"accountant: {plan.fallback_reason}; using RDP")
-    return plan
 
 
 def _mechanism(config: FinetuneConfig) -> type[PerQueryClipping] | type[PerUserClipping]:
@@ -375,7 +336,9 @@ def run(config: FinetuneConfig) -> Artifact:
                     and config.checkpoint_every
                     and training.step_index % config.checkpoint_every == 0
                 ):
-                    save_checkpoint(checkpoint, training, config, inputs, log)
+                    save_checkpoint(
+                        checkpoint, {**training.state_dict(), "log": json.dumps(log)}, config, inputs
+                    )
         elapsed = time.perf_counter() - started
         training.close()  # the saved model carries no clipping hooks
         writer.metrics.update(learning.finish(steps, "LoRA adapters" if config.lora_rank else "all weights"))

@@ -61,7 +61,7 @@ from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import data_input, model_input
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import info, progress, warn
-from synthq.runtime.errors import DataError, SynthqError
+from synthq.runtime.errors import DataError, PrivacyError, SynthqError
 from synthq.runtime.optim import make_optimizer
 
 STAGE = "train-retriever"
@@ -182,11 +182,13 @@ def _dp_setup(config: TrainRetrieverConfig, units: PrivacyUnits, encoder, random
         aug_negatives=config.aug_negatives, max_query_length=config.max_query_length,
         max_doc_length=config.max_doc_length, pair_chunk=config.pair_chunk,
     )  # fmt: skip
-    check_units_fit(units, config.dp, supports_multi_row_units=config.dp != "logit")
-    plan = PrivacyPlan.create(
-        num_units=len(units), expected_batch_size=config.batch_size, steps=steps, epsilon=config.epsilon,
-        delta=config.delta, accountant=config.accountant, mechanism=mechanism, unit=units.kind,
+    check_units_fit(units, mechanism)
+    plan = PrivacyPlan.for_stage(
+        config, num_units=len(units), expected_batch_size=config.batch_size, steps=steps,
+        mechanism=mechanism, unit=units.kind,
     )  # fmt: skip
+    if plan is None:
+        raise PrivacyError(f"--dp {config.dp} needs a finite --epsilon (ε = ∞ is training without --dp)")
     info(
         f"direct DP training ({config.dp}) over {describe_units(units)}: "
         f"sensitivity {plan.sensitivity / config.clip_norm:.4g}·C = "

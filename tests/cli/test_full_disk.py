@@ -10,7 +10,7 @@ import io
 
 from safetensors import SafetensorError
 
-from synthq.stages import finetune_lm
+from synthq.artifacts import checkpoint
 from tests.helpers import one_line, run_main
 
 
@@ -55,7 +55,7 @@ def test_a_full_disk_while_writing_a_checkpoint_is_one_line(
             return io.BufferedWriter(_FullDisk())
         return real_open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(finetune_lm, "open", open_on_a_full_disk, raising=False)
+    monkeypatch.setattr(checkpoint, "open", open_on_a_full_disk, raising=False)
     out = tmp_path / "gen"
     status, output = run_main(
         _argv(tiny_beir, tiny_causal_dir, out, "--checkpoint-every", "1"), capsys, monkeypatch

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from synthq.artifacts.checkpoint import load_checkpoint, save_checkpoint
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
@@ -71,15 +72,14 @@ from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import DataInput, ModelInput, data_input, model_input, public_documents_input
 from synthq.retrieval.cache import encode_texts
 from synthq.runtime import distributed, precision
-from synthq.runtime.console import info, warn
+from synthq.runtime.console import info
 from synthq.runtime.errors import SynthqError
 from synthq.stages.evolve.population import (
     Population,
     Ranked,
     best_per_document,
-    load_checkpoint,
+    checkpoint_state,
     ranked_per_document,
-    save_checkpoint,
 )
 from synthq.stages.evolve.prompts import Prompter
 
@@ -164,7 +164,9 @@ def run(config: EvolveConfig) -> Artifact:
         space = _encode(config, setup, clock)
         if state is None:
             population = _random_population(config, setup, space, clock)
-            save_checkpoint(checkpoint, config, sources.records, population, setup.randomness)
+            save_checkpoint(
+                checkpoint, checkpoint_state(population, setup.randomness), config, sources.records
+            )
         else:
             population = Population.from_state(state)
         for iteration in range(population.votes_done + 1, config.iterations + 1):
@@ -173,7 +175,9 @@ def run(config: EvolveConfig) -> Artifact:
                 final = best_per_document(ranked, population.candidates, config.queries_per_document)
                 break
             population = _select_and_vary(iteration, ranked, config, setup, space, population, clock)
-            save_checkpoint(checkpoint, config, sources.records, population, setup.randomness)
+            save_checkpoint(
+                checkpoint, checkpoint_state(population, setup.randomness), config, sources.records
+            )
         _write_synthetic_set(writer, config, setup, final, population, clock)
         _write_release(writer, config, sources, setup, population)
     return open_artifact(config.out, STAGE)
@@ -225,15 +229,11 @@ def _set_up(config: EvolveConfig, sources: _Sources) -> _Setup:
 
 
 def _plan(config: EvolveConfig, num_units: int, unit: str) -> PrivacyPlan | None:
-    if not math.isfinite(config.epsilon):
-        return None
-    plan = PrivacyPlan.create(
-        num_units=num_units, expected_batch_size=num_units, steps=config.iterations, epsilon=config.epsilon,
-        delta=config.delta, accountant=config.accountant, mechanism=NearestNeighbourVotes(), unit=unit,
+    """Every vote counts every unit once (the "batch" is all units), ``iterations`` votes."""
+    return PrivacyPlan.for_stage(
+        config, num_units=num_units, expected_batch_size=num_units, steps=config.iterations,
+        mechanism=NearestNeighbourVotes(), unit=unit,
     )  # fmt: skip
-    if plan.fallback_reason:
-        warn(f"accountant: {plan.fallback_reason}; using RDP")
-    return plan
 
 
 def _restore_randomness(config: EvolveConfig, sources: _Sources, setup: _Setup, state: dict) -> _Setup:

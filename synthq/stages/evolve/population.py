@@ -3,22 +3,16 @@
 :class:`Population` is what one vote hands to the next: the candidates (the public model's
 queries, keyed by ``(doc_id, index)``), how many votes are done, the next free index, and what
 the votes so far recorded (the noisy votes of each round's winners, and the un-noised counts that
-only go to the private diagnostics). :func:`save_checkpoint` stores it with the secret randomness
-each time a population is written, so ``--resume`` continues the same noise stream.
+only go to the private diagnostics). :func:`checkpoint_state` is what the stage checkpoints
+(:mod:`synthq.artifacts.checkpoint`) with the secret randomness each time a population is
+written, so ``--resume`` continues the same noise stream.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
-
-from synthq.artifacts.freshness import check_resumable
-from synthq.artifacts.hashing import config_to_dict
-from synthq.config.generator import EvolveConfig
 
 Key = tuple[str, int]  # (doc_id, index) of a candidate query
 Ranked = dict[str, list[tuple[Key, float]]]  # per document: (candidate, noisy votes), best first
@@ -58,7 +52,7 @@ class Population:
         return replace(self, candidates=candidates, votes_done=iteration, next_index=self.next_index + added)
 
     def state(self) -> dict:
-        """The checkpointed fields, but the candidates (stored as rows by :func:`save_checkpoint`)."""
+        """The checkpointed fields, but the candidates (stored as rows by :func:`checkpoint_state`)."""
         return {
             "votes_done": self.votes_done,
             "next_index": self.next_index,
@@ -68,7 +62,7 @@ class Population:
 
     @classmethod
     def from_state(cls, state: dict) -> Population:
-        """The population a checkpoint holds (:func:`load_checkpoint`)."""
+        """The population a checkpoint holds (:func:`~synthq.artifacts.checkpoint.load_checkpoint`)."""
         candidates = {(d, int(k)): text for d, k, text in state["population"]}
         return cls(candidates, state["votes_done"], state["next_index"], state["rounds"], state["raw_counts"])
 
@@ -89,34 +83,11 @@ def best_per_document(ranked: Ranked, candidates: dict[Key, str], count: int) ->
     return {key: candidates[key] for per_doc in ranked.values() for key, _ in per_doc[:count]}
 
 
-def save_checkpoint(
-    path: Path, config: EvolveConfig, inputs: list[dict], population: Population, randomness
-) -> None:
-    """A private, resumable checkpoint after the population for the next vote is written: the
-    population, the rounds so far, the secret randomness (the noise of later votes continues its
-    stream; a vote interrupted before the next checkpoint is redone with the same noise on the
-    same population, so nothing new is released), the config and the inputs' identifiers."""
-    import torch
-
+def checkpoint_state(population: Population, randomness) -> dict:
+    """What a checkpoint after the population for the next vote holds
+    (:func:`~synthq.artifacts.checkpoint.save_checkpoint` adds the config and the inputs): the
+    population, the rounds so far and the secret randomness (the noise of later votes continues
+    its stream; a vote interrupted before the next checkpoint is redone with the same noise on the
+    same population, so nothing new is released)."""
     rows = [[doc_id, index, text] for (doc_id, index), text in sorted(population.candidates.items())]
-    state = {
-        **population.state(),
-        "population": rows,
-        "randomness": randomness.state_dict(),
-        "config": json.dumps(config_to_dict(config), sort_keys=True),
-        "inputs": json.dumps(inputs, sort_keys=True),
-    }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: Path, config: EvolveConfig, inputs: list[dict]) -> dict | None:
-    """The checkpoint at ``path``, refused if written with other settings or inputs."""
-    import torch
-
-    if not path.is_file():
-        return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    check_resumable(path, state, config, inputs)
-    return state
+    return {**population.state(), "population": rows, "randomness": randomness.state_dict()}
