@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -307,3 +308,20 @@ def evolve_config(out, data, model, embedder, **options) -> EvolveConfig:
         iterations=2, population=2, max_new_tokens=6, max_source_length=32, seed=3, device="cpu",
     )  # fmt: skip
     return EvolveConfig(out=out, **{**base, **options})
+
+
+@contextlib.contextmanager
+def output_held_by_another_process(out):
+    """Another process holding ``out``'s output lock (as a running stage does) until the block
+    ends; yields that process, whose pid the refusal must name."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom synthq.artifacts.locking import output_lock\n"
+         f"with output_lock({str(out)!r}):\n    print('locked', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()

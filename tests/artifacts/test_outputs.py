@@ -4,8 +4,6 @@ edits inside large files are seen, and one writer holds an output's lock."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +15,7 @@ from synthq.artifacts.locking import lock_path, output_lock
 from synthq.artifacts.manifest import open_artifact
 from synthq.privacy.guarantee import Guarantee
 from synthq.runtime.errors import ArtifactError
-from tests.helpers import eval_argv, one_line, run_main
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import eval_argv, one_line, output_held_by_another_process, run_main
 
 
 def tree(path: Path) -> dict[str, bytes]:
@@ -102,20 +98,11 @@ def test_edits_inside_large_files_are_seen_and_hashes_cached(tmp_path, monkeypat
 
 def test_second_writer_on_the_same_out_is_refused(tmp_path):
     out = tmp_path / "a"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom synthq.artifacts.locking import output_lock\n"
-         f"with output_lock({str(out)!r}):\n    print('locked', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
-    )  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with output_held_by_another_process(out) as holder:
         refused = pytest.raises(ArtifactError, match=f"being written by synthq pid {holder.pid} on ")
         with refused, create_artifact(out, "eval", {}) as writer:
             writer.privacy = Guarantee.public()
         assert not out.exists()
-    finally:
-        holder.kill()
-        holder.wait()
     with create_artifact(out, "eval", {}) as writer:  # a killed holder leaves no stale lock
         writer.privacy = Guarantee.public()
     assert open_artifact(out) and not lock_path(out).exists()

@@ -3,19 +3,13 @@ and the partial keeps only its checkpoints."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from synthq.artifacts.manifest import partial_dir
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.runtime.errors import ArtifactError
 from synthq.stages import finetune_lm
-from tests.helpers import finetune, private_copy
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import finetune, output_held_by_another_process, private_copy
 
 
 def test_resume_with_a_changed_config_is_refused(tmp_path, tiny_beir, tiny_causal_dir, monkeypatch):
@@ -41,18 +35,10 @@ def test_resume_with_a_changed_config_is_refused(tmp_path, tiny_beir, tiny_causa
     with pytest.raises(ArtifactError, match="rerun with --resume"):  # dropping --resume alone
         finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **changed)
     # while another process writes the output, its checkpoint is not called an interrupted run's
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom synthq.artifacts.locking import output_lock\n"
-         f"with output_lock({str(tmp_path / 'gen')!r}):\n    print('locked', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
-    )  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(ArtifactError, match=f"being written by synthq pid {holder.pid} on "):
+    with output_held_by_another_process(tmp_path / "gen") as holder:
+        refused = pytest.raises(ArtifactError, match=f"being written by synthq pid {holder.pid} on ")
+        with refused:
             finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **changed)
-    finally:
-        holder.kill()
-        holder.wait()
     assert finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **changed, force=True).privacy.epsilon < 8.01
 
 
