@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from synthq.artifacts.locking import artifact_holding
-from synthq.artifacts.manifest import MANIFEST, open_artifact
+from synthq.artifacts.manifest import MANIFEST, is_artifact, open_artifact
 from synthq.privacy.guarantee import Guarantee, format_epsilon
 from synthq.runtime.console import console, result, warn
 from synthq.runtime.errors import SynthqError
@@ -191,8 +191,10 @@ def data_info_command(
 
     root = resolve_source(source)
     summary = summarize(load_beir_dir(root))
+    synthetic = is_artifact(root)  # a synthetic set: eval's scores on it carry the set's own ε
     for split, row in summary["splits"].items():  # as eval reads it: fail closed, by privacy.json
-        row["privacy"] = "private" if split_is_private(source, root, split) else "public"
+        private = split_is_private(source, root, split)
+        row["privacy"] = "the set's ε" if synthetic else "private" if private else "public"
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return

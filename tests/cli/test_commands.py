@@ -69,6 +69,13 @@ def test_data_info(tiny_beir, tmp_path):
     summary = json.loads(runner.invoke(app, ["data", "info", str(undeclared), "--json"]).output)
     assert {row["privacy"] for row in summary["splits"].values()} == {"private"}  # fail closed
     assert "privacy" in table and "private unless the dataset's privacy.json declares it public" in table
+    with create_artifact(tmp_path / "syn", "generate", {}) as writer:  # a synthetic set: its own ε
+        for name in ("corpus.jsonl", "queries.jsonl", "qrels"):
+            copy = shutil.copytree if (tiny_beir / name).is_dir() else shutil.copyfile
+            copy(tiny_beir / name, writer.dir / name)
+        writer.privacy = Guarantee.public()
+    summary = json.loads(runner.invoke(app, ["data", "info", str(tmp_path / "syn"), "--json"]).output)
+    assert {row["privacy"] for row in summary["splits"].values()} == {"the set's ε"}
 
 
 def test_user_errors_exit_2_with_one_line(tmp_path):
