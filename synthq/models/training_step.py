@@ -112,3 +112,15 @@ def gather_result(
         tokens=sum(share[2] for share in shares),
         mean_grad_norm=sum(all_norms) / len(all_norms) if all_norms else math.nan,
     )
+
+
+def training_statistics(losses: list[float], elapsed: float, steps: int) -> dict:
+    """The first loss, the mean of the last tenth of the losses (``final_loss``), the seconds and
+    the seconds per step of one training run: what finetune-lm and train-retriever record."""
+    tail = losses[-max(1, len(losses) // 10) :]
+    return {
+        "first_loss": losses[0] if losses else None,
+        "final_loss": sum(tail) / len(tail) if tail else None,
+        "train_seconds": round(elapsed, 3),
+        "seconds_per_step": round(elapsed / max(steps, 1), 4),
+    }

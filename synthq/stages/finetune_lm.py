@@ -58,7 +58,7 @@ from synthq.dp.units import (
 )
 from synthq.models.defaults import Chosen, finetune_defaults, why_corpus_is_public
 from synthq.models.generator import QueryGenerator, apply_lora
-from synthq.models.training_step import non_private_step
+from synthq.models.training_step import non_private_step, training_statistics
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import data_input, model_input, public_pairs_input
 from synthq.privacy.splits import split_is_private
@@ -167,14 +167,8 @@ def _own_guarantee(config, plan, training: GeneratorTraining, units: PrivacyUnit
 def _diagnostics(log: list[dict], elapsed: float, steps_run: int) -> dict:
     """Training statistics of private batches (ε = ∞: for the private diagnostics only)."""
     losses = [row["loss"] for row in log if not math.isnan(row["loss"])]
-    tail = losses[-max(1, len(losses) // 10) :]
-    return {
-        "first_loss": losses[0] if losses else None,
-        "final_loss": sum(tail) / len(tail) if tail else None,
-        "train_seconds": round(elapsed, 3),
-        "seconds_per_step": round(elapsed / max(steps_run, 1), 4),
-        "examples_seen": sum(row["examples"] for row in log),
-    }
+    examples = sum(row["examples"] for row in log)
+    return {**training_statistics(losses, elapsed, steps_run), "examples_seen": examples}
 
 
 WARM_START_BATCH = 16  # public pairs per warm-start step

@@ -57,6 +57,7 @@ from synthq.models.encoder import (
     sentence_embeddings,
     training_loss,
 )
+from synthq.models.training_step import training_statistics
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import data_input, model_input
 from synthq.runtime import distributed, precision
@@ -230,14 +231,8 @@ def _within_position_limit(config: TrainRetrieverConfig, encoder) -> TrainRetrie
 
 
 def _statistics(losses: list[float], elapsed: float, seen: int, steps: int) -> dict:
-    tail = losses[-max(1, len(losses) // 10) :]
-    return {
-        "first_loss": losses[0] if losses else None,
-        "final_loss": sum(tail) / len(tail) if tail else None,
-        "train_seconds": round(elapsed, 3),
-        "pairs_per_second": round(seen / max(elapsed, 1e-9), 3),
-        "seconds_per_step": round(elapsed / max(steps, 1), 4),
-    }
+    pairs_per_second = round(seen / max(elapsed, 1e-9), 3)
+    return {**training_statistics(losses, elapsed, steps), "pairs_per_second": pairs_per_second}
 
 
 @precision.stage
