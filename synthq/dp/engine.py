@@ -332,15 +332,14 @@ class PrivacyPlan:
 def check_units_fit(units: PrivacyUnits, mechanism: Mechanism) -> None:
     """Refuse a mechanism whose sensitivity proof assumes one row per unit
     (:attr:`Mechanism.supports_multi_row_units`) on data where a unit has several rows."""
-    mechanism_name = mechanism.name
     if not mechanism.supports_multi_row_units and units.max_rows > 1:
         if units.kind == "user":
             raise PrivacyError(
-                f"--dp {mechanism_name} protects single (query, document) pairs and cannot protect a user "
+                f"--dp {mechanism.name} protects single (query, document) pairs and cannot protect a user "
                 f"(a user here has up to {units.max_rows} pairs); use --dp sample, batch or group"
             )
         raise PrivacyError(
-            f"--dp {mechanism_name} protects single (query, document) pairs, but a query in this data "
+            f"--dp {mechanism.name} protects single (query, document) pairs, but a query in this data "
             f"has {units.max_rows} relevant documents; use --dp sample, batch or group, which protect "
             "a whole query"
         )

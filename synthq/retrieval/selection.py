@@ -250,7 +250,7 @@ class Selection:
     dev: Artifact
     private: bool
     candidates: list[dict] = field(default_factory=list)  # the releases behind every candidate
-    chosen: set[str] = field(default_factory=set)  # model ids kept *by* the choice (scored on dev)
+    chosen: set[str] = field(default_factory=set)  # model ids kept *by* the choice (all scored on dev)
 
 
 def select_retrievers(
@@ -282,7 +282,7 @@ def select_retrievers(
     public_text = selection_markdown(choices, source=source, scores=not private, guarantee=guarantee)
     private_text = selection_markdown(choices, source=source, private=True) if private else None
     return Selection(
-        kept, public_text, private_text, guarantee, dev, private, candidate_releases(dev), chosen & on_dev
+        kept, public_text, private_text, guarantee, dev, private, candidate_releases(dev), chosen
     )
 
 
