@@ -69,8 +69,9 @@ class Mechanism(abc.ABC):
     needs_batch_cap: ClassVar[bool] = False
     sensitivity_rule: ClassVar[str] = ""
     # How a user-level run's guarantee is derived per query (one of
-    # synthq.privacy.accounting.PER_QUERY_RULES): group privacy of 2 unless the mechanism proves less.
-    per_query_rule: ClassVar[str] = "group-of-2"
+    # synthq.privacy.accounting.PER_QUERY_RULES): the subsampled Gaussian's replace pair, which every
+    # Poisson-sampled clipped sum satisfies, unless the mechanism proves less.
+    per_query_rule: ClassVar[str] = "poisson-substitution"
     # Whether the sensitivity proof covers a unit of several rows (a query with several relevant
     # documents, a user with several queries); :func:`check_units_fit` refuses data that needs it.
     supports_multi_row_units: ClassVar[bool] = True
@@ -166,7 +167,7 @@ class PrivacyPlan:
     mechanism: str
     fallback_reason: str = ""
     unit: str = "query"
-    per_query_rule: str = "group-of-2"
+    per_query_rule: str = "poisson-substitution"
 
     @classmethod
     def create(

@@ -24,8 +24,8 @@ user's other queries (weights 1/k) and, with K, may promote a dropped query into
 *replacement* of the user's contribution, not the removal of a unit. So every private user-level
 release records its own per-query guarantee, derived for that neighbour
 (:func:`synthq.privacy.accounting.per_query`: the Gaussian at sensitivity √2 for Private
-Evolution, group privacy of 2 for DP-SGD) and recomputed when the artifact is opened; it also
-holds per (query, document) pair. A query-level ε says only k·ε about a user with k queries
+Evolution, the subsampled Gaussian's replace pair for DP-SGD) and recomputed when the artifact
+is opened; it also holds per (query, document) pair. A query-level ε says only k·ε about a user with k queries
 (group privacy), so releases of different units compose as the weakest unit, never as the
 stronger, each user-level release counting at its derived per-query ε (:func:`compose_releases`).
 

@@ -139,13 +139,14 @@ def gaussian_mu(guarantee: Guarantee) -> Mu | None:
 
 def per_query_mu(guarantee: Guarantee, mu: Mu | None) -> Mu | None:
     """μ of a user-level release for one query: √2·μ for the Gaussian-substitution rule (exact),
-    2μ for group privacy of 2 (μ-GDP is kμ-GDP for groups of k; Dong, Roth & Su 2022)."""
+    2μ for group privacy of 2 (μ-GDP is kμ-GDP for groups of k; Dong, Roth & Su 2022) and for the
+    replace pair without subsampling (two Gaussians 2μ apart)."""
     if mu is None or not mu.stated or guarantee.unit != "user" or not math.isfinite(mu.value):
         return mu
     rule = ((guarantee.details or {}).get("per_query") or {}).get("rule")
     if rule == "gaussian-substitution":
         return Mu(math.sqrt(2.0) * mu.value, mu.method)
-    if rule == "group-of-2":
+    if rule in ("group-of-2", "poisson-substitution"):  # at q = 1 both are the Gaussian at 2× the shift
         return Mu(2 * mu.value, mu.method)
     return Mu(None, NO_PER_QUERY)
 

@@ -29,6 +29,7 @@ from synthq.dp.noise import SecretRandomness
 from synthq.dp.units import PrivacyUnits, poisson_units, training_units
 from synthq.models.encoder import embed
 from synthq.models.generator import QueryGenerator
+from synthq.privacy.accounting import epsilon_for
 from synthq.privacy.guarantee import Guarantee, compose_releases
 from synthq.privacy.ledger import ledger_lines
 from synthq.reporting.labels import _synthetic_origin
@@ -354,9 +355,22 @@ def test_query_and_user_releases_compose_as_the_query_unit(tmp_path, tiny_beir, 
     total = compose_releases(releases, [[r["id"] for r in releases]], [])
     assert total.unit == "query"  # never the stronger unit for a query-level release
     # the user-level release counts at its derived per-query ε (a removed query replaces the user's
-    # contribution: group privacy of 2), never at face value
+    # contribution: the subsampled Gaussian's replace pair), never at face value
     derived = per_user.privacy.details["per_query"]
-    assert derived["rule"] == "group-of-2" and derived["epsilon"] > per_user.privacy.epsilon
+    assert derived["rule"] == "poisson-substitution"
+    # never below the add/remove ε of the same noise (a user whose only query is removed); it may be
+    # below the RDP ε the release prints per user, since a PLD bounds tighter than RDP
+    details = per_user.privacy.details
+    assert (
+        derived["epsilon"]
+        >= epsilon_for(
+            details["noise_multiplier"],
+            per_user.privacy.delta,
+            details["sample_rate"],
+            details["steps"],
+            "prv",
+        ).epsilon
+    )
     assert total.epsilon == pytest.approx(derived["epsilon"] + per_query.privacy.epsilon)
     assert "compose only as the weakest" in total.note
     text = "\n".join(ledger_lines([per_query.path])).replace(str(tmp_path), "")
