@@ -167,6 +167,8 @@ def ledger_lines(paths: list[str | Path]) -> list[str]:
     for artifact in book.artifacts:
         for assumption in artifact.privacy.assumptions:
             holders.setdefault(assumption, []).append(str(artifact.path))
+    if linking := user_link_assumption(book.releases):  # what the composed total itself rests on
+        holders.setdefault(linking, []).append("the composed total")
     if holders:
         lines.append("assumptions:")
         for assumption, paths_making_it in holders.items():

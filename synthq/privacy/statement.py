@@ -17,8 +17,9 @@ config. Per private dataset it states:
   :func:`~synthq.privacy.units.sharing_groups`), and the same composition with every release's ε
   recomputed by its own accountant (:func:`~synthq.privacy.accounting.epsilon_for`) at δ = 1e-6 and
   at δ = 1/n² (n: the unit count the release's accountant assumed, ``details.num_units``; skipped
-  when a δ-dependent release records none); a composed δ at or above 1/n, or above 0.1, is
-  flagged as no meaningful guarantee (:func:`~synthq.privacy.ledger.delta_warning`);
+  when a δ-dependent release records none); a composed total whose δ is at or above 1/n, or above
+  0.1, is refused — its line states no ε (:func:`~synthq.privacy.ledger.delta_warning`) — and a
+  statement in which every total is refused is not written at all;
 * the Gaussian-DP μ, only where it is exact: ``√T/σ`` for the Gaussian without subsampling
   (Private Evolution's votes, q = 1), composed as ``√(Σ μ²)`` per unit when every release has one;
   for a subsampled release "not stated" (the CLT approximation is no guarantee).
@@ -58,8 +59,8 @@ from synthq.privacy.statement_tables import (
     recomputed_table,
     release_table,
 )
-from synthq.privacy.units import sharing_groups
-from synthq.runtime.errors import ArtifactError
+from synthq.privacy.units import sharing_groups, user_link_assumption
+from synthq.runtime.errors import ArtifactError, PrivacyError
 
 AUDIT_STAGE = "canary-audit"
 
@@ -160,9 +161,24 @@ def _dataset_section(statement: DatasetStatement) -> list[str]:
 
 
 def _flagged(guarantee: Guarantee | None, units: list[int]) -> str:
-    """The guarantee as stated, with the warning when its δ makes it meaningless."""
+    """The guarantee as stated; where its δ makes it meaningless (at or above 1/n, or above 0.1) it
+    is *refused*: the line says why and states no ε, so none can be signed."""
     warning = delta_warning(guarantee, units) if guarantee is not None else None
-    return claim(guarantee) + (f" — **{warning}**" if warning else "")
+    if warning:
+        return f"**refused, no ε stated (δ = {guarantee.delta:.3g}) — {warning}**"
+    return claim(guarantee)
+
+
+def refuse_without_a_meaningful_total(text: str) -> None:
+    """Refuse a statement in which every composed total was refused (:func:`_flagged`): it would
+    state nothing a reader could sign."""
+    prefixes = ("- at the run's δ:", "- every release at δ")
+    totals = [line for line in text.splitlines() if line.startswith(prefixes)]
+    if totals and all("refused, no ε stated" in line for line in totals):
+        raise PrivacyError(
+            "no composed total in this statement is a meaningful guarantee (every δ is at or above 1/n "
+            "or above 0.1): train with a smaller --delta, or on more privacy units"
+        )
 
 
 def _total_lines(
@@ -251,6 +267,8 @@ def _assumption_lines(book: Ledger, audits: list[Artifact]) -> list[str]:
     for release in book.releases:
         for assumption in release_guarantee(release).assumptions:
             holders.setdefault(assumption, []).append(release["path"])
+    if linking := user_link_assumption(book.releases):  # what the composed total itself rests on
+        holders.setdefault(linking, []).append("the composed total")
     lines = ["## Assumptions (what the guarantees rely on that synthq cannot check)", ""]
     for assumption, where in holders.items():
         where = list(dict.fromkeys(where))
@@ -342,4 +360,6 @@ def statement_for(paths: list[str | Path]) -> str:
             raise ArtifactError(f"{path}: not an artifact (no {MANIFEST})")
     audits = [a for a in (open_artifact(p) for p in paths) if a.stage == AUDIT_STAGE]
     audited = {str(a.path) for a in audits}
-    return render_statement(ledger([p for p in paths if str(Path(p)) not in audited]), audits)
+    text = render_statement(ledger([p for p in paths if str(Path(p)) not in audited]), audits)
+    refuse_without_a_meaningful_total(text)
+    return text

@@ -18,6 +18,7 @@ from synthq.privacy.ledger import ledger, ledger_lines
 from synthq.privacy.reaccounting import dataset_statement
 from synthq.privacy.statement import statement_for
 from synthq.reporting.eval_files import PER_QUERY_FILE, SELECTION_FILE
+from synthq.runtime.errors import PrivacyError
 from synthq.stages import train_retriever
 from tests.helpers import one_line, retriever_config, run_main
 
@@ -235,7 +236,7 @@ def at_delta(delta: float, n: int | None) -> Guarantee:
     )  # fmt: skip
 
 
-def test_a_composed_delta_at_or_above_one_over_n_is_flagged_in_the_statement_and_the_ledger(
+def test_a_composed_delta_at_or_above_one_over_n_is_refused_in_the_statement_and_flagged_in_the_ledger(
     tmp_path, private_data
 ):
     _, data = private_data
@@ -246,17 +247,30 @@ def test_a_composed_delta_at_or_above_one_over_n_is_flagged_in_the_statement_and
     text = statement_for(wide)
     at_run = next(line for line in text.splitlines() if line.startswith("- at the run's δ:"))
     assert warning in at_run and "do not sign; the total at δ = 1e-6 is the one to read" in at_run
-    assert warning not in next(
-        line for line in text.splitlines() if line.startswith("- every release at δ = 1e-06")
-    )
+    assert "refused, no ε stated (δ = 0.04)" in at_run and "ε=" not in at_run and "ε = " not in at_run
+    at_reference = next(line for line in text.splitlines() if line.startswith("- every release at δ = 1e-06"))
+    assert warning not in at_reference and "refused" not in at_reference and "ε = " in at_reference
     lines = ledger_lines(wide)
     assert lines[1].startswith("  WARNING: " + warning)
     unknown = [
         release(tmp_path / f"u{i}", data, at_delta(0.06, None), ["q1"]) for i in range(2)
     ]  # no n recorded: only the 0.1 rule
     assert "not a meaningful guarantee (δ > 0.1: " in statement_for(unknown)
+    assert "refused, no ε stated (δ = 0.12)" in statement_for(unknown)
     assert "not a meaningful guarantee" not in statement_for([unknown[0]])
     assert not any("WARNING" in line for line in ledger_lines([unknown[0]]))
+
+
+def test_a_statement_whose_every_total_is_refused_is_not_written(tmp_path, private_data, monkeypatch):
+    _, data = private_data
+    wide = [release(tmp_path / f"r{i}", data, at_delta(0.06, None), ["q1"]) for i in range(2)]
+    import synthq.privacy.reaccounting as reaccounting
+    import synthq.privacy.statement as statement
+
+    for module in (statement, reaccounting):  # the δ = 1e-6 lines at 0.06: refused as well
+        monkeypatch.setattr(module, "REFERENCE_DELTA", 0.06)
+    with pytest.raises(PrivacyError, match="no composed total in this statement is a meaningful guarantee"):
+        statement_for(wide)
 
 
 def test_all_datasets_at_every_delta_and_a_shared_name_under_another_key(tmp_path, private_data):
@@ -357,3 +371,31 @@ def test_the_cli_writes_the_statement_of_a_real_dp_run_and_refuses_a_directory(
     )
     assert status == 2 and "inside an artifact directory" in one_line(output)
     assert not (trained.path / "s.md").exists()
+
+
+def test_the_assumption_that_unlinked_user_level_releases_hold_different_people_is_printed(
+    tmp_path, private_data
+):
+    """Two user-level releases with no query id or text in common compose as different people:
+    an assumption of the composed total, which the ledger and the statement must show."""
+    from synthq.privacy.units import DIFFERENT_PEOPLE
+
+    _, data = private_data
+    user_level = Guarantee(epsilon=2.0, delta=1e-5, unit="user", mechanism="dp-adam", accountant="rdp")
+    paths = [
+        release(
+            tmp_path / name,
+            {**data, "identity": f"hmac:{name}"},
+            user_level,
+            users,
+            unit_kind="user",
+            links={"query": queries, "text": texts},
+        )  # fmt: skip
+        for name, users, queries, texts in (
+            ("log-a", ["alice"], ["a1"], ["boil an egg"]),
+            ("log-b", ["zed"], ["z1"], ["fix a bike"]),
+        )
+    ]
+    assert DIFFERENT_PEOPLE in ledger(paths).total.assumptions
+    assert any(DIFFERENT_PEOPLE in line and "the composed total" in line for line in ledger_lines(paths))
+    assert f"- {DIFFERENT_PEOPLE} (the composed total)" in statement_for(paths)
