@@ -51,15 +51,47 @@ def input_location(artifact: Artifact, record: dict) -> Path:
     return recorded_location(record["path"], artifact.path, artifact.config.get("out"))
 
 
+# A fingerprint of the current scheme starts with this tag; one without it is of the first scheme
+# (input hashes sorted without their role), which artifacts written before still carry.
+FINGERPRINT_TAG = "r2:"
+
+
 def config_fingerprint(config: Any, inputs: list[dict]) -> str:
     """What decides whether an existing artifact is up to date: the config (minus volatile keys)
-    and the manifest hashes of the inputs."""
-    relevant = {
-        k: v
-        for k, v in without_added_defaults(config_to_dict(config)).items()
-        if k not in VOLATILE_CONFIG_KEYS
-    }
-    payload = {"config": relevant, "inputs": sorted(i["sha256"] for i in inputs)}
+    and the manifest hashes of the inputs, each with its role (``data``, ``model``, …; the record's
+    kind where it states no role), in the order the stage read them within a role. So two inputs
+    that trade contents (the generator and the data, or two retrievers of one eval) make another
+    fingerprint."""
+    payload = {"config": _relevant(config), "inputs": _inputs_by_role(inputs)}
+    return FINGERPRINT_TAG + _digest(payload)
+
+
+def legacy_fingerprint(config: Any, inputs: list[dict]) -> str:
+    """The first scheme: the input hashes sorted without their role."""
+    return _digest({"config": _relevant(config), "inputs": sorted(i["sha256"] for i in inputs)})
+
+
+def fingerprint_matches(recorded: str | None, config: Any, inputs: list[dict]) -> bool:
+    """Whether a recorded fingerprint is that of ``config`` on ``inputs``, by the scheme it was
+    written in (so artifacts written before role-keyed fingerprints stay up to date)."""
+    if not recorded:
+        return False
+    if recorded.startswith(FINGERPRINT_TAG):
+        return recorded == config_fingerprint(config, inputs)
+    return recorded == legacy_fingerprint(config, inputs)
+
+
+def _relevant(config: Any) -> dict:
+    config = without_added_defaults(config_to_dict(config))
+    return {k: v for k, v in config.items() if k not in VOLATILE_CONFIG_KEYS}
+
+
+def _inputs_by_role(inputs: list[dict]) -> list[list[str]]:
+    keyed = [[str(i.get("role") or i.get("kind") or ""), i["sha256"]] for i in inputs]
+    return sorted(keyed, key=lambda pair: pair[0])  # stable: the read order within a role stays
+
+
+def _digest(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=json_default).encode()).hexdigest()
 
 
@@ -103,7 +135,7 @@ def find_up_to_date(out: str | Path, stage: str, config: Any, inputs: list[dict]
     """The existing artifact at ``out`` if it was made by ``stage`` with the same config and
     inputs (and still verifies); otherwise ``None``."""
     artifact = _verified_artifact(out, stage)
-    if artifact is not None and artifact.manifest.get("fingerprint") == config_fingerprint(config, inputs):
+    if artifact is not None and fingerprint_matches(artifact.manifest.get("fingerprint"), config, inputs):
         return artifact
     return None
 
@@ -124,7 +156,7 @@ def is_still_up_to_date(out: str | Path, stage: str, config: Any) -> bool | None
         if now is None:
             return None
         inputs.append({**record, "sha256": now})
-    return artifact.manifest.get("fingerprint") == config_fingerprint(config, inputs)
+    return fingerprint_matches(artifact.manifest.get("fingerprint"), config, inputs)
 
 
 def existing_result(stage: str, config: Any, inputs: list[dict]) -> Artifact | None:

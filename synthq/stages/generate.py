@@ -38,7 +38,12 @@ from collections import ChainMap
 from pathlib import Path
 
 from synthq.artifacts.create import create_artifact
-from synthq.artifacts.freshness import config_fingerprint, existing_result, find_up_to_date
+from synthq.artifacts.freshness import (
+    config_fingerprint,
+    existing_result,
+    find_up_to_date,
+    fingerprint_matches,
+)
 from synthq.artifacts.locking import check_output_free
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.process_state import may_replace, owned_by_pipeline
@@ -134,22 +139,25 @@ def _generate_for(
     return done
 
 
+def _resume_settings(config: GenerateConfig) -> dict:
+    """What a resumed run must share with the interrupted one, with its input hashes: every setting
+    that changes a query (not the batch size or device: sampling is per document)."""
+    return config.model_dump(mode="json", exclude={"generation_batch_size", "device", "profile"})
+
+
 def resume_key(config: GenerateConfig, inputs: list[dict]) -> str:
-    """What a resumed run must share with the interrupted one: every setting that changes a
-    query (not the batch size or device: sampling is per document) and the input hashes."""
-    settings = config.model_dump(mode="json", exclude={"generation_batch_size", "device", "profile"})
-    return config_fingerprint(settings, inputs)
+    """The fingerprint of :func:`_resume_settings` and the inputs, written beside the progress log."""
+    return config_fingerprint(_resume_settings(config), inputs)
 
 
-def _resume_state(checkpoint_dir: Path, fingerprint: str) -> dict:
+def _resume_state(checkpoint_dir: Path, config: GenerateConfig, inputs: list[dict]) -> dict:
     """Queries an interrupted run with the same settings and inputs finished; refuses to mix
     in the log of a run with other settings (say another seed), which would silently change
     the set."""
     recorded = checkpoint_dir / FINGERPRINT_FILE
     log = checkpoint_dir / PROGRESS_FILE
-    if log.is_file() and (
-        not recorded.is_file() or recorded.read_text(encoding="utf-8").strip() != fingerprint
-    ):
+    written = recorded.read_text(encoding="utf-8").strip() if recorded.is_file() else None
+    if log.is_file() and not fingerprint_matches(written, _resume_settings(config), inputs):
         raise ArtifactError(
             f"{log}: the interrupted run used other settings or inputs; "
             "rerun with those settings, or drop --resume to start over"
@@ -328,9 +336,8 @@ def run(config: GenerateConfig) -> Artifact:
     ) as writer:
         writer.config.update(chosen.values)
         log_path = writer.checkpoint_dir / PROGRESS_FILE
-        key = resume_key(config, inputs)
-        done = _resume_state(writer.checkpoint_dir, key) if config.resume else {}
-        (writer.checkpoint_dir / FINGERPRINT_FILE).write_text(key, encoding="utf-8")
+        done = _resume_state(writer.checkpoint_dir, config, inputs) if config.resume else {}
+        (writer.checkpoint_dir / FINGERPRINT_FILE).write_text(resume_key(config, inputs), encoding="utf-8")
         if done:
             info(f"resuming: {len(done)} queries already generated")
         started = time.perf_counter()
