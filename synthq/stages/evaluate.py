@@ -243,7 +243,10 @@ class ScoredDataset:
     split: str
     metrics: dict[str, dict[str, dict]]  # label -> part ("" for a plain dataset) -> query -> metric
     counts: dict[str, int]  # documents and queries, over its sub-datasets
-    queries: list[str]  # the evaluated query ids, a sub-dataset's prefixed "part/"
+    # the evaluated query ids as each (sub-)dataset's own directory names them, the units of the
+    # read: a sub-dataset's query is the same unit whether the whole set or the part alone is read
+    # (two parts' equal ids then count as one unit, which only adds their releases up)
+    queries: list[str]
 
 
 @dataclass
@@ -307,7 +310,7 @@ def _score_dataset(
         if not qrels:
             raise DataError(f"split {split!r} has no query with a relevant document", part_root / "qrels")
         queries = {q: dataset.queries[q] for q in qrels}
-        scored.queries += [f"{part}/{q}" if part else q for q in queries]
+        scored.queries += list(queries)
         scored.counts["documents"] += len(dataset.corpus)
         scored.counts["queries"] += len(queries)
         runs = (writer.diagnostics_dir if data.private else writer.dir) / RUNS_DIR / name / part

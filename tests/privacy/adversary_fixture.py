@@ -76,6 +76,88 @@ def without_one_unit(source: Path, target: Path, unit: str) -> tuple[Path, list[
     return target, removed
 
 
+# The dev split: one dev query removed, a set of sub-datasets ----------------------------------------
+
+REMOVED_DEV_QUERY = "dev-egg-2"  # one of the tiny set's two private dev queries
+SMALL_PART, LARGE_PART = "android", "gaming"  # CQADupStack's layout: sub-forums of one dataset
+REMOVED_PART_QUERY = "android-hit"  # the small sub-forum's dev query the neighbour loses
+
+
+def without_one_dev_query(source: Path, target: Path, query_id: str, part: str = "") -> Path:
+    """``source`` minus one query of the private dev split (its line in ``queries.jsonl`` and in
+    ``qrels/dev.tsv``; of the sub-dataset ``part`` for a set of sub-datasets). Returns the copy."""
+    shutil.copytree(source, target)
+    root = target / part if part else target
+    records = _records(root)
+    _write_records(root, [r for r in records if r["_id"] != query_id])
+    qrels = root / "qrels" / "dev.tsv"
+    lines = qrels.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if line.split("\t")[0] != query_id]
+    assert len(kept) == len(lines) - 1 and len(_records(root)) == len(records) - 1, query_id
+    qrels.write_text("".join(kept))
+    return target
+
+
+def _replace_dev_split(root: Path, queries: list[tuple[str, str, str]]) -> None:
+    """The dev split of the BEIR directory ``root`` replaced by ``queries`` (id, text, relevant
+    document)."""
+    kept = [r for r in _records(root) if not r["_id"].startswith("dev-")]
+    _write_records(root, kept + [{"_id": q, "text": text} for q, text, _ in queries])
+    (root / "qrels" / "dev.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{doc}\t1\n" for q, _, doc in queries)
+    )
+
+
+def sub_dataset_layout(root: Path) -> Path:
+    """CQADupStack's layout: a directory of two BEIR sub-datasets (train and dev private, test
+    public, declared by each part and by the whole), whose private dev splits hold 2 and 24
+    queries (the construction of ``test_report_noisy_max_on_sub_datasets_keeps_its_epsilon_by_brute_force``).
+
+    The small part's dev queries score apart whatever the encoder: ``android-hit`` is the text of
+    its relevant document as encoders read it (ranked first: NDCG@10 = 1), ``android-decoy`` the
+    text of another document (ranked above its relevant one: NDCG@10 ≤ 0.63). So a selection
+    utility that weighs a small part's query by N / (P · n_p) — the mean of sub-dataset means ×
+    queries — moves by more than 1 when one of them goes, for every candidate."""
+    from synthq.data.pairs import document_text
+    from tests.helpers import DEV_QUERIES, TEST_QUERIES, TRAIN_QUERIES, corpus_records
+
+    root = Path(root)
+    documents = corpus_records()
+    small = write_tiny_beir(root / SMALL_PART)
+    _replace_dev_split(small, [
+        (REMOVED_PART_QUERY, document_text(documents["tax-0"]), "tax-0"),
+        ("android-decoy", document_text(documents["git-1"]), "sleep-2"),
+    ])  # fmt: skip
+    large = write_tiny_beir(root / LARGE_PART)
+    texts = [*(t for ts in TRAIN_QUERIES.values() for t in ts), *TEST_QUERIES.values(), *DEV_QUERIES.values()]
+    ids = list(documents)
+    _replace_dev_split(large, [(f"gaming-dev-{i}", f"{texts[i % len(texts)]} ({i})", ids[i % len(ids)])
+                               for i in range(24)])  # fmt: skip
+    declaration = {"private_splits": ["train", "dev"], "public_splits": ["test"]}
+    (root / "privacy.json").write_text(json.dumps(declaration))  # the whole's, beside each part's
+    return root
+
+
+def with_reissued_pseudonyms(source: Path, target: Path) -> tuple[Path, str]:
+    """``source`` (user unit) re-exported: one query of :data:`REMOVED_USER` deleted and every user
+    id re-issued (``u-<n>``, numbered in reverse order of first appearance: no pseudonym of
+    ``source`` survives). The same people; returns the copy and the query removed."""
+    shutil.copytree(source, target)
+    records = _records(target)
+    removed = next(r["_id"] for r in records if r.get("metadata", {}).get("user_id") == REMOVED_USER)
+    records = [r for r in records if r["_id"] != removed]
+    users = list(dict.fromkeys(r["metadata"]["user_id"] for r in records if "metadata" in r))
+    fresh = {user: f"u-{n}" for n, user in enumerate(reversed(users))}
+    for record in records:
+        if "metadata" in record:
+            record["metadata"] = {"user_id": fresh[record["metadata"]["user_id"]]}
+    _write_records(target, records)
+    qrels = target / "qrels" / "train.tsv"
+    lines = qrels.read_text().splitlines(keepends=True)
+    qrels.write_text("".join(line for line in lines if line.split("\t")[0] != removed))
+    return target, removed
+
+
 # The pipeline -----------------------------------------------------------------------------------
 
 
@@ -121,14 +203,11 @@ def run_world(root: Path, data: Path, unit: str, causal: Path, encoder: Path, au
     steps. The same call on a neighbouring dataset draws the same secret randomness."""
     import time
 
-    from synthq.artifacts.export import export_artifact
     from synthq.artifacts.manifest import open_artifact
     from synthq.config.audit import CanaryAuditConfig
     from synthq.config.evaluation import EvalConfig, ReportConfig, SimilarityConfig
     from synthq.config.generator import EvolveConfig, FilterConfig, FinetuneConfig, GenerateConfig
     from synthq.config.retriever import TrainRetrieverConfig
-    from synthq.privacy.ledger import ledger_lines
-    from synthq.privacy.statement import statement_for
     from synthq.retrieval.cache import weights_key
     from synthq.search import bundle_directory, search
     from synthq.stages import (
@@ -150,11 +229,7 @@ def run_world(root: Path, data: Path, unit: str, causal: Path, encoder: Path, au
     unit_options = {"privacy_unit": unit, "max_queries_per_user": 2} if unit == "user" else {}
 
     def stage(name, module, config):
-        start = time.perf_counter()
-        artifact = module.run(config)
-        world.seconds[name] = time.perf_counter() - start
-        world.artifacts[name] = Path(artifact.path)
-        return artifact.path
+        return run_stage(world, name, module, config)
 
     d = str(data)
     gen = stage(
@@ -295,24 +370,101 @@ def run_world(root: Path, data: Path, unit: str, causal: Path, encoder: Path, au
 
     # released copies, the search bundle, the ledger as printed
     start = time.perf_counter()
-    for name, path in list(world.artifacts.items()):
-        exported, _ = export_artifact(path, world.root / "exports" / name)
-        world.released[f"export {name}"] = Path(exported.path)
+    export_all(world)
     search(dp_a, d, ["how to boil an egg"], top_k=3, device="cpu")
     bundle = bundle_directory(weights_key(open_artifact(dp_a).manifest))
     assert bundle.is_dir(), "search wrote no ONNX bundle"
     shutil.copytree(bundle, world.root / "search-bundle")
     world.released["search bundle of ret-dp-a"] = world.root / "search-bundle"
-    ledger_dir = world.root / "ledger"
-    ledger_dir.mkdir()
-    (ledger_dir / "ledger.txt").write_text("\n".join(ledger_lines(list(world.artifacts.values()))))
     # the privacy statement a team shares: every release but the canary audit (whose numbers are
     # ε = ∞ evidence for the review, not part of what is shared)
     shared = [path for path in world.artifacts.values() if open_artifact(path).stage != "canary-audit"]
-    (ledger_dir / "statement.md").write_text(statement_for(shared))
-    world.released["ledger"] = ledger_dir
+    write_ledger(world, shared)
     world.seconds["export, search, ledger"] = time.perf_counter() - start
     return world
+
+
+# the noisy selection's ε: above what the candidates' training composes to per training query
+# (2 × TRAIN_EPSILON), so that the ledger's total is the selection's and an understatement shows
+TRAIN_EPSILON, SELECT_EPSILON = 1.0, 3.0
+
+
+def run_selection_world(
+    root: Path, data: Path, encoder: Path, train_on: Path | None = None, part: str = ""
+) -> World:
+    """What tuning on a private dev split runs, and nothing else: two direct-DP retrievers (one
+    method, two learning rates: the candidates) trained on ``train_on`` (default ``data``), the
+    un-noised eval of both on the private dev split of ``data`` (``ev-dev``, ε = ∞), and the eval
+    on its public test split of what report-noisy-max chooses on it (``ev-select``); with
+    ``part``, the same tuning on that sub-dataset alone (``ev-dev-part``, ``ev-select-part``).
+    Then every exported copy, the ledger and the statement of every artifact. Fixed secret seeds;
+    the noisy choice itself draws the OS's randomness."""
+    from synthq.config.evaluation import EvalConfig
+    from synthq.config.retriever import TrainRetrieverConfig
+    from synthq.stages import evaluate, train_retriever
+
+    world = World(Path(root), Path(data), "query")
+    arts = world.root / "artifacts"
+    candidates = [
+        str(run_stage(world, name, train_retriever, TrainRetrieverConfig(
+            data=str(train_on or data), encoder=str(encoder), out=arts / name, dp="group", group_size=3,
+            epsilon=TRAIN_EPSILON, batch_size=3, max_steps=1, max_query_length=16, max_doc_length=32,
+            lr=lr, seed=17, device="cpu")))
+        for name, lr in (("ret-dp-a", 1e-3), ("ret-dp-b", 1e-5))
+    ]  # fmt: skip
+    for suffix, spec in [("", Path(data)), *([("-part", Path(data) / part)] if part else [])]:
+        dev = run_stage(world, f"ev-dev{suffix}", evaluate, EvalConfig(
+            out=arts / f"ev-dev{suffix}", datasets=[str(spec)], split="dev", retrievers=candidates,
+            bm25=False, device="cpu"))  # fmt: skip
+        run_stage(world, f"ev-select{suffix}", evaluate, EvalConfig(
+            out=arts / f"ev-select{suffix}", datasets=[str(spec)], retrievers=candidates,
+            select_on=str(dev), select_epsilon=SELECT_EPSILON, device="cpu"))  # fmt: skip
+    export_all(world)
+    write_ledger(world, list(world.artifacts.values()))
+    return world
+
+
+def user_level_retriever(out: Path, data: Path, encoder: Path, epsilon: float) -> Path:
+    """A direct-DP retriever at the user unit (K = 2), fixed secret seed: one user-level release."""
+    from synthq.config.retriever import TrainRetrieverConfig
+    from synthq.stages import train_retriever
+
+    return Path(train_retriever.run(TrainRetrieverConfig(
+        data=str(data), encoder=str(encoder), out=out, dp="group", group_size=3, epsilon=epsilon,
+        privacy_unit="user", max_queries_per_user=2, batch_size=3, max_steps=1, max_query_length=16,
+        max_doc_length=32, seed=17, device="cpu")).path)  # fmt: skip
+
+
+def run_stage(world: World, name: str, module, config) -> Path:
+    """Run one stage into ``world`` (its artifact under ``name``, its wall time in ``seconds``)."""
+    import time
+
+    start = time.perf_counter()
+    artifact = module.run(config)
+    world.seconds[name] = time.perf_counter() - start
+    world.artifacts[name] = Path(artifact.path)
+    return Path(artifact.path)
+
+
+def export_all(world: World) -> None:
+    """A released copy of every artifact of ``world`` (``export NAME``)."""
+    from synthq.artifacts.export import export_artifact
+
+    for name, path in list(world.artifacts.items()):
+        exported, _ = export_artifact(path, world.root / "exports" / name)
+        world.released[f"export {name}"] = Path(exported.path)
+
+
+def write_ledger(world: World, statement_over: list[Path]) -> None:
+    """The ledger of every artifact and the privacy statement of ``statement_over``, as printed."""
+    from synthq.privacy.ledger import ledger_lines
+    from synthq.privacy.statement import statement_for
+
+    ledger_dir = world.root / "ledger"
+    ledger_dir.mkdir()
+    (ledger_dir / "ledger.txt").write_text("\n".join(ledger_lines(list(world.artifacts.values()))))
+    (ledger_dir / "statement.md").write_text(statement_for(statement_over))
+    world.released["ledger"] = ledger_dir
 
 
 # What the adversary sees -------------------------------------------------------------------------
