@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/pylibs_curve.py runs/pylibs-curve/eval-test runs/pylibs-curve-1000/eval-test \
         runs/pylibs-synthetic/eval-test runs/pylibs-combination/eval-test runs/pylibs-longer/eval-test \
-        --users u100=100 --users u1000=1000 --users uall=1404 \
+        runs/pylibs-curve-synthetic/eval-test --users u100=100 --users u1000=1000 --users uall=1404 \
         --group "syn=ret-syn-eps8-g*-cf@uall" --group "warm-start, ε = 0=ret-syn-warm-cf@uall" \
         --group "both=ret-warm-then-dp@uall" --group "synthetic, retriever 3 epochs=ret-long-eps8-g*@uall" \
+        --group "synthetic, retriever 3 epochs=ret-syn-u1000@u1000" \
+        --group "synthetic, retriever 3 epochs=ret-syn-u100@u100" \
         --group "warm-start, ε = 0, retriever 3 epochs=ret-long-warm@uall" --plot docs/images/pylibs-curve.png
 
 For each log size n (rows named ``ret-<route>-<tag>``; ``np`` is non-private training on those n
