@@ -281,7 +281,7 @@ def _group_of_two(sigma: float, delta: float, rate: float, steps: int) -> float:
 
 
 # The memo's tag for the replace-pair PLD; a new version of its algorithm takes a new tag.
-SUBSTITUTION_MEMO_TAG = "poisson-substitution-pld-1"
+SUBSTITUTION_MEMO_TAG = "poisson-substitution-pld-2"  # -1 could round losses above ~354 down
 
 
 @functools.lru_cache(maxsize=256)

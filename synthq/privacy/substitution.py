@@ -90,7 +90,7 @@ def _step_distribution(sigma: float, q: float, h: float, tail: float) -> tuple[i
     x_hi = -sigma * float(ndtri(tail))
     loss_top = float(_log_p_over_q(np.array([x_lo]), sigma, q)[0])
     loss_bottom = float(_log_p_over_q(np.array([x_hi]), sigma, q)[0])
-    if loss_top > 700:  # e^L overflows: σ so small that no bound here is worth having
+    if loss_top > 300:  # the root's b² ~ e^{2L} overflows near L = 354: no bound (the caller's holds)
         raise OverflowError("the privacy loss is beyond float range")
     k_first, k_last = math.floor(loss_bottom / h), math.ceil(loss_top / h)
     if k_last - k_first + 1 > MAX_BUCKETS:
@@ -161,7 +161,8 @@ def _epsilon_at(grid: np.ndarray, mass: np.ndarray, delta: float) -> float:
     if delta <= 0:
         return math.inf
     beyond = grid > EPSILON_CEILING
-    if mass[beyond].sum() > delta:
+    delta -= float(mass[beyond].sum())  # losses beyond the ceiling are paid in δ, never dropped
+    if delta <= 0:
         return math.inf
     keep = (grid > 0) & ~beyond
     grid, mass = grid[keep], mass[keep]
