@@ -19,7 +19,7 @@ from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_arti
 from synthq.artifacts.records import current_input_hash
 from synthq.privacy.accounting import MAX_DELTA
 from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
-from synthq.privacy.units import connected, linked_users, sharing_groups, user_link_assumption
+from synthq.privacy.units import meeting_datasets, sharing_groups, user_link_assumption
 from synthq.runtime.errors import ArtifactError
 
 
@@ -73,17 +73,22 @@ def _changed_since(artifact: Artifact, seen: set[str]) -> list[str]:
     return notes
 
 
-def _same_people(releases: list[dict]) -> dict[str, str]:
-    """Dataset key -> the key of the dataset it is merged into: datasets whose user-level releases
-    are linked (:func:`synthq.privacy.units.sharing_groups`' links: a re-exported or renamed log
-    holds the same people) are one dataset in the ledger, so no per-dataset total shows the max
-    of two releases over one person."""
-    by_id = {r["id"]: r["data"].get("identity") or r["data"]["sha256"] for r in releases}
+def _dataset_key(release: dict) -> str:
+    # the dataset's keyed identity (its query ids, synthq.privacy.digests), which an unrelated edit
+    # of the directory does not change; older records by their directory digest
+    return release["data"].get("identity") or release["data"]["sha256"]
+
+
+def _merged_datasets(releases: list[dict]) -> dict[str, str]:
+    """Dataset key -> the key of the dataset it is merged into: datasets whose releases hold a
+    common query or the same people (:func:`synthq.privacy.units.meeting_datasets`: a whole
+    sub-dataset layout and one of its parts, a log and its re-export under re-issued pseudonyms)
+    are one dataset in the ledger, so no per-dataset total shows the max of two releases over one
+    unit."""
     same = {}
-    for group in connected([{by_id[i] for i in ids} for ids in linked_users(releases)]):
-        first = min(group)
-        same.update(dict.fromkeys(group, first))
-    return {key: same.get(key, key) for key in by_id.values()}
+    for group in meeting_datasets(releases, _dataset_key):
+        same.update(dict.fromkeys(group, min(group)))
+    return same
 
 
 def ledger(paths: list[str | Path]) -> Ledger:
@@ -94,13 +99,10 @@ def ledger(paths: list[str | Path]) -> Ledger:
     artifacts = [open_artifact(path) for path in paths]
     releases = list({r["id"]: r for a in artifacts for r in a.releases}.values())
     datasets: dict[str, DatasetCost] = {}
-    same = _same_people(releases)
+    same = _merged_datasets(releases)
     for release in releases:
         data = release["data"]
-        # grouped by the dataset's keyed identity (its query ids, synthq.privacy.digests), which an
-        # unrelated edit of the directory does not change; older records by their directory digest;
-        # datasets whose user-level releases hold the same people (linked) are one
-        key = same[data.get("identity") or data["sha256"]]
+        key = same[_dataset_key(release)]
         cost = datasets.setdefault(key, DatasetCost(data.get("name") or "?", key, []))
         if (data.get("name") or "?") not in cost.name.split(" + "):
             cost.name = f"{cost.name} + {data.get('name') or '?'}"
@@ -114,6 +116,23 @@ def recorded_units(releases: list[dict]) -> list[int]:
     """The unit counts n the releases' accountants assumed (``details.num_units``), sorted."""
     counts = {(r["guarantee"].get("details") or {}).get("num_units") for r in releases}
     return sorted(int(n) for n in counts if n)
+
+
+def unrecorded_n_note(releases: list[dict]) -> str | None:
+    """What the δ ≥ 1/n check cannot see: private releases with δ > 0 that record no n (made outside
+    synthq's stages, or before n was recorded). Their data may hold more units than any recorded
+    n, and then 1/n is smaller than the one checked; ``None`` when every such release records n."""
+    missing = [
+        r for r in releases
+        if release_guarantee(r).is_private and release_guarantee(r).delta
+        and not (r["guarantee"].get("details") or {}).get("num_units")
+    ]  # fmt: skip
+    if not missing:
+        return None
+    return (
+        f"{len(missing)} release(s) with δ > 0 record no n: δ is checked against 1/n of the recorded "
+        "n only; check it against the size of their data yourself"
+    )
 
 
 def delta_warning(total: Guarantee, units: list[int]) -> str | None:
@@ -151,6 +170,7 @@ def ledger_lines(paths: list[str | Path]) -> list[str]:
         )
         warning = delta_warning(total, recorded_units(cost.releases))
         lines += [f"  WARNING: {warning}"] if warning else []
+        lines += [f"  note: {note}"] if (note := unrecorded_n_note(cost.releases)) and not warning else []
         for release in cost.releases:
             own = release_guarantee(release)
             kind = "DP release" if own.is_private else "read WITHOUT DP"

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact
 from synthq.privacy.guarantee import UNIT_NOTES, Guarantee, release_guarantee
-from synthq.privacy.ledger import Ledger, delta_warning, ledger, recorded_units
+from synthq.privacy.ledger import Ledger, delta_warning, ledger, recorded_units, unrecorded_n_note
 from synthq.privacy.reaccounting import (
     NOT_RECORDED,
     REFERENCE_DELTA,
@@ -141,6 +141,8 @@ def _dataset_section(statement: DatasetStatement) -> list[str]:
         lines.append(f"- **n** (units the accountants assumed, as recorded): {n_line}.")
     else:
         lines.append(f"- **n** (units the accountants assumed): {NOT_RECORDED} by any release.")
+    if note := unrecorded_n_note(cost.releases):
+        lines.append(f"- **δ against 1/n**: {note}.")
     lines += ["", "Releases (as recorded; composed per unit exactly as `synthq ledger` composes them):", ""]
     lines += release_table(statement)
     lines += [""] + recomputed_table(statement)

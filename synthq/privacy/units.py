@@ -199,6 +199,43 @@ def _same_dataset_users(releases: list[dict]) -> set[frozenset[str]]:
     return {frozenset(ids) for ids in by_dataset.values() if len(ids) > 1}
 
 
+def _query_view(release: dict) -> tuple[str, bytes] | None:
+    """What a release's data hold, comparable across releases: the keyed set of query ids it links
+    (every query of a user-level release's dataset; a query-level release's own queries), else a
+    query-level release's unit set (older records, comparable only to another such set)."""
+    units = release.get("units") or {}
+    if (linked := load_unit_set(units, release.get("path"), "query")) is not None:
+        return "link", linked
+    if units.get("kind") == "query" and (own := load_unit_set(units, release.get("path"))) is not None:
+        return "unit", own
+    return None
+
+
+def meeting_datasets(releases: list[dict], dataset_of) -> list[set[str]]:
+    """Groups of dataset keys (``dataset_of(release)``) whose releases hold a common query or the
+    same people: a read of CQADupStack's whole layout and one of a part, a log and its copy minus
+    one query, a re-export under new pseudonyms (:func:`linked_users`). Each group is one dataset
+    in a per-dataset total, so no such total shows the max of two releases over one unit. Releases
+    whose query sets cannot be compared (not at hand, older records of different kinds) meet — a
+    bound, never an understatement."""
+    import numpy as np
+
+    views = {r["id"]: _query_view(r) for r in releases}
+    pairs = [{dataset_of(r)} for r in releases]
+    for index, first in enumerate(releases):
+        for second in releases[index + 1 :]:
+            a, b = dataset_of(first), dataset_of(second)
+            if a == b:
+                continue
+            x, y = views[first["id"]], views[second["id"]]
+            comparable = x is not None and y is not None and x[0] == y[0]
+            if not comparable or np.intersect1d(np.frombuffer(x[1], ">u8"), np.frombuffer(y[1], ">u8")).size:
+                pairs.append({a, b})
+    by_id = {r["id"]: dataset_of(r) for r in releases}
+    pairs += [{by_id[i] for i in group} for group in linked_users(releases)]
+    return connected(pairs)
+
+
 def linked_users(releases: list[dict]) -> set[frozenset[str]]:
     """Groups of user-level releases that hold the same people: connected by link sets that meet
     (a query id or a query text in common). A user-level release whose link sets cannot be read

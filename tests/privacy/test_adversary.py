@@ -681,8 +681,11 @@ def test_the_ledger_and_statement_print_at_least_the_epsilon_the_noisy_selection
     full, _, _ = dev_worlds
     shared = [full.artifacts[name] for name in ("ret-dp-a", "ret-dp-b", "ev-select")]
     spent = af.SELECT_EPSILON
-    name = str(full.recorded_data)  # what the selection's dataset is called where it was read
+    whole = str(full.recorded_data)  # what the selection's dataset is called where it was read
     book = ledger(shared)
+    # the dataset line that holds it (with the part the retrievers trained on, where their
+    # queries meet: one dataset, named "part + whole")
+    (name,) = [cost.name for cost in book.datasets.values() if whole in cost.name.split(" + ")]
     totals = {cost.name: cost.total.epsilon for cost in book.datasets.values()}
     lines = ledger_lines(shared)
     printed = _printed_totals(lines, r"^private dataset (.+?) \(keyed id [^)]*\): ε=(\S+)")
@@ -747,6 +750,13 @@ def test_a_dev_query_read_through_the_whole_and_through_its_sub_dataset_counts_b
         "ledger": ledger(shared).total.epsilon,
         "statement": max(_stated_totals(statement_for(shared)).values()),
     }
+    # each per-dataset line too: the whole and the part hold the same queries, so no line that
+    # names either may show less than both reads together (one line, or each at the sum)
+    book = ledger(shared)
+    shown |= {f"ledger {cost.name}": cost.total.epsilon for cost in book.datasets.values()}
+    printed = _printed_totals(lines, r"^private dataset (.+?) \(keyed id [^)]*\): ε=(\S+)")
+    shown |= {f"printed {name}": value for name, value in printed.items()}
+    shown |= {f"stated {name}": value for name, value in _stated_totals(statement_for(shared)).items()}
     assert all(value >= sum(spent.values()) - 0.005 for value in shown.values()), (
         f"{removed[0]} was read by two noisy selections ({spent}): at least ε = {sum(spent.values()):g} "
         f"per query, shown as {shown}:\n" + "\n".join(lines)

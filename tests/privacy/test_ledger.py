@@ -26,7 +26,7 @@ def dp_release(steps: int) -> Guarantee:
         unit="query",
         mechanism="dp-adam",
         accountant="rdp",
-        details={"noise_multiplier": 1.0, "sample_rate": 0.01, "steps": steps},
+        details={"noise_multiplier": 1.0, "sample_rate": 0.01, "steps": steps, "num_units": 300},
     )
 
 

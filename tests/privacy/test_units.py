@@ -9,12 +9,13 @@ import pytest
 
 from synthq.privacy import units as units_module
 from synthq.privacy.keys import key_id, state_dir, unit_digests
-from synthq.privacy.ledger import _same_people
+from synthq.privacy.ledger import _merged_datasets
 from synthq.privacy.units import (
     DIFFERENT_PEOPLE,
     UNITS_DIR,
     link_text,
     load_unit_set,
+    meeting_datasets,
     sharing_groups,
     store_unit_set,
     user_link_assumption,
@@ -157,4 +158,38 @@ def test_user_level_releases_of_an_edited_or_renamed_log_share_users():
     # the ledger's per-dataset lines: the edited log is the same people, so one dataset
     for record, name in ((both[0], "log"), (both[1], "log-v2")):
         record["data"] = {**record["data"], "sha256": record["data"]["identity"], "name": name}
-    assert len(set(_same_people([*both, release(strangers)]).values())) == 2
+    assert len(set(_merged_datasets([*both, release(strangers)]).values())) == 2
+
+
+def test_datasets_whose_releases_hold_a_common_query_are_one_dataset_in_the_ledger():
+    """A read of CQADupStack's whole layout and one of a part (two identities, the part's queries
+    in both), or a log and its copy minus one query: one dataset per-dataset totals compose over,
+    whatever the releases' unit kinds. Datasets with no query in common stay apart; a release
+    whose queries cannot be compared meets every other (a bound)."""
+
+    def query_release(release_id, queries, identity):
+        units = store_unit_set("query", queries, links={"query": queries})
+        return {"id": release_id, "units": units, "data": {"identity": identity}}
+
+    def dataset_of(release):
+        return release["data"]["identity"]
+
+    whole = query_release("w", ["a1", "a2", "b1"], "hmac:whole")
+    part = query_release("p", ["a1"], "hmac:part")
+    other = query_release("o", ["z1"], "hmac:other")
+    people = _user_release("u", ["alice"], ["a2", "x"], ["boil an egg", "x"], "hmac:log")
+    strangers = _user_release("s", ["zed"], ["y"], ["fix a bike"], "hmac:strangers")
+    groups = meeting_datasets([whole, part, other, people, strangers], dataset_of)
+    assert sorted(sorted(g) for g in groups) == [
+        ["hmac:log", "hmac:part", "hmac:whole"],  # a user's query a2 was read at the query unit too
+        ["hmac:other"],
+        ["hmac:strangers"],
+    ]
+    older = {"id": "old", "units": store_unit_set("query", ["q"]), "data": {"identity": "hmac:old"}}
+    assert sorted(sorted(g) for g in meeting_datasets([older, strangers], dataset_of)) == [
+        ["hmac:old", "hmac:strangers"]  # a query set without links next to a user's: not comparable
+    ]
+    twin = {"id": "t", "units": store_unit_set("query", ["q"]), "data": {"identity": "hmac:twin"}}
+    assert len(meeting_datasets([older, twin], dataset_of)) == 1  # two older query sets: compared
+    stranger = {"id": "n", "units": store_unit_set("query", ["n"]), "data": {"identity": "hmac:n"}}
+    assert len(meeting_datasets([older, stranger], dataset_of)) == 2
