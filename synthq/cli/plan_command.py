@@ -35,8 +35,11 @@ def plan_command(
     epsilon: float = typer.Option(DEFAULT_EPSILON, "--epsilon", help="Target ε of each route."),
     delta: float | None = typer.Option(None, "--delta", help="δ; default 1/(2n), as the stages."),
     accountant: str = typer.Option("rdp", "--accountant", help="rdp or prv."),
-    generator_batch_size: int = typer.Option(
-        64, "--generator-batch-size", min=1, help="finetune-lm --batch-size (the README recipe's 64)."
+    generator_batch_size: str = typer.Option(
+        "64",
+        "--generator-batch-size",
+        metavar="INT|auto",
+        help="finetune-lm --batch-size (the README recipe's 64; auto: as finetune-lm --batch-size auto).",
     ),
     generator_epochs: float = typer.Option(
         1.0, "--generator-epochs", help="finetune-lm --epochs (the README recipe's 1)."
@@ -44,8 +47,12 @@ def plan_command(
     generator_max_steps: int | None = typer.Option(
         None, "--generator-max-steps", help="finetune-lm --max-steps."
     ),
-    retriever_batch_size: int = typer.Option(
-        64, "--retriever-batch-size", min=1, help="train-retriever --dp group --batch-size (the recipe's 64)."
+    retriever_batch_size: str = typer.Option(
+        "64",
+        "--retriever-batch-size",
+        metavar="INT|auto",
+        help="train-retriever --dp group --batch-size (the recipe's 64; auto: the least noise per "
+        "clipped group among batches that leave 16 steps).",
     ),
     retriever_group_size: int = typer.Option(
         8, "--retriever-group-size", min=1, help="train-retriever --group-size (its default 8)."
@@ -89,14 +96,25 @@ def plan_command(
     if not as_json:
         result(f"synthq plan reads {read}", markup=False)
     rows = max_queries_per_user if privacy_unit == "user" else 1
+    budget = (units, privacy_unit, epsilon, delta, accountant)
+    chosen = {
+        "synthetic": _batch(generator_batch_size, "--generator-batch-size", budget, generator_epochs,
+                            generator_max_steps),
+        "direct-dp": _batch(retriever_batch_size, "--retriever-batch-size", budget, retriever_epochs, None,
+                            group_size=retriever_group_size),
+    }  # fmt: skip
     settings = {
         "synthetic": route_plans.route_settings(
-            "synthetic", generator_batch_size, generator_epochs, generator_max_steps
+            "synthetic", chosen["synthetic"][0], generator_epochs, generator_max_steps
         ),
         "direct-dp": route_plans.route_settings(
-            "direct-dp", retriever_batch_size, retriever_epochs, group_size=retriever_group_size
+            "direct-dp", chosen["direct-dp"][0], retriever_epochs, group_size=retriever_group_size
         ),
     }
+    if not as_json:
+        for _, line in chosen.values():
+            if line:
+                result(line, markup=False)
     plans = {
         name: route_plans.plan_route(s, units, epsilon, delta, accountant, privacy_unit)
         for name, s in settings.items()
@@ -138,3 +156,29 @@ def plan_command(
         )
     for line in route_plans.verdict(plans, runs, accountant):
         result(line, markup=False)
+
+
+def _batch(
+    value: str, option: str, budget: tuple, epochs: float, max_steps: int | None, group_size: int = 1
+) -> tuple[int, str | None]:
+    """A route's expected batch as given, or chosen for ``auto``
+    (:func:`~synthq.dp.batch_choice.choose_batch_size`, with direct DP's groups of S clipped to
+    Δ = 2C), and the line that says how."""
+    from synthq.dp.batch_choice import choose_batch_size
+    from synthq.privacy.accounting import default_delta
+
+    if value.strip().lower() != "auto":
+        try:
+            size = int(value)
+        except ValueError:
+            size = 0
+        if size < 1:
+            raise typer.BadParameter(f"{option} must be a whole number ≥ 1, or auto (got {value!r})")
+        return size, None
+    units, unit, epsilon, delta, accountant = budget
+    delta = default_delta(units) if delta is None else delta
+    factor = 2.0 if group_size > 1 else 1.0
+    choice = choose_batch_size(
+        units, epochs, max_steps, epsilon, delta, accountant, sensitivity_factor=factor, group_size=group_size
+    )
+    return choice.batch_size, f"{option} {choice.line(unit).removeprefix('--batch-size ')}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -31,6 +31,7 @@ from synthq.config.fields import (
     SecretSeed,
     Seed,
     StageConfig,
+    cli,
     refuse_limit_with_dp,
     refuse_user_options_at_the_query_unit,
     renamed_batch_size,
@@ -73,11 +74,13 @@ class FinetuneConfig(StageConfig):
         "the warm-started generator before any DP step, which reads nothing of --data (the "
         "ε = 0 control of a synthetic table).",
     )
-    batch_size: int = Field(
+    batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         1024,
-        ge=1,
         description="Expected batch, in privacy units (queries, or users at --privacy-unit user); Poisson "
-        "rate q = batch / units (paper: 1024 queries).",
+        "rate q = batch / units (paper: 1024 queries). auto: the batch with the least noise per "
+        "signal σ/B at the target ε that still leaves 16 steps (printed with the σ/B of every batch "
+        "weighed; needs a finite --epsilon).",
+        json_schema_extra=cli(metavar="INT|auto"),
     )
     physical_batch_size: int | None = Field(
         None,
@@ -129,6 +132,25 @@ class FinetuneConfig(StageConfig):
     def _limit_without_dp(self) -> FinetuneConfig:
         refuse_limit_with_dp(self.limit, math.isfinite(self.epsilon))
         refuse_user_options_at_the_query_unit(self)
+        return self
+
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _whole_number_or_auto(cls, value):
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            number = int(str(value).strip()) if not isinstance(value, int) else value
+        except ValueError:
+            number = 0
+        if isinstance(value, bool) or number < 1:
+            raise ValueError(f"must be a whole number ≥ 1, or auto (got {value!r})")
+        return number
+
+    @model_validator(mode="after")
+    def _auto_batch_needs_a_budget(self) -> FinetuneConfig:
+        if self.batch_size == "auto" and not math.isfinite(self.epsilon):
+            raise ValueError("--batch-size auto chooses the batch for a DP budget: give a finite --epsilon")
         return self
 
     @model_validator(mode="after")

@@ -43,6 +43,7 @@ from synthq.config.fields import DEFAULT_TOP_P
 from synthq.config.generator import FinetuneConfig
 from synthq.data.pairs import training_pairs
 from synthq.data.sources import load_source, qrels_splits
+from synthq.dp.batch_choice import choose_batch_size
 from synthq.dp.engine import PrivacyPlan, planned_steps
 from synthq.dp.generator_training import GeneratorTraining
 from synthq.dp.learning_check import HELD_OUT_PAIRS, HeldOut, LearningCheck
@@ -59,6 +60,7 @@ from synthq.dp.units import (
 from synthq.models.defaults import Chosen, finetune_defaults, why_corpus_is_public
 from synthq.models.generator import QueryGenerator, apply_lora
 from synthq.models.training_step import non_private_step, training_statistics
+from synthq.privacy.accounting import default_delta
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import data_input, model_input, public_pairs_input
 from synthq.privacy.splits import split_is_private
@@ -87,6 +89,17 @@ def _plan(config: FinetuneConfig, units: PrivacyUnits, steps: int) -> PrivacyPla
         config, num_units=len(units), expected_batch_size=config.batch_size, steps=steps,
         mechanism=_mechanism(config)(config.clip_norm), unit=units.kind,
     )  # fmt: skip
+
+
+def _auto_batch(config: FinetuneConfig, settings: FinetuneConfig, fitted: Chosen, units: PrivacyUnits):
+    """``--batch-size auto`` resolved (:func:`~synthq.dp.batch_choice.choose_batch_size`): the
+    settings with the chosen batch, and the choice among the defaults the first line reports."""
+    delta = config.delta if config.delta is not None else default_delta(len(units))
+    choice = choose_batch_size(
+        len(units), config.epochs, config.max_steps, config.epsilon, delta, config.accountant
+    )
+    fitted.add("batch_size", choice.batch_size, choice.line(units.kind))
+    return settings.model_copy(update={"batch_size": choice.batch_size}), fitted
 
 
 def _mechanism(config: FinetuneConfig) -> type[PerQueryClipping] | type[PerUserClipping]:
@@ -267,8 +280,10 @@ def run(config: FinetuneConfig) -> Artifact:
     pairs = pairs[: config.limit] if config.limit is not None else pairs  # refused with DP (config)
     randomness = SecretRandomness(config.seed)
     units = training_units(pairs, data.root, config.privacy_unit, config.max_queries_per_user, randomness)
-    steps = planned_steps(len(units), config.batch_size, config.epochs, config.max_steps)
-    plan = _plan(config, units, steps)  # an impossible budget is refused before anything is said
+    if config.batch_size == "auto":  # from n (recorded, assumed public) and the public settings
+        settings, fitted = _auto_batch(config, settings, fitted, units)
+    steps = planned_steps(len(units), settings.batch_size, config.epochs, config.max_steps)
+    plan = _plan(settings, units, steps)  # an impossible budget is refused before anything is said
     if fitted.line():
         info(fitted.line())
     generator = _load_generator(settings, start.path, place.rank)
@@ -281,7 +296,7 @@ def run(config: FinetuneConfig) -> Artifact:
 
     training = GeneratorTraining(
         generator, _optimizer(config, trainable, plan), make_batch,
-        units, config.batch_size, plan, randomness, settings.physical_batch_size, config.grad_sample_mode,
+        units, settings.batch_size, plan, randomness, settings.physical_batch_size, config.grad_sample_mode,
         config.user_clipping,
     )  # fmt: skip
     info(

@@ -177,8 +177,29 @@ def test_the_command_reads_counts_only_and_prints_both_routes(tiny_beir):
         (["--units", "44"], "give --data, or both --units and --documents"),
         (["--units", "44", "--documents", "9", "--privacy-unit", "person"], "user or query"),
         (["--units", "44", "--documents", "9", "--epsilon", "inf"], "finite ε"),
+        (["--units", "44", "--documents", "9", "--generator-batch-size", "big"], "whole number ≥ 1, or auto"),
     ],
 )
 def test_the_command_refuses_bad_input_in_one_line(arguments, message):
     result = runner.invoke(app, ["plan", *arguments])
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_auto_batches_are_the_stages_choice_and_the_plan_prints_it():
+    """--generator-batch-size auto / --retriever-batch-size auto: the batch finetune-lm would
+    choose (choose_batch_size at the route's own sensitivity and groups), planned and printed."""
+    from synthq.dp.batch_choice import choose_batch_size
+
+    arguments = ["--units", "300", "--documents", "50", "--generator-batch-size", "auto"]
+    arguments += ["--retriever-batch-size", "auto", "--generator-epochs", "2"]
+    result = runner.invoke(app, ["plan", *arguments])
+    assert result.exit_code == 0, result.output
+    generator = choose_batch_size(300, 2.0, None, 8.0, 1 / 600)
+    retriever = choose_batch_size(300, 1.0, None, 8.0, 1 / 600, sensitivity_factor=2.0, group_size=8)
+    assert f"--generator-batch-size auto: B = {generator.batch_size} users" in result.output
+    assert f"--retriever-batch-size auto: B = {retriever.batch_size} users" in result.output
+    assert (
+        f"synthetic [finetune-lm (then generate, train-retriever)]: B = {generator.batch_size},"
+        in result.output
+    )
+    assert f"direct-dp [train-retriever --dp group]: B = {retriever.batch_size}," in result.output

@@ -233,3 +233,28 @@ def test_a_public_warm_start_trains_before_dp_costs_no_eps_and_is_named(tmp_path
             config(tmp_path, tiny_beir, tiny_causal_dir, "leak", warm_start=f"{tiny_beir}:train", **base)
         )
     assert not (tmp_path / "leak").exists()
+
+
+def test_batch_size_auto_trains_at_the_batch_it_prints_and_the_manifest_records(
+    tmp_path, tiny_beir, tiny_causal_dir, capsys
+):
+    """--batch-size auto: the stage trains at the batch choose_batch_size picks for n = 17 (what
+    the plan's q and steps say), prints why, records it in the manifest's config, and keeps
+    "auto" in the fingerprint (the same command is up to date); refused without a DP budget."""
+    from synthq.dp.batch_choice import choose_batch_size
+
+    artifact = finetune_lm.run(
+        config(tmp_path, tiny_beir, tiny_causal_dir, "auto", epsilon=8.0, batch_size="auto")
+    )
+    details = artifact.privacy.details
+    expected = choose_batch_size(17, 4, None, 8.0, 1 / 34)
+    assert details["expected_batch_size"] == expected.batch_size == artifact.manifest["config"]["batch_size"]
+    assert details["sample_rate"] == pytest.approx(expected.batch_size / 17)
+    assert details["steps"] == expected.chosen.steps
+    assert "--batch-size auto: B = " in capsys.readouterr().err
+    again = finetune_lm.run(
+        config(tmp_path, tiny_beir, tiny_causal_dir, "auto", epsilon=8.0, batch_size="auto")
+    )
+    assert again.manifest_hash == artifact.manifest_hash  # up to date: nothing retrained
+    with pytest.raises(ValueError, match="--batch-size auto chooses the batch for a DP budget"):
+        config(tmp_path, tiny_beir, tiny_causal_dir, "auto-inf", epsilon="inf", batch_size="auto")
