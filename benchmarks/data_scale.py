@@ -16,7 +16,6 @@ page cache: one copy for every process and torchrun rank on the machine, reclaim
   every file, then memory-map);
 * ``open_lookup``: open with the cache warm, look up 10 000 random document ids;
 * ``pairs``: ``training_pairs`` on the train split, then decode 1 000 pairs drawn by index;
-* ``length_sorted``: the first length-sorted shard of 10 000 documents (what generate needs);
 * ``data_info``: ``python -m synthq data info DIR --json``.
 
 The same operations on a 12-passage corpus give the fixed cost of Python and the imports;
@@ -79,12 +78,6 @@ t = time.perf_counter()
 batch = [pairs[i] for i in random.Random(2).sample(range(len(pairs)), min(1000, len(pairs)))]
 out["pairs"] = len(pairs)
 out["decode_sample_seconds"] = round(time.perf_counter() - t, 4)
-""",
-    "length_sorted": """
-from synthq.data.beir_io import read_corpus
-corpus = read_corpus(root + "/corpus.jsonl")
-shard = next(corpus.length_sorted_shards(shard_size=10_000))
-out["shard"] = len(shard)
 """,
 }
 EPILOGUE = """
@@ -170,7 +163,7 @@ def run(code_or_args: list[str], root: Path, env: dict, cwd: Path) -> dict:
     return result
 
 
-WARM_OPS = ("open_lookup", "pairs", "length_sorted", "data_info")
+WARM_OPS = ("open_lookup", "pairs", "data_info")
 
 
 def op_command(op: str, root: Path) -> list[str]:

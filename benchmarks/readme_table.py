@@ -180,7 +180,7 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
             )  # fmt: skip
     scale = benchmarks.get("data_scale")
     for passages, adds in (scale or {}).get("results", {}).items():
-        warm_ops = ("open_lookup", "pairs", "length_sorted", "data_info")
+        warm_ops = ("open_lookup", "pairs", "data_info")
         warm = {op: adds[op]["wall_seconds"] for op in warm_ops if op in adds}
         if warm:
             slowest = max(warm, key=warm.get)

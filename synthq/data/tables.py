@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from synthq.data.store import IdIndex, StringColumn, int64_values, open_table, string_buffers
+from synthq.data.store import IdIndex, StringColumn, int64_values, open_table
 
 DATA_FILE = "data.arrow"
 
@@ -112,40 +112,10 @@ class Corpus(ArrowMapping):
     def values(self) -> ValuesView:
         return _FastValues(self)
 
-    def byte_lengths(self) -> np.ndarray:
-        """UTF-8 bytes of title + text per row, read from the offsets alone (no text is decoded)."""
-        lengths = np.empty(len(self), dtype=np.int64)
-        start = 0
-        titles, texts = self.table.column("title").chunks, self.table.column("text").chunks
-        for title, text in zip(titles, texts, strict=True):
-            n = len(text)
-            lengths[start : start + n] = np.diff(string_buffers(title)[0]) + np.diff(string_buffers(text)[0])
-            start += n
-        return lengths
-
     def sorted_rows(self) -> np.ndarray:
         """Rows in the order of ``sorted(corpus)`` (the index's order: UTF-8 byte order equals code
         point order), memory-mapped; ``sorted_rows()[:k]`` selects like ``sorted(corpus)[:k]``."""
         return self.index.rows
-
-    def length_sorted_shards(
-        self, ids: list[str] | None = None, shard_size: int = 10_000, rows: np.ndarray | None = None
-    ) -> Iterator[dict[str, dict[str, str]]]:
-        """Documents longest first, ``shard_size`` at a time, as ``{doc_id: document}`` dicts.
-
-        The selection is ``ids``, or ``rows``, or else the whole corpus. Only one shard's text is
-        decoded at a time, so a stage can walk a corpus of any size in bounded memory with
-        batches of similar length (ties keep the selection's order)."""
-        if ids is not None:
-            rows = self.index.find_many(ids)
-            if (rows < 0).any():
-                raise KeyError(ids[int(np.flatnonzero(rows < 0)[0])])
-        elif rows is None:
-            rows = np.arange(len(self))
-        rows = np.asarray(rows, dtype=np.int64)
-        order = rows[np.argsort(-self.byte_lengths()[rows], kind="stable")]
-        for start in range(0, len(order), shard_size):
-            yield {self.id_at(int(r)): self.document(int(r)) for r in order[start : start + shard_size]}
 
     def batches(self, size: int = 10_000) -> Iterator[tuple[list[str], list[dict[str, str]]]]:
         """``(ids, documents)`` of ``size`` consecutive rows at a time, in file order (e.g. to

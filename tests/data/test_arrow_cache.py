@@ -145,29 +145,9 @@ def test_lookups_are_lazy_and_pickle_by_path(cache, unicode_beir):
     assert corpus.row("d049-é") == 49 and corpus.id_at(49) == "d049-é"
 
 
-def test_length_sorted_shards_cover_the_selection_longest_first(cache, unicode_beir):
-    corpus = load_beir_dir(unicode_beir).corpus
-    expected = [len((d["title"] + d["text"]).encode()) for d in corpus.values()]
-    assert corpus.byte_lengths().tolist() == expected
-    shards = list(corpus.length_sorted_shards(shard_size=7))
-    assert [len(s) for s in shards] == [7] * 7 + [1]
-    seen = [doc_id for shard in shards for doc_id in shard]
-    assert sorted(seen) == sorted(corpus)
-    lengths = [expected[corpus.row(d)] for d in seen]
-    assert lengths == sorted(lengths, reverse=True)
-    some = ["d004-é", "d010-é", "d002-éé"]
-    assert [list(s) for s in corpus.length_sorted_shards(some, shard_size=2)] == [
-        ["d010-é", "d004-é"],
-        ["d002-éé"],
-    ]
-
-
 def test_sorted_rows_and_batches(cache, unicode_beir):
     corpus = load_beir_dir(unicode_beir).corpus
     assert [corpus.id_at(int(r)) for r in corpus.sorted_rows()] == sorted(corpus)
-    selection = corpus.sorted_rows()[:10][1::3]
-    shards = list(corpus.length_sorted_shards(rows=selection, shard_size=100))
-    assert sorted(shards[0]) == [sorted(corpus)[i] for i in (1, 4, 7)]
     batches = list(corpus.batches(16))
     assert [len(ids) for ids, _ in batches] == [16, 16, 16, 2]
     assert [(i, d) for ids, docs in batches for i, d in zip(ids, docs, strict=True)] == list(corpus.items())
@@ -335,7 +315,7 @@ def test_opening_a_cached_dataset_imports_neither_pandas_nor_datasets(cache, tin
         f"dataset = load_beir_dir({str(tiny_beir)!r})\n"
         "pairs = training_pairs(dataset, 'train')\n"
         "pairs.take([0, 1]); summarize(dataset); dict(dataset.corpus); dataset.corpus['egg-0']\n"
-        "next(dataset.corpus.length_sorted_shards(shard_size=4)); next(dataset.corpus.batches(4))\n"
+        "next(dataset.corpus.batches(4))\n"
         "print(sorted(m for m in ('pandas', 'datasets') if m in sys.modules))\n"
     )
     env = {**os.environ, "SYNTHQ_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
