@@ -31,7 +31,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -261,21 +263,80 @@ def _warm_start_only(config: FinetuneConfig, place, start) -> Artifact:
     return distributed.on_main(open_artifact, config.out, STAGE)
 
 
+@dataclass(frozen=True)
+class _Sources:
+    """What a run reads: the private pairs' dataset, the starting model, public warm-start pairs."""
+
+    data: Any
+    start: Any
+    warm: Any | None
+
+    @property
+    def records(self) -> list[dict]:
+        return [self.data.record, self.start.record] + ([self.warm.record] if self.warm else [])
+
+
+@dataclass
+class _Setup:
+    """Everything the training loop needs, decided before any private step (``units`` follows
+    the secret key a resumed run restores)."""
+
+    settings: FinetuneConfig  # the config with the options left unset chosen (fitted)
+    fitted: Chosen
+    pairs: Any
+    units: PrivacyUnits
+    steps: int
+    plan: PrivacyPlan | None
+    generator: QueryGenerator
+    warmed: dict
+    learning: LearningCheck
+    training: GeneratorTraining
+
+
 @precision.stage
 def run(config: FinetuneConfig) -> Artifact:
+    """Resolve the inputs, plan the DP run before reading a private step, train (resuming a
+    checkpoint), then write the generator and the release of the private pairs."""
     place = distributed.setup(config.device)
     start = model_input(config.model, stage=STAGE)
     if config.max_steps == 0:
         return _warm_start_only(config, place, start)
-    data = data_input(config.data)
-    inputs = [data.record, start.record]
-    warm = public_pairs_input(config.warm_start, "--warm-start") if config.warm_start else None
-    if warm is not None:
-        inputs.append(warm.record)
-    if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
+    sources = _resolve_sources(config, start)
+    if (done := distributed.on_main(existing_result, STAGE, config, sources.records)) is not None:
         return done
+    setup = _set_up(config, sources, place)
+    _announce(config, setup, place)
+    with artifact_on_main(
+        config.out, STAGE, config, sources.records, resume=config.resume, keep_partial_on_error=True
+    ) as writer:
+        # the values used; the fingerprint keeps the options as given
+        writer.config.update(setup.fitted.values)
+        checkpoint = writer.checkpoint_dir / CHECKPOINT
+        log = _resume(config, sources, setup, checkpoint)
+        first, started = setup.training.step_index, time.perf_counter()
+        _train(config, sources, setup, writer, checkpoint, log)
+        elapsed = time.perf_counter() - started
+        _write_generator(writer, config, sources, setup)
+        _write_release(writer, config, sources, setup, log, (elapsed, setup.steps - first))
+    return distributed.on_main(open_artifact, config.out, STAGE)
+
+
+# Phases ------------------------------------------------------------------------------------------
+
+
+def _resolve_sources(config: FinetuneConfig, start) -> _Sources:
+    data = data_input(config.data)
+    warm = public_pairs_input(config.warm_start, "--warm-start") if config.warm_start else None
+    return _Sources(data, start, warm)
+
+
+def _set_up(config: FinetuneConfig, sources: _Sources, place) -> _Setup:
+    """The pairs and units, the settings chosen for this machine and corpus (and ``--batch-size
+    auto``), the DP plan (an impossible budget is refused before anything is said), the
+    generator (warm-started on public pairs where asked) and its training state."""
+    data = sources.data
     dataset = load_source(str(data.root), splits=[config.split])
-    settings, fitted = choose_defaults(config, dataset.corpus, data, start.path)
+    settings, fitted = choose_defaults(config, dataset.corpus, data, sources.start.path)
     pairs = training_pairs(dataset, config.split)
     pairs = pairs[: config.limit] if config.limit is not None else pairs  # refused with DP (config)
     randomness = SecretRandomness(config.seed)
@@ -283,94 +344,115 @@ def run(config: FinetuneConfig) -> Artifact:
     if config.batch_size == "auto":  # from n (recorded, assumed public) and the public settings
         settings, fitted = _auto_batch(config, settings, fitted, units)
     steps = planned_steps(len(units), settings.batch_size, config.epochs, config.max_steps)
-    plan = _plan(settings, units, steps)  # an impossible budget is refused before anything is said
+    plan = _plan(settings, units, steps)
     if fitted.line():
         info(fitted.line())
-    generator = _load_generator(settings, start.path, place.rank)
-    warmed = _warm_start(config, settings, generator, warm) if warm is not None else {}
+    generator = _load_generator(settings, sources.start.path, place.rank)
+    warmed = _warm_start(config, settings, generator, sources.warm) if sources.warm is not None else {}
     randomness.seed_torch(place.rank)  # dropout from the run's randomness, not torch's default seed
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
     learning = LearningCheck(generator, trainable, _public_held_out(config, data), settings.max_target_length)
-
     make_batch = _batches_of(generator, pairs, settings.max_target_length)
-
     training = GeneratorTraining(
         generator, _optimizer(config, trainable, plan), make_batch,
         units, settings.batch_size, plan, randomness, settings.physical_batch_size, config.grad_sample_mode,
         config.user_clipping,
     )  # fmt: skip
+    return _Setup(settings, fitted, pairs, units, steps, plan, generator, warmed, learning, training)
+
+
+def _announce(config: FinetuneConfig, setup: _Setup, place) -> None:
+    """The run's first line: the model, the steps and the DP plan (σ, q, σ/B) or "non-private"."""
+    plan, generator = setup.plan, setup.generator
+    trainable = sum(p.numel() for p in generator.model.parameters() if p.requires_grad)
     info(
-        f"fine-tuning {config.model} ({generator.kind}, {sum(p.numel() for p in trainable):,} trainable) "
-        f"for {steps} steps, "
+        f"fine-tuning {config.model} ({generator.kind}, {trainable:,} trainable) for {setup.steps} steps, "
         + (
-            f"{describe_units(units)}, q = {plan.sample_rate:.4f}, σ = {plan.noise_multiplier:.3f}, "
+            f"{describe_units(setup.units)}, q = {plan.sample_rate:.4f}, σ = {plan.noise_multiplier:.3f}, "
             f"C = {config.clip_norm}, noise/signal σ/B = {plan.noise_to_signal:.3g} "
             f"(σC/B = {plan.noise_std / plan.expected_batch_size:.3g} per coordinate), "
-            f"target ε = {config.epsilon:g} ({plan.accountant}), clipping: {training.mode}"
+            f"target ε = {config.epsilon:g} ({plan.accountant}), clipping: {setup.training.mode}"
             + (", per user" if config.user_clipping == "per-user" else "")
             if plan
             else "non-private (ε = ∞)"
         )
         + (f"; {place.world_size} ranks ({place.backend})" if place.world_size > 1 else "")
     )
-    with artifact_on_main(
-        config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
-    ) as writer:
-        writer.config.update(fitted.values)  # the values used; the fingerprint keeps the options as given
-        checkpoint, log = writer.checkpoint_dir / CHECKPOINT, []
-        state = distributed.on_main(load_checkpoint, checkpoint, config, inputs) if config.resume else None
-        if state is not None:
-            training.load_state_dict(state)
-            if units.kind == "user":  # which queries a user keeps follows the restored secret key
-                units = training.units = training_units(
-                    pairs, data.root, config.privacy_unit, config.max_queries_per_user, training.randomness
-                )
-            log = json.loads(state["log"])
-            info(f"resuming at step {training.step_index} of {steps}")
-        started, first = time.perf_counter(), training.step_index
-        every = max(1, steps // 20)  # ε by the plan's own accountant, a few times per run
-        with progress() as bar:
-            task = bar.add_task("finetune-lm", total=steps, completed=first)
-            within = StepFraction(bar, task)  # micro-batch by micro-batch: a DP step takes minutes on CPU
-            while training.step_index < steps:
-                result = training.step(within)
-                log.append({"step": training.step_index, "loss": result.loss, "examples": result.examples})
-                if plan and (training.step_index % every == 0 or training.step_index == steps):
-                    bar.update(
-                        task, description=f"finetune-lm ε {plan.epsilon_after(training.step_index):.2f}"
-                    )
-                within.finish()
-                if (
-                    writer.primary
-                    and config.checkpoint_every
-                    and training.step_index % config.checkpoint_every == 0
-                ):
-                    save_checkpoint(
-                        checkpoint, {**training.state_dict(), "log": json.dumps(log)}, config, inputs
-                    )
-        elapsed = time.perf_counter() - started
-        training.close()  # the saved model carries no clipping hooks
-        writer.metrics.update(learning.finish(steps, "LoRA adapters" if config.lora_rank else "all weights"))
-        generator.model.eval()
-        if writer.primary:
-            generator.save(writer.dir, generation_defaults={"do_sample": True, "top_p": DEFAULT_TOP_P})
-        start.carry_into(writer)
-        if warm is not None:  # public pairs: no release, but the guarantee names them
-            writer.assume(warm.assumption)
-            writer.metrics.update(warmed)
-        if data.artifact is not None:  # DP on a synthetic set: it is itself a release of D
-            writer.inherit(data.artifact)
-        writer.release(
-            _own_guarantee(config, plan, training, units),
-            data.record,
-            units.keys,
-            units.kind,
-            links=units.links,
+
+
+def _resume(config: FinetuneConfig, sources: _Sources, setup: _Setup, checkpoint: Path) -> list[dict]:
+    """The step log so far: empty, or the checkpoint's (``--resume``), whose training state and
+    secret randomness are restored into ``setup``."""
+    state = (
+        distributed.on_main(load_checkpoint, checkpoint, config, sources.records) if config.resume else None
+    )
+    if state is None:
+        return []
+    training = setup.training
+    training.load_state_dict(state)
+    if setup.units.kind == "user":  # which queries a user keeps follows the restored secret key
+        setup.units = training.units = training_units(
+            setup.pairs,
+            sources.data.root,
+            config.privacy_unit,
+            config.max_queries_per_user,
+            training.randomness,
         )
-        writer.metrics.update({"steps": steps, "kind": generator.kind, "grad_sample_mode": training.mode})
-        _write_log(writer.diagnostics_dir / "training.jsonl", log)
-        writer.diagnostics.update(
-            _diagnostics(log, elapsed, steps - first), **unit_diagnostics(units, len(pairs))
-        )
-        writer.timings_are_private = True
-    return distributed.on_main(open_artifact, config.out, STAGE)
+    info(f"resuming at step {training.step_index} of {setup.steps}")
+    return json.loads(state["log"])
+
+
+def _train(config: FinetuneConfig, sources: _Sources, setup: _Setup, writer, checkpoint: Path, log) -> None:
+    """The steps left, with ε on the bar a few times per run and a checkpoint every
+    ``--checkpoint-every`` steps."""
+    training, plan, steps = setup.training, setup.plan, setup.steps
+    every = max(1, steps // 20)  # ε by the plan's own accountant, a few times per run
+    with progress() as bar:
+        task = bar.add_task("finetune-lm", total=steps, completed=training.step_index)
+        within = StepFraction(bar, task)  # micro-batch by micro-batch: a DP step takes minutes on CPU
+        while training.step_index < steps:
+            result = training.step(within)
+            log.append({"step": training.step_index, "loss": result.loss, "examples": result.examples})
+            if plan and (training.step_index % every == 0 or training.step_index == steps):
+                bar.update(task, description=f"finetune-lm ε {plan.epsilon_after(training.step_index):.2f}")
+            within.finish()
+            if (
+                writer.primary
+                and config.checkpoint_every
+                and training.step_index % config.checkpoint_every == 0
+            ):
+                state = {**training.state_dict(), "log": json.dumps(log)}
+                save_checkpoint(checkpoint, state, config, sources.records)
+
+
+def _write_generator(writer, config: FinetuneConfig, sources: _Sources, setup: _Setup) -> None:
+    """The generator (no clipping hooks), what it learned, and where it started."""
+    setup.training.close()  # the saved model carries no clipping hooks
+    trained = "LoRA adapters" if config.lora_rank else "all weights"
+    writer.metrics.update(setup.learning.finish(setup.steps, trained))
+    setup.generator.model.eval()
+    if writer.primary:
+        setup.generator.save(writer.dir, generation_defaults={"do_sample": True, "top_p": DEFAULT_TOP_P})
+    sources.start.carry_into(writer)
+    if sources.warm is not None:  # public pairs: no release, but the guarantee names them
+        writer.assume(sources.warm.assumption)
+        writer.metrics.update(setup.warmed)
+
+
+def _write_release(writer, config, sources: _Sources, setup: _Setup, log, timing: tuple[float, int]) -> None:
+    """This run's release of the private pairs (and what a synthetic set as data brings along);
+    the step log, timings and unit statistics go to the private diagnostics."""
+    if sources.data.artifact is not None:  # DP on a synthetic set: it is itself a release of D
+        writer.inherit(sources.data.artifact)
+    units, training = setup.units, setup.training
+    guarantee = _own_guarantee(config, setup.plan, training, units)
+    writer.release(guarantee, sources.data.record, units.keys, units.kind, links=units.links)
+    writer.metrics.update(
+        {"steps": setup.steps, "kind": setup.generator.kind, "grad_sample_mode": training.mode}
+    )
+    _write_log(writer.diagnostics_dir / "training.jsonl", log)
+    elapsed, steps_run = timing
+    writer.diagnostics.update(
+        _diagnostics(log, elapsed, steps_run), **unit_diagnostics(units, len(setup.pairs))
+    )
+    writer.timings_are_private = True
