@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -235,20 +237,77 @@ def _statistics(losses: list[float], elapsed: float, seen: int, steps: int) -> d
     return {**training_statistics(losses, elapsed, steps), "pairs_per_second": pairs_per_second}
 
 
+@dataclass(frozen=True)
+class _Sources:
+    """What a run reads: the training pairs' dataset (private, or a synthetic set) and the encoder."""
+
+    data: Any
+    dataset: Any
+    start: Any
+
+    @property
+    def records(self) -> list[dict]:
+        return [self.data.record, self.start.record]
+
+    @property
+    def synthetic(self) -> bool:
+        return self.data.is_artifact
+
+
+@dataclass
+class _Setup:
+    """Everything the training loop needs, decided before the first step."""
+
+    settings: TrainRetrieverConfig  # the config within the encoder's limits, unset options chosen
+    fitted: Chosen
+    pairs: Any
+    units: PrivacyUnits
+    randomness: SecretRandomness
+    rng: random.Random
+    encoder: Any
+    parameters: list[torch.nn.Parameter]
+    optimizer: Any
+    scheduler: Any
+    steps: int
+    mined: list  # hard negatives per pair (non-private runs), with their texts
+    texts: dict
+    mechanism: Any = None  # under --dp: the mechanism and its plan
+    plan: PrivacyPlan | None = None
+    loss_function: Any = None  # without DP: the in-batch softmax (GradCache in chunks where chosen)
+
+
 @precision.stage
 def run(config: TrainRetrieverConfig) -> Artifact:
+    """Resolve the inputs, set up the pairs, units, encoder and (under --dp) the DP plan, train,
+    then write the encoder and what it releases of the pairs it read."""
     place = distributed.setup(config.device)
-    data = data_input(config.data)
-    synthetic = data.is_artifact
-    dataset = load_source(str(data.root), splits=[config.split])
-    start = model_input(config.encoder, stage=STAGE)
-    inputs = [data.record, start.record]
-    if (done := distributed.on_main(existing_result, STAGE, config, inputs)) is not None:
+    sources = _resolve_sources(config)
+    if (done := distributed.on_main(existing_result, STAGE, config, sources.records)) is not None:
         return done
-    if config.mini_batch_size is not None and place.world_size > 1:
-        raise SynthqError("--mini-batch-size (GradCache) runs in one process; under torchrun each rank "
-                          "already embeds only its share of the batch")  # fmt: skip
-    pairs = training_pairs(dataset, config.split)
+    setup = _set_up(config, sources, place)
+    with artifact_on_main(config.out, STAGE, config, sources.records) as writer:
+        # the values used; the fingerprint keeps the options as given
+        writer.config.update(setup.fitted.values)
+        started = time.perf_counter()
+        seen, losses = _train(config, setup)
+        statistics = _statistics(losses, time.perf_counter() - started, seen, setup.steps)
+        _write_encoder(writer, sources, setup)
+        _write_release(writer, config, sources, setup, statistics)
+    return distributed.on_main(open_artifact, config.out, STAGE)
+
+
+# Phases ------------------------------------------------------------------------------------------
+
+
+def _resolve_sources(config: TrainRetrieverConfig) -> _Sources:
+    data = data_input(config.data)
+    dataset = load_source(str(data.root), splits=[config.split])
+    return _Sources(data, dataset, model_input(config.encoder, stage=STAGE))
+
+
+def _training_pairs(config: TrainRetrieverConfig, sources: _Sources):
+    """The split's pairs (first per document, a prefix: both refused where DP forbids them)."""
+    pairs = training_pairs(sources.dataset, config.split)
     if config.queries_per_document is not None:
         if config.dp is not None:
             raise SynthqError(
@@ -258,93 +317,136 @@ def run(config: TrainRetrieverConfig) -> Artifact:
             )
         pairs = first_pairs_per_document(pairs, config.queries_per_document)
     pairs = pairs[: config.limit] if config.limit is not None else pairs
-    randomness, rng = SecretRandomness(config.seed), random.Random(config.seed)
-    units = training_units(pairs, data.root, config.privacy_unit, config.max_queries_per_user, randomness)
     if config.batch_size > len(pairs):
         raise DataError(f"--batch-size {config.batch_size} is larger than the {len(pairs)} training pairs",
-                        dataset.root)  # fmt: skip
-    if config.dp is None and not synthetic:
+                        sources.dataset.root)  # fmt: skip
+    return pairs
+
+
+def _set_up(config: TrainRetrieverConfig, sources: _Sources, place) -> _Setup:
+    """Pairs and units, the encoder (embeddings frozen where asked) and its optimizer, the settings
+    chosen for this machine, hard negatives, and the steps: planned by the DP plan under --dp."""
+    if config.mini_batch_size is not None and place.world_size > 1:
+        raise SynthqError("--mini-batch-size (GradCache) runs in one process; under torchrun each rank "
+                          "already embeds only its share of the batch")  # fmt: skip
+    pairs = _training_pairs(config, sources)
+    randomness, rng = SecretRandomness(config.seed), random.Random(config.seed)
+    units = training_units(
+        pairs, sources.data.root, config.privacy_unit, config.max_queries_per_user, randomness
+    )
+    if config.dp is None and not sources.synthetic:
         warn(
             "[bold]training on the private queries WITHOUT differential privacy: this retriever has ε = ∞[/]"
         )
-    encoder = _load(config, start.path, place.rank)
+    encoder = _load(config, sources.start.path, place.rank)
     randomness.seed_torch(place.rank)  # dropout from the run's randomness, not torch's default seed
     if config.freeze_embeddings and not freeze_token_embeddings(encoder):
         raise SynthqError(f"--freeze-embeddings: found no token-embedding matrix in {config.encoder}")
     parameters = [p for p in encoder.parameters() if p.requires_grad]
     optimizer = make_optimizer("adamw", parameters, lr=config.lr, weight_decay=config.weight_decay)
     settings = _within_position_limit(config, encoder)  # what training uses; the artifact records config
-    fitted = _fitted_pass_size(settings, encoder, dataset.corpus, place)
+    fitted = _fitted_pass_size(settings, encoder, sources.dataset.corpus, place)
     settings = settings.model_copy(update=fitted.values)
+    mined, texts = (
+        _hard_negatives(settings, encoder, pairs, sources.dataset.corpus, rng)
+        if config.hard_negatives
+        else ([], {})
+    )
+    setup = _Setup(settings, fitted, pairs, units, randomness, rng, encoder, parameters, optimizer, None, 0,
+                   mined, texts)  # fmt: skip
+    if config.dp is None:
+        steps = math.ceil(config.epochs * math.ceil(len(pairs) / config.batch_size))
+        setup.steps = min(steps, config.max_steps) if config.max_steps is not None else steps
+        setup.loss_function = training_loss(encoder, config.temperature, settings.mini_batch_size)
+    else:
+        setup.mechanism, setup.plan, setup.steps = _dp_setup(
+            settings, units, encoder, randomness, sources.synthetic
+        )
+    setup.scheduler = _scheduler(optimizer, setup.steps, config.warmup_ratio)
+    return setup
+
+
+def _train(config: TrainRetrieverConfig, setup: _Setup) -> tuple[int, list[float]]:
+    """Every step (in-batch softmax over unique-document batches, or the DP mechanism's noisy
+    clipped sum over Poisson-sampled units); the pairs seen and the finite losses."""
+    seen, losses, batches = 0, [], []
+    with progress() as bar:
+        task = bar.add_task(
+            f"train-retriever{' (dp ' + config.dp + ')' if config.dp else ''}", total=setup.steps
+        )
+        for _step in range(setup.steps):
+            if setup.plan is None:
+                if not batches:
+                    batches = unique_document_batches(setup.pairs, config.batch_size, setup.rng)
+                count, value = _non_private_step(setup, batches.pop(0))
+            else:
+                count, value = _dp_step(setup)
+            setup.optimizer.step()
+            setup.scheduler.step()
+            setup.optimizer.zero_grad(set_to_none=True)
+            seen += count
+            losses += [] if math.isnan(value) else [value]
+            bar.update(task, advance=1)
+    return seen, losses
+
+
+def _non_private_step(setup: _Setup, chosen: list[int]) -> tuple[int, float]:
+    batch = [_example(setup.pairs[i]) for i in chosen]
+    mined, texts = setup.mined, setup.texts
+    negatives = [[texts[d] for d in mined[i]] for i in chosen] if mined else [[] for _ in chosen]
+    value = _train_step(
+        setup.encoder, setup.loss_function, batch, setup.parameters, setup.settings, negatives
+    )
+    return len(batch), value
+
+
+def _dp_step(setup: _Setup) -> tuple[int, float]:
+    """One DP step: the units Poisson-sampled, the mechanism's clipped sum, noise once
+    (:meth:`PrivacyPlan.privatize`) into the gradients."""
+    settings, encoder, units = setup.settings, setup.encoder, setup.units
 
     def encode(texts: list[str], side: str) -> torch.Tensor:
         length = settings.max_query_length if side == "query" else settings.max_doc_length
         return F.normalize(_embed_rows(encoder, texts, length), dim=-1)
 
-    mined, texts = (
-        _hard_negatives(settings, encoder, pairs, dataset.corpus, rng) if config.hard_negatives else ([], {})
-    )
-    mechanism, plan = None, None
-    if config.dp is None:
-        steps = math.ceil(config.epochs * math.ceil(len(pairs) / config.batch_size))
-        steps = min(steps, config.max_steps) if config.max_steps is not None else steps
-        loss_function = training_loss(encoder, config.temperature, settings.mini_batch_size)
-    else:
-        mechanism, plan, steps = _dp_setup(settings, units, encoder, randomness, synthetic)
-    scheduler = _scheduler(optimizer, steps, config.warmup_ratio)
-    with artifact_on_main(config.out, STAGE, config, inputs) as writer:
-        writer.config.update(fitted.values)  # the values used; the fingerprint keeps the options as given
-        started, seen, losses, batches = time.perf_counter(), 0, [], []
-        with progress() as bar:
-            task = bar.add_task(
-                f"train-retriever{' (dp ' + config.dp + ')' if config.dp else ''}", total=steps
-            )
-            for _step in range(steps):
-                if plan is None:
-                    if not batches:
-                        batches = unique_document_batches(pairs, config.batch_size, rng)
-                    chosen = batches.pop(0)
-                    batch = [_example(pairs[i]) for i in chosen]
-                    negatives = (
-                        [[texts[d] for d in mined[i]] for i in chosen] if mined else [[] for _ in chosen]
-                    )
-                    value = _train_step(encoder, loss_function, batch, parameters, settings, negatives)
-                else:
-                    rows, weights = units.expand(plan.sample(randomness))
-                    batch = [_example(pairs[i], w, units, i) for i, w in zip(rows, weights, strict=True)]
-                    clipped, value = mechanism.clipped_sum(encode, batch, parameters)
-                    for parameter, noisy in zip(parameters, plan.privatize(clipped, randomness), strict=True):
-                        parameter.grad = noisy
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                seen += len(batch)
-                losses += [] if math.isnan(value) else [value]
-                bar.update(task, advance=1)
-        elapsed = time.perf_counter() - started
-        encoder.eval()
-        if writer.primary:
-            encoder.save(str(writer.dir))
-        start.carry_into(writer)
-        if synthetic:  # post-processing of the synthetic set's releases
-            writer.inherit(data.artifact)
-        if plan is not None:  # a DP release of the pairs it read (a synthetic set's queries, too)
-            guarantee = _dp_guarantee(plan, mechanism, config, units, randomness)
-            writer.release(guarantee, data.record, units.keys, units.kind, links=units.links)
-        elif not synthetic:
-            reason = "trained on the private queries without DP (ε = ∞)"
-            writer.release(
-                Guarantee.non_private(reason, unit=units.kind), data.record, units.keys, units.kind,
-                links=units.links,
-            )  # fmt: skip
-        if not synthetic:  # read the private pairs: private statistics
-            writer.timings_are_private = True
-            writer.diagnostics.update(unit_diagnostics(units, len(pairs)))
-        writer.metrics.update({"steps": steps, **({"pairs": len(pairs)} if synthetic else {})})
-        (writer.metrics if synthetic else writer.diagnostics).update(
-            _statistics(losses, elapsed, seen, steps)
-        )
-    return distributed.on_main(open_artifact, config.out, STAGE)
+    rows, weights = units.expand(setup.plan.sample(setup.randomness))
+    batch = [_example(setup.pairs[i], w, units, i) for i, w in zip(rows, weights, strict=True)]
+    clipped, value = setup.mechanism.clipped_sum(encode, batch, setup.parameters)
+    for parameter, noisy in zip(
+        setup.parameters, setup.plan.privatize(clipped, setup.randomness), strict=True
+    ):
+        parameter.grad = noisy
+    return len(batch), value
+
+
+def _write_encoder(writer, sources: _Sources, setup: _Setup) -> None:
+    setup.encoder.eval()
+    if writer.primary:
+        setup.encoder.save(str(writer.dir))
+    sources.start.carry_into(writer)
+
+
+def _write_release(writer, config, sources: _Sources, setup: _Setup, statistics: dict) -> None:
+    """What the encoder releases of the pairs it read: a synthetic set's releases (post-processing),
+    its own DP release, or ε = ∞ for private pairs read without DP; statistics of private pairs
+    go to the private diagnostics."""
+    data, units, synthetic = sources.data, setup.units, sources.synthetic
+    if synthetic:  # post-processing of the synthetic set's releases
+        writer.inherit(data.artifact)
+    if setup.plan is not None:  # a DP release of the pairs it read (a synthetic set's queries, too)
+        guarantee = _dp_guarantee(setup.plan, setup.mechanism, config, units, setup.randomness)
+        writer.release(guarantee, data.record, units.keys, units.kind, links=units.links)
+    elif not synthetic:
+        reason = "trained on the private queries without DP (ε = ∞)"
+        writer.release(
+            Guarantee.non_private(reason, unit=units.kind), data.record, units.keys, units.kind,
+            links=units.links,
+        )  # fmt: skip
+    if not synthetic:  # read the private pairs: private statistics
+        writer.timings_are_private = True
+        writer.diagnostics.update(unit_diagnostics(units, len(setup.pairs)))
+    writer.metrics.update({"steps": setup.steps, **({"pairs": len(setup.pairs)} if synthetic else {})})
+    (writer.metrics if synthetic else writer.diagnostics).update(statistics)
 
 
 def _hard_negatives(config: TrainRetrieverConfig, encoder, pairs, corpus, rng: random.Random):
