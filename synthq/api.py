@@ -48,33 +48,31 @@ def run_stage(stage: str, config=None, /, **options) -> Artifact:
     return entry.run_function()(config)
 
 
-def _stage_function(stage: str, name: str, summary: str) -> Callable[..., Artifact]:
-    config_class = stage_entry(stage).config_type()
+def _stage_function(stage: str, name: str) -> Callable[..., Artifact]:
+    entry = stage_entry(stage)
+    config_class = entry.config_type()
 
     def call(config=None, /, **options) -> Artifact:
         return run_stage(stage, config, **options)
 
     call.__name__ = call.__qualname__ = name
     call.__doc__ = (
-        f"{summary}\n\nThe ``synthq {stage}`` stage: a :class:`{config_class.__module__}."
+        f"{entry.summary}\n\nThe ``synthq {stage}`` stage: a :class:`{config_class.__module__}."
         f"{config_class.__name__}` or its fields as keyword arguments; returns the artifact."
     )
     return call
 
 
-finetune_lm = _stage_function(
-    "finetune-lm", "finetune_lm", "Fine-tune a query generator, with DP to a target ε."
-)
-generate = _stage_function("generate", "generate", "Sample synthetic queries for public documents.")
-filter_queries = _stage_function("filter", "filter_queries", "Filter a synthetic set (post-processing).")
-evolve = _stage_function("evolve", "evolve", "Private Evolution: synthetic queries from DP votes.")
-train_retriever = _stage_function("train-retriever", "train_retriever", "Train a dual encoder (DP or not).")
-evaluate = _stage_function("eval", "evaluate", "Evaluate retrievers (NDCG@10, Recall@10, ...).")
-report = _stage_function("report", "report", "Merge evaluations into one report.")
-similarity = _stage_function("similarity", "similarity", "BLEU and MAUVE of synthetic against real queries.")
-canary_audit = _stage_function(
-    "canary-audit", "canary_audit", "Inject canaries, measure exposure and extraction."
-)
+# one function per registered stage (synthq.config.registry: its summary is the docstring's first line)
+finetune_lm = _stage_function("finetune-lm", "finetune_lm")
+generate = _stage_function("generate", "generate")
+filter_queries = _stage_function("filter", "filter_queries")  # not ``filter``: Python's builtin
+evolve = _stage_function("evolve", "evolve")
+train_retriever = _stage_function("train-retriever", "train_retriever")
+evaluate = _stage_function("eval", "evaluate")  # not ``eval``: Python's builtin
+report = _stage_function("report", "report")
+similarity = _stage_function("similarity", "similarity")
+canary_audit = _stage_function("canary-audit", "canary_audit")
 
 
 def ledger(*paths: str | Path):

@@ -19,7 +19,7 @@ from synthq.cli.options import config_command, plain_arguments, stage_command
 from synthq.cli.plan_command import plan_command
 from synthq.cli.run_command import run_command
 from synthq.cli.search_command import search_command
-from synthq.cli.stage_commands import STAGE_COMMANDS
+from synthq.cli.stage_commands import stage_commands
 from synthq.config.search import SearchConfig
 from synthq.runtime.console import progress_interval, set_verbosity
 
@@ -91,7 +91,7 @@ def _add_commands(app: typer.Typer) -> None:
     app.command("ledger")(ledger_command)
     app.command("key")(key_command)
     app.command("export")(export_command)
-    for stage, command, report in STAGE_COMMANDS:
+    for stage, command, report in stage_commands():
         stage_command(app, stage, report=report)(command)
     config_command(app, "search", SearchConfig)(search_command)
     app.command("plan")(plan_command)

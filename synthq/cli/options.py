@@ -246,8 +246,10 @@ def config_command(
     config_class: type[BaseModel],
     report: Callable | None = None,
     interrupted: str | None = None,
+    help_text: str | None = None,
 ) -> Callable:
-    """Register ``function(options, **own_options)`` as the command ``name`` of ``app``.
+    """Register ``function(options, **own_options)`` as the command ``name`` of ``app`` (its help:
+    ``help_text``, else the function's docstring).
 
     The command's options are one per field of ``config_class`` followed by ``function``'s own
     parameters (command-line-only switches such as ``--merge``). ``function`` gets ``options`` (a
@@ -295,7 +297,7 @@ def config_command(
         command.__signature__ = inspect.Signature(derived + own_kw)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in derived + own_kw}
         del command.__wrapped__  # typer must read the signature above, not the function's
-        app.command(name)(command)
+        app.command(name, help=help_text)(command)
         return function
 
     return decorate
@@ -305,12 +307,15 @@ def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -
     """Register ``function(options, **own_options)`` as the command of the stage ``name``:
     :func:`config_command` with the stage's config model (from the stage registry,
     :mod:`synthq.config.registry`) and, on Ctrl-C, the stage's resume hint."""
-    config_class = stage_entry(name).config_type()
+    entry = stage_entry(name)
+    config_class = entry.config_type()
     resumable = "resume" in config_class.model_fields and not _settings(
         config_class.model_fields["resume"]
     ).get("hidden")
     hint = "rerun with --resume to continue" if resumable else "nothing was written; rerun to start again"
-    return config_command(app, name, config_class, report, interrupted=f"interrupted; {hint}")
+    return config_command(
+        app, name, config_class, report, interrupted=f"interrupted; {hint}", help_text=entry.summary or None
+    )
 
 
 def print_result(artifact: Any, since: int = 0) -> None:

@@ -1,27 +1,33 @@
-"""One thin command per stage: options -> config -> the stage's ``run``, then its result lines.
+"""The command of every stage: options -> config -> the stage's ``run``, then its result lines.
 
-Each command's options come from its stage's config model (:func:`synthq.cli.options.stage_command`
-registers it, in :mod:`synthq.cli.app`). The functions below hold only what is particular to the
-command line (``generate --merge``, ``report --paper FILE``, extra result lines); the work is in
-:mod:`synthq.stages`.
+A stage is registered once, in :data:`synthq.config.registry.STAGES` (module, config, summary):
+its command's options come from the config model and its help from the summary
+(:func:`synthq.cli.options.stage_command`). Most commands are :func:`plain_command`; only what is
+particular to the command line is written here: own options (``generate --merge``, ``report
+--paper FILE``: :data:`OWN_COMMANDS`) and lines after the result line (:data:`RESULT_LINES`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import typer
 
 from synthq.cli.options import ConfigOptions, OptionError, print_result
+from synthq.config.registry import STAGES, stage_entry
 from synthq.runtime.console import result
 from synthq.runtime.errors import SynthqError
 
 
-def finetune_lm_command(options: ConfigOptions):
-    """Fine-tune a query generator (document -> query) with DP-Adam to a target ε."""
-    from synthq.stages import finetune_lm
+def plain_command(stage: str) -> Callable:
+    """The command of a stage with nothing particular to the command line."""
 
-    return finetune_lm.run(options.config())
+    def command(options: ConfigOptions):
+        return stage_entry(stage).run_function()(options.config())
+
+    command.__name__ = command.__qualname__ = f"{stage.replace('-', '_')}_command"
+    return command
 
 
 def _generate_result(artifact, mark: int) -> None:
@@ -45,7 +51,6 @@ def generate_command(
         False, "--all", help="Generate for every corpus document (the default; overrides --split)."
     ),
 ):
-    """Nucleus-sample synthetic queries for public documents (inherits the generator's ε)."""
     from synthq.stages import generate
 
     shards = list(merge or []) + list(shards or [])
@@ -79,36 +84,6 @@ def _filter_result(artifact, mark: int) -> None:
     )
 
 
-def filter_command(options: ConfigOptions):
-    """Keep the better synthetic queries (round-trip consistency, likelihood) and hold documents
-    out for tuning: post-processing, no ε."""
-    from synthq.stages import filter as filter_stage
-
-    return filter_stage.run(options.config())
-
-
-def evolve_command(options: ConfigOptions):
-    """Private Evolution: a public model writes queries, the private pairs vote with DP noise
-    (no fine-tuning)."""
-    from synthq.stages import evolve
-
-    return evolve.run(options.config())
-
-
-def train_retriever_command(options: ConfigOptions):
-    """Train a dual encoder with in-batch softmax (non-private, or --dp baselines)."""
-    from synthq.stages import train_retriever
-
-    return train_retriever.run(options.config())
-
-
-def eval_command(options: ConfigOptions):
-    """Evaluate retrievers (NDCG@10, Recall@10, ...) with ε beside every number."""
-    from synthq.stages import evaluate
-
-    return evaluate.run(options.config())
-
-
 def report_command(
     options: ConfigOptions,
     paper: Path = typer.Option(
@@ -118,7 +93,6 @@ def report_command(
         help="YAML with a `paper:` list of rows, e.g. pipelines/paper/table5.yaml.",
     ),
 ):
-    """Merge evaluation artifacts into one README with tables and the privacy-utility plot."""
     from synthq.config.loading import load_yaml
     from synthq.stages import report
 
@@ -132,29 +106,18 @@ def report_command(
     return report.run(options.config())
 
 
-def similarity_command(options: ConfigOptions):
-    """BLEU and MAUVE of synthetic queries against the originals (Table 6)."""
-    from synthq.stages import similarity
-
-    return similarity.run(options.config())
-
-
-def canary_audit_command(options: ConfigOptions):
-    """Insert canaries, fine-tune at each ε, and measure rank, exposure, leakage and an ε lower bound."""
-    from synthq.stages import canary_audit
-
-    return canary_audit.run(options.config())
+# What a command adds to its stage: own options (its help line is the registry's summary)...
+OWN_COMMANDS: dict[str, Callable] = {"generate": generate_command, "report": report_command}
+# ...and lines after the result line.
+RESULT_LINES: dict[str, Callable] = {
+    "generate": _generate_result,
+    "evolve": _generate_result,
+    "filter": _filter_result,
+    "train-retriever": _train_retriever_result,
+}
 
 
-# (stage, command, result lines), in the order ``synthq --help`` lists them.
-STAGE_COMMANDS = (
-    ("finetune-lm", finetune_lm_command, print_result),
-    ("generate", generate_command, _generate_result),
-    ("filter", filter_command, _filter_result),
-    ("evolve", evolve_command, _generate_result),
-    ("train-retriever", train_retriever_command, _train_retriever_result),
-    ("eval", eval_command, print_result),
-    ("report", report_command, print_result),
-    ("similarity", similarity_command, print_result),
-    ("canary-audit", canary_audit_command, print_result),
-)
+def stage_commands() -> Iterator[tuple[str, Callable, Callable]]:
+    """(stage, command, result lines) for every registered stage, in the registry's order."""
+    for stage in STAGES:
+        yield stage, OWN_COMMANDS.get(stage) or plain_command(stage), RESULT_LINES.get(stage, print_result)
