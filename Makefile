@@ -35,6 +35,7 @@ pylibs-logs: $(STAMP)
 	$(PY) data/subsample_users.py pylibs --users 100 --out runs/logs/pylibs-u100
 	$(PY) data/subsample_users.py pylibs --users 1000 --out runs/logs/pylibs-u1000
 	$(PY) data/sample_documents.py pylibs --documents 1000 --out runs/logs/pylibs-docs-1000.txt
+	$(PY) data/sample_documents.py pydocs --documents 400 --out runs/logs/pydocs-docs-400.txt
 
 test: $(STAMP)
 	$(PY) -m pytest -q
