@@ -38,7 +38,7 @@ def plan_command(
     generator_batch_size: str = typer.Option(
         "64",
         "--generator-batch-size",
-        metavar="INT|auto",
+        metavar="INT/auto",
         help="finetune-lm --batch-size (the README recipe's 64; auto: as finetune-lm --batch-size auto).",
     ),
     generator_epochs: float = typer.Option(
@@ -50,7 +50,7 @@ def plan_command(
     retriever_batch_size: str = typer.Option(
         "64",
         "--retriever-batch-size",
-        metavar="INT|auto",
+        metavar="INT/auto",
         help="train-retriever --dp group --batch-size (the recipe's 64; auto: the least noise per "
         "clipped group among batches that leave 16 steps).",
     ),

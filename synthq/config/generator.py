@@ -80,7 +80,7 @@ class FinetuneConfig(StageConfig):
         "rate q = batch / units (paper: 1024 queries). auto: the batch with the least noise per "
         "signal σ/B at the target ε that still leaves 16 steps (printed with the σ/B of every batch "
         "weighed; needs a finite --epsilon).",
-        json_schema_extra=cli(metavar="INT|auto"),
+        json_schema_extra=cli(metavar="INT/auto"),
     )
     physical_batch_size: int | None = Field(
         None,
