@@ -89,8 +89,8 @@ class ArtifactWriter:
         from synthq.privacy.units import store_unit_set
 
         if units is None:
-            if unit_kind == "query" and links is None:  # the query ids as a user-level release links
-                links = {"query": list(unit_ids)}  # them: what the ledger's dataset merge compares
+            if unit_kind == "query" and not links:  # at least the query ids, as a user-level release
+                links = {"query": list(unit_ids)}  # links them: what the ledger's dataset merge compares
             units = store_unit_set(unit_kind, list(unit_ids), also_in=self.dir / DIAGNOSTICS, links=links)
         record = {
             "id": secrets.token_hex(16),

@@ -19,7 +19,7 @@ import torch
 from scipy import stats
 
 from synthq.dp.noise import SecretRandomness
-from synthq.privacy.units import link_text
+from synthq.privacy.units import link_text, query_links
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,12 @@ def training_units(pairs, root: Path, unit: str, max_queries: int | None, random
 
     query_ids = [pairs.queries.id_at(int(row)) for row in pairs.query_rows]
     if unit == "query":
-        return PrivacyUnits.from_keys(query_ids)
+        units = PrivacyUnits.from_keys(query_ids)
+        if not links:
+            return units
+        rows = list(dict.fromkeys(int(row) for row in pairs.query_rows))
+        ids, texts = [pairs.queries.id_at(r) for r in rows], [pairs.queries.text_at(r) for r in rows]
+        return replace(units, links=query_links(ids, texts))  # its own queries (synthq.privacy.units)
     users = query_users(root, pairs.queries, pairs.query_rows)
     units = PrivacyUnits.by_user(query_ids, users, max_queries, randomness)
     if not links:

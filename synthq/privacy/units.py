@@ -57,6 +57,13 @@ def link_text(text: str) -> str:
     return " ".join(kept.split())
 
 
+def query_links(query_ids: list[str], texts: list[str]) -> dict[str, list[str]]:
+    """The link sets a release of these queries keeps (:data:`LINK_KINDS`): their ids and their
+    texts as :func:`link_text` compares them — what joins it to another release's data that holds
+    the same queries under other ids (:func:`meeting_datasets`)."""
+    return {"query": list(query_ids), "text": [link_text(text) for text in texts]}
+
+
 DIFFERENT_PEOPLE = (
     "user-level releases that share no query id and no query text (Unicode form, case, punctuation "
     "and spacing aside) hold different people"
@@ -199,37 +206,53 @@ def _same_dataset_users(releases: list[dict]) -> set[frozenset[str]]:
     return {frozenset(ids) for ids in by_dataset.values() if len(ids) > 1}
 
 
-def _query_view(release: dict) -> tuple[str, bytes] | None:
-    """What a release's data hold, comparable across releases: the keyed set of query ids it links
-    (every query of a user-level release's dataset; a query-level release's own queries), else a
-    query-level release's unit set (older records, comparable only to another such set)."""
-    units = release.get("units") or {}
-    if (linked := load_unit_set(units, release.get("path"), "query")) is not None:
-        return "link", linked
-    if units.get("kind") == "query" and (own := load_unit_set(units, release.get("path"))) is not None:
-        return "unit", own
-    return None
+def _query_views(release: dict) -> dict[str, tuple[str, bytes]]:
+    """What a release's data hold, comparable across releases: the keyed sets of the query ids and
+    texts it links (every query of a user-level release's dataset; a query-level release's own
+    queries), else a query-level release's unit set (older records, comparable only to another
+    such set). Missing views are left out."""
+    units, path = release.get("units") or {}, release.get("path")
+    linked = {link: load_unit_set(units, path, link) for link in LINK_KINDS}
+    views = {link: ("link", data) for link, data in linked.items() if data is not None}
+    own = load_unit_set(units, path) if "query" not in views and units.get("kind") == "query" else None
+    if own is not None:
+        views["query"] = ("unit", own)
+    return views
+
+
+def _meet(first: dict, second: dict, kinds: tuple[str, str]) -> bool:
+    """Whether two releases' data may hold a common query: their id or text sets meet, or they
+    cannot be told apart (no comparable id sets; a user-level and a query-level release without
+    both text sets: the same queries under new ids must still meet, as two user-level releases'
+    texts do) — a bound, never an understatement."""
+    import numpy as np
+
+    def meets(kind: str) -> bool:
+        (how_a, a), (how_b, b) = first[kind], second[kind]
+        return how_a == how_b and np.intersect1d(np.frombuffer(a, ">u8"), np.frombuffer(b, ">u8")).size > 0
+
+    ids = "query" in first and "query" in second and first["query"][0] == second["query"][0]
+    texts = "text" in first and "text" in second
+    if not ids or (kinds[0] != kinds[1] and not texts):
+        return True
+    return meets("query") or (texts and meets("text"))
 
 
 def meeting_datasets(releases: list[dict], dataset_of) -> list[set[str]]:
     """Groups of dataset keys (``dataset_of(release)``) whose releases hold a common query or the
     same people: a read of CQADupStack's whole layout and one of a part, a log and its copy minus
-    one query, a re-export under new pseudonyms (:func:`linked_users`). Each group is one dataset
-    in a per-dataset total, so no such total shows the max of two releases over one unit. Releases
-    whose query sets cannot be compared (not at hand, older records of different kinds) meet — a
-    bound, never an understatement."""
-    import numpy as np
-
-    views = {r["id"]: _query_view(r) for r in releases}
+    one query or under new query ids (texts), a re-export under new pseudonyms
+    (:func:`linked_users`). Each group is one dataset in a per-dataset total, so no such total
+    shows the max of two releases over one unit. Releases whose queries cannot be compared
+    (:func:`_meet`) meet — a bound, never an understatement."""
+    views = {r["id"]: _query_views(r) for r in releases}
+    kinds = {r["id"]: (r.get("units") or {}).get("kind") for r in releases}
     pairs = [{dataset_of(r)} for r in releases]
     for index, first in enumerate(releases):
         for second in releases[index + 1 :]:
             a, b = dataset_of(first), dataset_of(second)
-            if a == b:
-                continue
-            x, y = views[first["id"]], views[second["id"]]
-            comparable = x is not None and y is not None and x[0] == y[0]
-            if not comparable or np.intersect1d(np.frombuffer(x[1], ">u8"), np.frombuffer(y[1], ">u8")).size:
+            both = (kinds[first["id"]], kinds[second["id"]])
+            if a != b and _meet(views[first["id"]], views[second["id"]], both):
                 pairs.append({a, b})
     by_id = {r["id"]: dataset_of(r) for r in releases}
     pairs += [{by_id[i] for i in group} for group in linked_users(releases)]

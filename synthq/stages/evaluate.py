@@ -80,6 +80,7 @@ from synthq.privacy.splits import (
     private_split_guarantee,
     score_guarantee,
 )
+from synthq.privacy.units import query_links
 from synthq.reporting.eval_files import (
     PER_QUERY_FILE,
     RESULTS_FILE,
@@ -135,7 +136,7 @@ def run(config: EvalConfig) -> Artifact:
         chosen_by = _declare_inputs(writer, retrievers, untrained, selection)
         for spec, data in datasets.items():
             scored = _score_dataset(writer, spec, data, _split(config, spec), models, config, device, tally)
-            data_releases = _data_releases(writer, spec, scored.split, data, scored.queries)
+            data_releases = _data_releases(writer, spec, scored.split, data, scored)
             _add_rows(tally, scored, data, data_releases, models, config.bm25, selection, chosen_by)
         _write_results(writer, tally, selection)
         writer.timings.update(tally.throughput.summary(device))
@@ -247,6 +248,7 @@ class ScoredDataset:
     # read: a sub-dataset's query is the same unit whether the whole set or the part alone is read
     # (two parts' equal ids then count as one unit, which only adds their releases up)
     queries: list[str]
+    query_texts: list[str] = field(default_factory=list)  # their texts, for the read's link sets
 
 
 @dataclass
@@ -311,6 +313,7 @@ def _score_dataset(
             raise DataError(f"split {split!r} has no query with a relevant document", part_root / "qrels")
         queries = {q: dataset.queries[q] for q in qrels}
         scored.queries += list(queries)
+        scored.query_texts += list(queries.values())
         scored.counts["documents"] += len(dataset.corpus)
         scored.counts["queries"] += len(queries)
         runs = (writer.diagnostics_dir if data.private else writer.dir) / RUNS_DIR / name / part
@@ -339,7 +342,7 @@ def _score_dataset(
     return scored
 
 
-def _data_releases(writer, spec: str, split: str, data: EvalData, evaluated_queries: list[str]) -> list[dict]:
+def _data_releases(writer, spec: str, split: str, data: EvalData, scored: ScoredDataset) -> list[dict]:
     """The releases every row on one dataset carries: a synthetic set's own, and the noiseless
     read of a private split (ε = ∞, :func:`synthq.privacy.splits.private_split_guarantee`)."""
     data_releases = list(data.artifact.releases) if data.artifact is not None else []
@@ -349,7 +352,12 @@ def _data_releases(writer, spec: str, split: str, data: EvalData, evaluated_quer
     if data.private:
         warn(f"{spec} split {split!r} is private: its scores are ε = ∞")
         data_releases.append(
-            writer.release(private_split_guarantee(spec, split), data.record, evaluated_queries)
+            writer.release(
+                private_split_guarantee(spec, split),
+                data.record,
+                scored.queries,
+                links=query_links(scored.queries, scored.query_texts),
+            )  # fmt: skip
         )
     return data_releases
 

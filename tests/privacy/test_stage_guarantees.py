@@ -53,6 +53,8 @@ def test_dp_artifacts_release_no_unnoised_statistics(tmp_path, tiny_beir, tiny_c
         "diagnostics/metrics.json",
         "diagnostics/training.jsonl",
         "diagnostics/units.bin",  # keyed unit digests: for the owner's ledger only
+        "diagnostics/units-query.bin",  # keyed query ids and texts it links (the ledger's merge)
+        "diagnostics/units-text.bin",
     }
     assert not any(name.startswith("diagnostics/") for name in manifest["files"])
     released = released_text(artifact)

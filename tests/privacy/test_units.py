@@ -16,6 +16,7 @@ from synthq.privacy.units import (
     link_text,
     load_unit_set,
     meeting_datasets,
+    query_links,
     sharing_groups,
     store_unit_set,
     user_link_assumption,
@@ -163,32 +164,41 @@ def test_user_level_releases_of_an_edited_or_renamed_log_share_users():
 
 def test_datasets_whose_releases_hold_a_common_query_are_one_dataset_in_the_ledger():
     """A read of CQADupStack's whole layout and one of a part (two identities, the part's queries
-    in both), or a log and its copy minus one query: one dataset per-dataset totals compose over,
-    whatever the releases' unit kinds. Datasets with no query in common stay apart; a release
-    whose queries cannot be compared meets every other (a bound)."""
+    in both), a log and its copy minus one query, or its copy under new query ids (the same
+    texts, review F-A): one dataset per-dataset totals compose over, whatever the releases' unit
+    kinds. Datasets with no query and no text in common stay apart; a release whose queries
+    cannot be compared meets every other (a bound)."""
 
-    def query_release(release_id, queries, identity):
-        units = store_unit_set("query", queries, links={"query": queries})
+    def query_release(release_id, queries, texts, identity):
+        units = store_unit_set("query", queries, links=query_links(queries, texts))
         return {"id": release_id, "units": units, "data": {"identity": identity}}
 
     def dataset_of(release):
         return release["data"]["identity"]
 
-    whole = query_release("w", ["a1", "a2", "b1"], "hmac:whole")
-    part = query_release("p", ["a1"], "hmac:part")
-    other = query_release("o", ["z1"], "hmac:other")
+    def grouped(*releases):
+        return sorted(sorted(g) for g in meeting_datasets(list(releases), dataset_of))
+
+    whole = query_release("w", ["a1", "a2", "b1"], ["tie a knot", "boil an egg", "bake"], "hmac:whole")
+    part = query_release("p", ["a1"], ["tie a knot"], "hmac:part")
+    other = query_release("o", ["z1"], ["fix a bike"], "hmac:other")
     people = _user_release("u", ["alice"], ["a2", "x"], ["boil an egg", "x"], "hmac:log")
-    strangers = _user_release("s", ["zed"], ["y"], ["fix a bike"], "hmac:strangers")
-    groups = meeting_datasets([whole, part, other, people, strangers], dataset_of)
-    assert sorted(sorted(g) for g in groups) == [
+    strangers = _user_release("s", ["zed"], ["y"], ["sew a button"], "hmac:strangers")
+    assert grouped(whole, part, other, people, strangers) == [
         ["hmac:log", "hmac:part", "hmac:whole"],  # a user's query a2 was read at the query unit too
         ["hmac:other"],
         ["hmac:strangers"],
     ]
+    # the log's queries under new ids, read at the query unit: the same people, by their texts
+    renamed = query_release("r", ["n1", "n2"], ["Boil an EGG!", "x"], "hmac:copy")
+    assert grouped(people, renamed, strangers) == [["hmac:copy", "hmac:log"], ["hmac:strangers"]]
+    # a query-level read that kept no texts cannot rule that out next to a user-level release
+    ids_only = {"id": "i", "units": store_unit_set("query", ["n9"], links={"query": ["n9"]}),
+                "data": {"identity": "hmac:ids"}}  # fmt: skip
+    assert grouped(ids_only, strangers) == [["hmac:ids", "hmac:strangers"]]
+    assert grouped(ids_only, other) == [["hmac:ids"], ["hmac:other"]]  # two query sets: ids decide
     older = {"id": "old", "units": store_unit_set("query", ["q"]), "data": {"identity": "hmac:old"}}
-    assert sorted(sorted(g) for g in meeting_datasets([older, strangers], dataset_of)) == [
-        ["hmac:old", "hmac:strangers"]  # a query set without links next to a user's: not comparable
-    ]
+    assert grouped(older, strangers) == [["hmac:old", "hmac:strangers"]]  # no links: not comparable
     twin = {"id": "t", "units": store_unit_set("query", ["q"]), "data": {"identity": "hmac:twin"}}
     assert len(meeting_datasets([older, twin], dataset_of)) == 1  # two older query sets: compared
     stranger = {"id": "n", "units": store_unit_set("query", ["n"]), "data": {"identity": "hmac:n"}}
