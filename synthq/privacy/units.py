@@ -222,9 +222,9 @@ def _query_views(release: dict) -> dict[str, tuple[str, bytes]]:
 
 def _meet(first: dict, second: dict, kinds: tuple[str, str]) -> bool:
     """Whether two releases' data may hold a common query: their id or text sets meet, or they
-    cannot be told apart (no comparable id sets; a user-level and a query-level release without
-    both text sets: the same queries under new ids must still meet, as two user-level releases'
-    texts do) — a bound, never an understatement."""
+    cannot be told apart (no comparable id sets; one side kept texts and the other did not, or a
+    user-level and a query-level release without both text sets: the same queries under new ids
+    must still meet, as two user-level releases' texts do) — a bound, never an understatement."""
     import numpy as np
 
     def meets(kind: str) -> bool:
@@ -233,7 +233,8 @@ def _meet(first: dict, second: dict, kinds: tuple[str, str]) -> bool:
 
     ids = "query" in first and "query" in second and first["query"][0] == second["query"][0]
     texts = "text" in first and "text" in second
-    if not ids or (kinds[0] != kinds[1] and not texts):
+    one_sided = ("text" in first) != ("text" in second)  # one kept texts: a copy under new ids
+    if not ids or (kinds[0] != kinds[1] and not texts) or one_sided:  # cannot be ruled out
         return True
     return meets("query") or (texts and meets("text"))
 

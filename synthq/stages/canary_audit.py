@@ -72,6 +72,7 @@ from synthq.config.registry import stage_entry
 from synthq.data.beir_io import BeirDataset, write_beir_dir
 from synthq.data.sources import load_source, resolve_source
 from synthq.privacy.guarantee import Guarantee, format_epsilon
+from synthq.privacy.units import query_links
 from synthq.runtime.console import info
 from synthq.runtime.distributed import resolve_device
 from synthq.runtime.errors import SynthqError
@@ -270,9 +271,9 @@ def _write_results(
         "the audit reads the private data and the canary coins without noise (the audited "
         f"generators' ε: {', '.join(format_epsilon(v) for v in report.proven.values())})"
     )
-    writer.release(
-        Guarantee.non_private(reason, unit="query"), inputs[0], list(dataset.require_split(config.split))
-    )
+    read = list(dataset.require_split(config.split))
+    links = query_links(read, [dataset.queries.get(q, "") for q in read])  # ids and texts, as eval reads them
+    writer.release(Guarantee.non_private(reason, unit="query"), inputs[0], read, links=links)
     writer.timings.update(report.timings)
     writer.metrics.update(report.metrics(table))
 

@@ -196,7 +196,10 @@ def test_datasets_whose_releases_hold_a_common_query_are_one_dataset_in_the_ledg
     ids_only = {"id": "i", "units": store_unit_set("query", ["n9"], links={"query": ["n9"]}),
                 "data": {"identity": "hmac:ids"}}  # fmt: skip
     assert grouped(ids_only, strangers) == [["hmac:ids", "hmac:strangers"]]
-    assert grouped(ids_only, other) == [["hmac:ids"], ["hmac:other"]]  # two query sets: ids decide
+    assert grouped(ids_only, other) == [["hmac:ids", "hmac:other"]]  # one side kept no texts
+    ids_too = {"id": "j", "units": store_unit_set("query", ["m9"], links={"query": ["m9"]}),
+               "data": {"identity": "hmac:ids-too"}}  # fmt: skip
+    assert grouped(ids_only, ids_too) == [["hmac:ids"], ["hmac:ids-too"]]  # neither did: ids decide
     older = {"id": "old", "units": store_unit_set("query", ["q"]), "data": {"identity": "hmac:old"}}
     assert grouped(older, strangers) == [["hmac:old", "hmac:strangers"]]  # no links: not comparable
     twin = {"id": "t", "units": store_unit_set("query", ["q"]), "data": {"identity": "hmac:twin"}}
