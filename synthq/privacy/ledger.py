@@ -122,11 +122,10 @@ def unrecorded_n_note(releases: list[dict]) -> str | None:
     """What the δ ≥ 1/n check cannot see: private releases with δ > 0 that record no n (made outside
     synthq's stages, or before n was recorded). Their data may hold more units than any recorded
     n, and then 1/n is smaller than the one checked; ``None`` when every such release records n."""
+    guarantees = [(r, release_guarantee(r)) for r in releases]
     missing = [
-        r for r in releases
-        if release_guarantee(r).is_private and release_guarantee(r).delta
-        and not (r["guarantee"].get("details") or {}).get("num_units")
-    ]  # fmt: skip
+        r for r, g in guarantees if g.is_private and g.delta and not (g.details or {}).get("num_units")
+    ]
     if not missing:
         return None
     return (

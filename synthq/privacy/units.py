@@ -255,9 +255,7 @@ def meeting_datasets(releases: list[dict], dataset_of) -> list[set[str]]:
             both = (kinds[first["id"]], kinds[second["id"]])
             if a != b and _meet(views[first["id"]], views[second["id"]], both):
                 pairs.append({a, b})
-    by_id = {r["id"]: dataset_of(r) for r in releases}
-    pairs += [{by_id[i] for i in group} for group in linked_users(releases)]
-    return connected(pairs)
+    return connected(pairs)  # user-level pairs meet as linked_users links them: ids, texts, unknown
 
 
 def linked_users(releases: list[dict]) -> set[frozenset[str]]:
