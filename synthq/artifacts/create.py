@@ -137,10 +137,10 @@ def _finish(writer: ArtifactWriter) -> None:
         "inputs": writer.inputs,
         "files": {},
         "privacy": compose_releases(
-            writer.releases, sharing_groups(writer.releases), writer.assumptions
+            writer.releases, sharing_groups(writer.releases), writer.all_assumptions
         ).model_dump(mode="json"),
         "releases": writer.releases,
-        "assumptions": writer.assumptions,
+        "assumptions": writer.all_assumptions,
         **(
             {"own_release": writer.own_release["id"], "own_privacy": writer.own_release["guarantee"]}
             if writer.own_release

@@ -118,7 +118,15 @@ class ArtifactWriter:
         """The headline guarantee the recorded releases give (what the manifest will carry)."""
         from synthq.privacy.units import sharing_groups
 
-        return compose_releases(self.releases, sharing_groups(self.releases), self.assumptions)
+        return compose_releases(self.releases, sharing_groups(self.releases), self.all_assumptions)
+
+    @property
+    def all_assumptions(self) -> list[str]:
+        """What the artifact assumes: its own, then what composing its releases keeps apart on
+        (:func:`synthq.privacy.units.link_assumptions`), each once."""
+        from synthq.privacy.units import link_assumptions
+
+        return list(dict.fromkeys([*self.assumptions, *link_assumptions(self.releases)]))
 
     @privacy.setter
     def privacy(self, guarantee: Guarantee) -> None:

@@ -107,15 +107,26 @@ def ledger_command(
         None, "--out", metavar="FILE", help="With --statement: write it to FILE (default: stdout)."
     ),
     force: bool = typer.Option(False, "--force", help="With --out: replace an existing FILE."),
+    compose: str = typer.Option(
+        "units",
+        "--compose",
+        metavar="MODE",
+        help="units: per privacy unit, summing only releases whose data share units (tighter; "
+        "which releases share is read from the data without noise, one bit per pair of releases); "
+        "sum: every release's ε added, reading nothing of the data (share this one where that bit "
+        "matters).",
+    ),
 ) -> None:
     """The privacy cost per private dataset of a set of artifacts: which are DP releases, what
     each assumed, which read private data without DP (basic composition over the releases)."""
+    if compose not in ("units", "sum"):
+        raise SynthqError(f"--compose {compose}: must be units or sum")
     if not statement:
         if out is not None:
             raise SynthqError("--out goes with --statement (the ledger itself is printed)")
         from synthq.privacy.ledger import ledger_lines
 
-        for line in ledger_lines(paths):
+        for line in ledger_lines(paths, compose):
             result(line, markup=False)
         return
     if out is not None and out.is_dir():
@@ -126,7 +137,7 @@ def ledger_command(
         raise SynthqError(f"--out {out}: already exists; pass --force to replace it")
     from synthq.privacy.statement import statement_for
 
-    text = statement_for(paths)
+    text = statement_for(paths, compose)
     if out is None:
         typer.echo(text, nl=False)
         return

@@ -105,14 +105,19 @@ def private_data_digest(content_sha256: str) -> str:
     return "hmac:" + keyed_digest("private-data", content_sha256)
 
 
+def unit_digest_values(kind: str, unit_ids: list[str]) -> list[int]:
+    """The 8-byte keyed digest of each of ``unit_ids`` as an integer, in their order."""
+    key = owner_key()
+    return [
+        int.from_bytes(hmac.new(key, f"unit\x1f{kind}\x1f{u}".encode(), hashlib.sha256).digest()[:8], "big")
+        for u in unit_ids
+    ]
+
+
 def unit_digests(kind: str, unit_ids: list[str]) -> bytes:
     """Sorted 8-byte keyed digests of privacy units (``kind`` = query or user): what the ledger
     intersects to compose releases over the units they share. Never released."""
-    key = owner_key()
-    values = sorted(
-        int.from_bytes(hmac.new(key, f"unit\x1f{kind}\x1f{u}".encode(), hashlib.sha256).digest()[:8], "big")
-        for u in dict.fromkeys(unit_ids)
-    )
+    values = sorted(unit_digest_values(kind, list(dict.fromkeys(unit_ids))))
     return b"".join(v.to_bytes(8, "big") for v in values)
 
 

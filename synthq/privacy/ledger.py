@@ -19,8 +19,32 @@ from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_arti
 from synthq.artifacts.records import current_input_hash
 from synthq.privacy.accounting import MAX_DELTA
 from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
-from synthq.privacy.units import meeting_datasets, sharing_groups, user_link_assumption
+from synthq.privacy.units import SEPARATE_DATASETS, link_assumptions, meeting_datasets, sharing_groups
 from synthq.runtime.errors import ArtifactError
+
+# How releases compose: per unit, on which releases' data share units (read from the data without
+# noise: one bit per pair of releases), or as a plain sum that reads nothing of the data.
+COMPOSE_MODES = ("units", "sum")
+SUM_NOTE = (
+    "composed as a plain sum of every release's ε (--compose sum): it reads nothing of the data, so "
+    "it shows nothing of which releases share units, and bounds every unit of every dataset read; "
+    "all datasets are one line"
+)
+SUM_KEY = "sum"
+
+
+def composition_groups(releases: list[dict], compose: str = "units") -> list[list[str]]:
+    """The groups :func:`compose_releases` sums over: releases whose data share units
+    (:func:`sharing_groups`), or, with ``compose="sum"``, every release in one group."""
+    if compose == "sum":
+        return [[r["id"] for r in releases]] if releases else []
+    return sharing_groups(releases)
+
+
+def composition_assumptions(releases: list[dict], compose: str = "units") -> list[str]:
+    """What a composition keeps apart on an assumption (:func:`link_assumptions`); a plain sum
+    keeps nothing apart."""
+    return [] if compose == "sum" else link_assumptions(releases)
 
 
 @dataclass
@@ -30,11 +54,16 @@ class DatasetCost:
     name: str
     sha256: str
     releases: list[dict]
+    compose: str = "units"
+
+    @property
+    def groups(self) -> list[list[str]]:
+        return composition_groups(self.releases, self.compose)
 
     @property
     def total(self) -> Guarantee:
-        assumptions = [a for a in [user_link_assumption(self.releases)] if a]
-        return compose_releases(self.releases, sharing_groups(self.releases), assumptions)
+        assumptions = composition_assumptions(self.releases, self.compose)
+        return compose_releases(self.releases, self.groups, assumptions)
 
 
 @dataclass
@@ -45,14 +74,19 @@ class Ledger:
     releases: list[dict]
     datasets: dict[str, DatasetCost]
     changed: list[str]
+    compose: str = "units"
+
+    @property
+    def groups(self) -> list[list[str]]:
+        return composition_groups(self.releases, self.compose)
 
     @property
     def total(self) -> Guarantee:
         """Everything composed per unit (across datasets: units are keyed by id, so ids that two
-        datasets share are counted as one unit — a bound)."""
+        datasets share are counted as one unit — a bound), or summed (``compose="sum"``)."""
         assumptions = [a for artifact in self.artifacts for a in artifact.privacy.assumptions]
-        assumptions += [a for a in [user_link_assumption(self.releases)] if a]
-        return compose_releases(self.releases, sharing_groups(self.releases), assumptions)
+        assumptions += composition_assumptions(self.releases, self.compose)
+        return compose_releases(self.releases, self.groups, assumptions)
 
 
 def _changed_since(artifact: Artifact, seen: set[str]) -> list[str]:
@@ -91,25 +125,29 @@ def _merged_datasets(releases: list[dict]) -> dict[str, str]:
     return same
 
 
-def ledger(paths: list[str | Path]) -> Ledger:
-    """The releases recorded by the artifacts at ``paths`` (each once), per private dataset."""
+def ledger(paths: list[str | Path], compose: str = "units") -> Ledger:
+    """The releases recorded by the artifacts at ``paths`` (each once), per private dataset,
+    composed per unit or (``compose="sum"``) as a plain sum, datasets then kept by identity."""
+    if compose not in COMPOSE_MODES:
+        raise ValueError(f"compose must be one of {COMPOSE_MODES}, not {compose!r}")
     for path in paths:
         if not is_artifact(path):
             raise ArtifactError(f"{path}: not an artifact (no {MANIFEST})")
     artifacts = [open_artifact(path) for path in paths]
     releases = list({r["id"]: r for a in artifacts for r in a.releases}.values())
     datasets: dict[str, DatasetCost] = {}
-    same = _merged_datasets(releases)
+    keys = map(_dataset_key, releases)
+    same = _merged_datasets(releases) if compose == "units" else dict.fromkeys(keys, SUM_KEY)
     for release in releases:
         data = release["data"]
         key = same[_dataset_key(release)]
-        cost = datasets.setdefault(key, DatasetCost(data.get("name") or "?", key, []))
+        cost = datasets.setdefault(key, DatasetCost(data.get("name") or "?", key, [], compose))
         if (data.get("name") or "?") not in cost.name.split(" + "):
             cost.name = f"{cost.name} + {data.get('name') or '?'}"
         cost.releases.append(release)
     seen: set[str] = set()
     changed = list(dict.fromkeys(note for a in artifacts for note in _changed_since(a, seen)))
-    return Ledger(artifacts, releases, datasets, changed)
+    return Ledger(artifacts, releases, datasets, changed, compose)
 
 
 def recorded_units(releases: list[dict]) -> list[int]:
@@ -152,20 +190,31 @@ def delta_warning(total: Guarantee, units: list[int]) -> str | None:
     )
 
 
-def ledger_lines(paths: list[str | Path]) -> list[str]:
+def ledger_assumptions(book: Ledger) -> list[str]:
+    """What the ledger's totals and its split into lines rest on: the links' assumptions
+    (:func:`composition_assumptions`), and, with several dataset lines composed per unit, that
+    datasets on separate lines share no one (:data:`~synthq.privacy.units.SEPARATE_DATASETS`)."""
+    found = composition_assumptions(book.releases, book.compose)
+    if book.compose == "units" and len(book.datasets) > 1:
+        found.append(SEPARATE_DATASETS)
+    return found
+
+
+def ledger_lines(paths: list[str | Path], compose: str = "units") -> list[str]:
     """The ledger as text: one block per private dataset, the total, what changed since, then each
     assumption once, with the artifact that makes it (or how many do)."""
-    book = ledger(paths)
-    lines = []
+    book = ledger(paths, compose)
+    lines = [SUM_NOTE] if compose == "sum" and book.datasets else []
     if not book.datasets:
         lines.append(
             "no artifact here read private data (only public data or post-processing of nothing private)"
         )
     for cost in book.datasets.values():
         total = cost.total
+        how = "summed" if compose == "sum" else f"composed per {total.unit}"
         lines.append(
             f"private dataset {cost.name} (keyed id {cost.sha256.removeprefix('hmac:')[:12]}): "
-            f"{total.describe()} over {len(cost.releases)} release(s), composed per {total.unit}"
+            f"{total.describe()} over {len(cost.releases)} release(s), {how}"
         )
         warning = delta_warning(total, recorded_units(cost.releases))
         lines += [f"  WARNING: {warning}"] if warning else []
@@ -179,15 +228,16 @@ def ledger_lines(paths: list[str | Path]) -> list[str]:
                 f"over its {units.get('kind', own.unit)} units"
             )
     if len(book.datasets) > 1:
-        lines.append(f"all releases together, per unit: {book.total.describe()}")
+        how = "summed" if compose == "sum" else "per unit"
+        lines.append(f"all releases together, {how}: {book.total.describe()}")
     for note in book.changed:
         lines.append(f"changed since: {note}")
     holders: dict[str, list[str]] = {}  # each assumption once, with the artifacts that make it
     for artifact in book.artifacts:
         for assumption in artifact.privacy.assumptions:
             holders.setdefault(assumption, []).append(str(artifact.path))
-    if linking := user_link_assumption(book.releases):  # what the composed total itself rests on
-        holders.setdefault(linking, []).append("the composed total")
+    for linking in ledger_assumptions(book):  # what the totals and the lines rest on
+        holders.setdefault(linking, []).append("the composed totals")
     if holders:
         lines.append("assumptions:")
         for assumption, paths_making_it in holders.items():

@@ -8,7 +8,8 @@ release records, before anything is rendered:
   per-query guarantee derived again at that δ);
 * :func:`composed_at` — the releases composed exactly as the ledger composes them
   (:func:`~synthq.privacy.guarantee.compose_releases` over
-  :func:`~synthq.privacy.units.sharing_groups`), each recomputed at its δ;
+  :func:`~synthq.privacy.units.sharing_groups`, or one group with ``--compose sum``), each
+  recomputed at its δ;
 * :func:`gaussian_mu` — the Gaussian-DP μ, stated only where it is exact: ``√T/σ`` for the
   Gaussian without subsampling (Private Evolution's votes, q = 1; σ is noise std / sensitivity).
   For a subsampled release (q < 1) no μ is stated: the CLT approximation is not a bound (it can
@@ -31,7 +32,6 @@ from synthq.privacy.guarantee import (
     weakest_unit,
 )
 from synthq.privacy.ledger import DatasetCost
-from synthq.privacy.units import sharing_groups
 
 REFERENCE_DELTA = 1e-6
 NOT_RECORDED = "not recorded"
@@ -207,7 +207,7 @@ class DatasetStatement:
 
 def dataset_statement(cost: DatasetCost, first_label: int = 1) -> DatasetStatement:
     """Every number the statement gives about one dataset, recomputed from its releases."""
-    groups = sharing_groups(cost.releases)
+    groups = cost.groups
     rows = []
     for index, release in enumerate(cost.releases, start=first_label):
         own = release_guarantee(release)

@@ -34,7 +34,7 @@ from synthq.artifacts.manifest import Artifact, is_artifact, open_artifact
 from synthq.data.sources import SPLIT_DECLARATION, dataset_parts, declared_splits, public_benchmark
 from synthq.privacy.digests import data_record, public_split_record
 from synthq.privacy.guarantee import Guarantee, compose_releases
-from synthq.privacy.units import sharing_groups
+from synthq.privacy.units import link_assumptions, sharing_groups
 
 
 @dataclass
@@ -106,4 +106,5 @@ def score_guarantee(releases: list[dict], assumptions: list[str]) -> Guarantee:
     """The guarantee of a score computed from ``releases`` (each counted once, by id): their
     composition per unit, under ``assumptions``."""
     unique = list({r["id"]: r for r in releases}.values())
+    assumptions = list(dict.fromkeys([*assumptions, *link_assumptions(unique)]))
     return compose_releases(unique, sharing_groups(unique), assumptions)

@@ -41,7 +41,15 @@ from pathlib import Path
 
 from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact
 from synthq.privacy.guarantee import UNIT_NOTES, Guarantee, release_guarantee
-from synthq.privacy.ledger import Ledger, delta_warning, ledger, recorded_units, unrecorded_n_note
+from synthq.privacy.ledger import (
+    SUM_NOTE,
+    Ledger,
+    delta_warning,
+    ledger,
+    ledger_assumptions,
+    recorded_units,
+    unrecorded_n_note,
+)
 from synthq.privacy.reaccounting import (
     NOT_RECORDED,
     REFERENCE_DELTA,
@@ -59,7 +67,6 @@ from synthq.privacy.statement_tables import (
     recomputed_table,
     release_table,
 )
-from synthq.privacy.units import sharing_groups, user_link_assumption
 from synthq.runtime.errors import ArtifactError, PrivacyError
 
 AUDIT_STAGE = "canary-audit"
@@ -143,7 +150,10 @@ def _dataset_section(statement: DatasetStatement) -> list[str]:
         lines.append(f"- **n** (units the accountants assumed): {NOT_RECORDED} by any release.")
     if note := unrecorded_n_note(cost.releases):
         lines.append(f"- **δ against 1/n**: {note}.")
-    lines += ["", "Releases (as recorded; composed per unit exactly as `synthq ledger` composes them):", ""]
+    how = "summed, as `synthq ledger --compose sum` sums them" if cost.compose == "sum" else (
+        "composed per unit exactly as `synthq ledger` composes them"
+    )
+    lines += ["", f"Releases (as recorded; {how}):", ""]
     lines += release_table(statement)
     lines += [""] + recomputed_table(statement)
     prv = prv_comparisons(statement)
@@ -152,7 +162,7 @@ def _dataset_section(statement: DatasetStatement) -> list[str]:
     lines += [
         "",
         f"**Composed total** ({len(statement.rows)} release(s), per {total.unit}, basic composition "
-        "per unit):",
+        + ("of every release, summed):" if cost.compose == "sum" else "per unit):"),
         "",
     ]
     lines += _total_lines(total, statement.at_reference, statement.at_n_squared, statement.units)
@@ -203,7 +213,7 @@ def _across_datasets(book: Ledger) -> list[str]:
     share a name under different keyed ids."""
     if len(book.datasets) < 2:
         return []
-    groups = sharing_groups(book.releases)
+    groups = book.groups
     at_reference = composed_at(book.releases, groups, lambda g: REFERENCE_DELTA)
     at_n = composed_at(book.releases, groups, lambda g: 1 / unit_count(g) ** 2 if unit_count(g) else None)
     lines = ["**All datasets together, per unit:**", ""]
@@ -269,8 +279,8 @@ def _assumption_lines(book: Ledger, audits: list[Artifact]) -> list[str]:
     for release in book.releases:
         for assumption in release_guarantee(release).assumptions:
             holders.setdefault(assumption, []).append(release["path"])
-    if linking := user_link_assumption(book.releases):  # what the composed total itself rests on
-        holders.setdefault(linking, []).append("the composed total")
+    for linking in ledger_assumptions(book):  # what the totals and the lines rest on
+        holders.setdefault(linking, []).append("the composed totals")
     lines = ["## Assumptions (what the guarantees rely on that synthq cannot check)", ""]
     for assumption, where in holders.items():
         where = list(dict.fromkeys(where))
@@ -333,6 +343,7 @@ def render_statement(book: Ledger, audits: list[Artifact] = ()) -> str:
         + ". Every number is recomputed from those records (ε by Opacus' accountants); none is copied "
         "from a log or a config.",
         "",
+        *([f"**Composition**: {SUM_NOTE}.", ""] if book.compose == "sum" else []),
     ]
     for artifact in [*book.artifacts, *audits]:
         if not artifact.verified:
@@ -354,7 +365,7 @@ def render_statement(book: Ledger, audits: list[Artifact] = ()) -> str:
     return "\n".join(lines + SIGNATURE) + "\n"
 
 
-def statement_for(paths: list[str | Path]) -> str:
+def statement_for(paths: list[str | Path], compose: str = "units") -> str:
     """The statement for the artifacts at ``paths``: ``canary-audit`` artifacts are evidence, the
     rest are the releases (composed by :func:`synthq.privacy.ledger.ledger`)."""
     for path in paths:
@@ -362,6 +373,6 @@ def statement_for(paths: list[str | Path]) -> str:
             raise ArtifactError(f"{path}: not an artifact (no {MANIFEST})")
     audits = [a for a in (open_artifact(p) for p in paths) if a.stage == AUDIT_STAGE]
     audited = {str(a.path) for a in audits}
-    text = render_statement(ledger([p for p in paths if str(Path(p)) not in audited]), audits)
+    text = render_statement(ledger([p for p in paths if str(Path(p)) not in audited], compose), audits)
     refuse_without_a_meaningful_total(text)
     return text

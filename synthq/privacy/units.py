@@ -27,13 +27,16 @@ import unicodedata
 from collections import OrderedDict
 from pathlib import Path
 
-from synthq.privacy.keys import key_id, state_dir, unit_digests
+from synthq.privacy.keys import key_id, state_dir, unit_digest_values, unit_digests
 
 UNITS_DIR = "units"
 
 
 # What a user-level release links its users by: the ids and the texts of their queries.
 LINK_KINDS = ("query", "text")
+# A query-level release also keeps which id went with which text: the pairs a query is followed by
+# across releases that renamed it or edited its text (:func:`sharing_groups`).
+PAIRS = "pair"
 
 
 def _keep(data: bytes, also_in: Path | None, name: str) -> str:
@@ -68,16 +71,65 @@ DIFFERENT_PEOPLE = (
     "user-level releases that share no query id and no query text (Unicode form, case, punctuation "
     "and spacing aside) hold different people"
 )
+DIFFERENT_QUERIES = (
+    "query-level releases of different datasets that share no query id and no query text (Unicode "
+    "form, case, punctuation and spacing aside) hold different queries"
+)
+QUERIES_BY_ID = (
+    "query-level releases that kept no query texts (recorded before texts were kept) are matched by "
+    "query id only: a copy of their data under new query ids would count as other queries"
+)
+SEPARATE_DATASETS = (
+    "datasets on separate ledger lines hold different people and different queries: none of their "
+    "releases share a query id or a query text (Unicode form, case, punctuation and spacing aside)"
+)
 
 
-def user_link_assumption(releases: list[dict]) -> str | None:
-    """The assumption a composition of ``releases`` rests on when two of its user-level releases
-    are not linked (:func:`linked_users`): that they hold different people. None otherwise."""
+EMPTY_SET = hashlib.sha256(b"").hexdigest()  # the sha256 of a release's set of no units
+
+
+def link_assumptions(releases: list[dict]) -> list[str]:
+    """What a composition of ``releases`` (:func:`sharing_groups`) rests on where it keeps two
+    releases apart by their links: :data:`DIFFERENT_PEOPLE` when two user-level releases are not
+    linked; :data:`DIFFERENT_QUERIES` when query-level releases of two datasets fall in no common
+    group; :data:`QUERIES_BY_ID` when query-level releases that kept no texts were compared by id.
+    Releases of different unit kinds are never kept apart (they share), so they assume nothing."""
+    kinds = {(r.get("units") or {}).get("kind") for r in releases}
+    found = []
     users = {r["id"] for r in releases if (r.get("units") or {}).get("kind") == "user"}
-    if len(users) < 2:
-        return None
     merged = connected(linked_users(releases) | _same_dataset_users(releases))
-    return None if any(users <= group for group in merged) else DIFFERENT_PEOPLE
+    if len(users) > 1 and not any(users <= group for group in merged):
+        found.append(DIFFERENT_PEOPLE)
+    if kinds != {"query"} or len(releases) < 2:
+        return found
+    groups = sharing_groups(releases)
+    paired = _query_groups(releases)[1]
+    by_dataset: dict[str, set[str]] = {}
+    for release in releases:
+        empty = ((release.get("units") or {}).get("links") or {}).get(PAIRS) == EMPTY_SET
+        if release["id"] in paired and not _is_artifact_data(release) and not empty:
+            data = release.get("data") or {}
+            by_dataset.setdefault(data.get("identity") or data.get("sha256") or "", set()).add(release["id"])
+    datasets = list(by_dataset.values())
+    for index, first in enumerate(datasets):
+        for second in datasets[index + 1 :]:
+            if any(not any(a in g and b in g for g in groups) for a in first for b in second):
+                found.append(DIFFERENT_QUERIES)
+                break
+        if DIFFERENT_QUERIES in found:
+            break
+    textless = [r for r in releases if r["id"] not in paired and load_unit_set(r.get("units"), r.get("path"))]
+    if len(textless) > 1 and not paired:  # next to releases that kept pairs they share instead
+        found.append(QUERIES_BY_ID)
+    return found
+
+
+def _is_artifact_data(release: dict) -> bool:
+    """Whether a release read a synthq artifact (a synthetic set), not a dataset of people: its
+    queries are a DP mechanism's output, never another log's queries, so they are matched by id
+    only — matching their texts would read whether the generator wrote a private query word for
+    word (one un-noised bit in every manifest that composes them)."""
+    return (release.get("data") or {}).get("kind") == "artifact"
 
 
 def connected(groups) -> list[set[str]]:
@@ -108,7 +160,18 @@ def store_unit_set(
             link: _keep(unit_digests(f"link-{link}", values), also_in, f"units-{link}.bin")
             for link, values in sorted(links.items())
         }
+        if kind == "query" and "text" in links and len(links.get("query", ())) == len(links["text"]):
+            record["links"][PAIRS] = _keep(_pair_digests(links), also_in, f"units-{PAIRS}.bin")
     return record
+
+
+def _pair_digests(links: dict[str, list[str]]) -> bytes:
+    """Sorted 16-byte records: each query's keyed id digest, then its keyed text digest (the same
+    digests as the ``query`` and ``text`` link sets)."""
+    ids = unit_digest_values("link-query", links["query"])
+    texts = unit_digest_values("link-text", links["text"])
+    pairs = sorted(set(zip(ids, texts, strict=True)))
+    return b"".join(i.to_bytes(8, "big") + t.to_bytes(8, "big") for i, t in pairs)
 
 
 def load_unit_set(
@@ -163,7 +226,11 @@ def sharing_groups(releases: list[dict]) -> list[list[str]]:
     Releases of different unit kinds (query and user) are assumed to share units: a person's
     queries are theirs, and no digest links the two. User-level releases of the same dataset are
     assumed to share users whatever their ids: user ids are pseudonyms, and re-issued or renamed
-    ones must not make one person count as two."""
+    ones must not make one person count as two. Query-level releases that kept their (id, text)
+    pairs share a query when a chain of common ids and texts joins them (:func:`_query_groups`:
+    a copy of a log under new query ids, then edited, is still the same queries); one that kept
+    no pairs is compared by id with others that kept none, and with any that did it cannot be
+    told apart (shared: a bound)."""
     import numpy as np
 
     ids = [r["id"] for r in releases]
@@ -171,11 +238,18 @@ def sharing_groups(releases: list[dict]) -> list[list[str]]:
         return [ids] if ids else []
     kinds = {(r.get("units") or {}).get("kind") for r in releases}
     sets = {r["id"]: load_unit_set(r.get("units"), r.get("path")) for r in releases}
+    paired = _query_groups(releases) if kinds == {"query"} else None
     if len(kinds) > 1 or any(v is None for v in sets.values()):
         unknown = [key for key, value in sets.items() if value is None] if len(kinds) == 1 else ids
         known = [key for key in ids if key not in unknown]
     else:
         unknown, known = [], ids
+    if paired is not None and paired[0]:
+        groups_by_pairs, with_pairs = paired
+        unknown = list(dict.fromkeys([*unknown, *(key for key in known if key not in with_pairs)]))
+        known = []  # the pairs decide among releases that kept them; the rest cannot be told apart
+    else:
+        groups_by_pairs = set()
     groups: set[frozenset[str]] = set()
     if known:
         digests = np.concatenate([np.frombuffer(sets[key], dtype=">u8") for key in known])
@@ -190,10 +264,89 @@ def sharing_groups(releases: list[dict]) -> list[list[str]]:
         for key in known:  # a release with no units at all still counts once
             if not any(key in group for group in groups):
                 groups.add(frozenset([key]))
-    groups |= _same_dataset_users(releases) | linked_users(releases)
+    groups |= _same_dataset_users(releases) | linked_users(releases) | groups_by_pairs
     groups = {frozenset([*group, *unknown]) for group in groups} or {frozenset(unknown)}
     maximal = [g for g in groups if not any(g < other for other in groups)]
     return sorted(sorted(g) for g in maximal)
+
+
+def _query_groups(releases: list[dict]) -> tuple[set[frozenset[str]], set[str]]:
+    """Groups of the query-level releases that kept (id, text) pairs, by the queries they may
+    share, and the ids of those releases.
+
+    Ids and texts are the nodes of a graph whose edges are the pairs of every release: one
+    connected part is one query as far as the keyed digests can tell (the same id, or the same
+    text under another id, or the same id with an edited text, chained). Its group is every
+    release holding a pair of it. Exact at the query, not the release: a whole layout and two of
+    its parts give {whole, part 1} and {whole, part 2}, never all three. A release that read a
+    synthq artifact (:func:`_is_artifact_data`) joins the graph by its ids alone."""
+    import numpy as np
+
+    key = tuple(
+        (r["id"], (r.get("units") or {}).get("sha256"), str((r.get("units") or {}).get("links")),
+         _is_artifact_data(r), r.get("path")) for r in releases
+    )  # fmt: skip
+    if (cached := _GROUPS.get((key_id(), key))) is not None:
+        return cached
+    pairs = {}
+    for release in releases:
+        units, path = release.get("units"), release.get("path")
+        if _is_artifact_data(release):
+            ids = load_unit_set(units, path, "query") if (units or {}).get("links", {}).get(PAIRS) else None
+            if ids is not None:  # its ids only (text 0: none): a text edge would read the generator's output
+                block = np.zeros((len(ids) // 8, 2), dtype=np.uint64)
+                block[:, 0] = np.frombuffer(ids, ">u8")
+                pairs[release["id"]] = block
+            continue
+        data = load_unit_set(units, path, PAIRS)
+        if data is not None:
+            pairs[release["id"]] = np.frombuffer(data, ">u8").reshape(-1, 2).astype(np.uint64)
+    if not pairs:
+        return set(), set()
+    owners = list(pairs)
+    result = (_graph_groups([pairs[key] for key in owners], owners), set(owners))
+    _GROUPS[(key_id(), key)] = result
+    while len(_GROUPS) > 64:
+        _GROUPS.pop(next(iter(_GROUPS)))
+    return result
+
+
+_GROUPS: dict[tuple, tuple[set[frozenset[str]], set[str]]] = {}
+
+
+def _graph_groups(pairs: list, owners: list[str]) -> set[frozenset[str]]:
+    """The distinct sets of owners of the connected parts of the id-text graph (``pairs[i]``: an
+    (n, 2) array of id and text digests of ``owners[i]``; a text digest of 0 is no text)."""
+    import numpy as np
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    ids = np.concatenate([block[:, 0] for block in pairs]).astype(np.uint64)
+    texts = np.concatenate([block[:, 1] for block in pairs]).astype(np.uint64)
+    owner = np.concatenate([np.full(len(block), index, dtype=np.int64) for index, block in enumerate(pairs)])
+    found = {frozenset([owners[i]]) for i, block in enumerate(pairs) if len(block) == 0}  # counts once
+    if not len(ids):
+        return found
+    id_nodes, id_index = np.unique(ids, return_inverse=True)
+    has_text = texts != 0
+    text_nodes, text_index = np.unique(texts[has_text], return_inverse=True)
+    size = len(id_nodes) + len(text_nodes)
+    rows, cols = id_index[has_text], len(id_nodes) + text_index
+    graph = coo_matrix((np.ones(len(rows)), (rows, cols)), shape=(size, size))
+    _, part = connected_components(graph, directed=False)
+    query_part = part[id_index]
+    words = (len(owners) + 63) // 64  # each part's owners as a bitmask, 64 releases a word
+    masks = np.zeros((part.max() + 1, words), dtype=np.uint64)
+    for word in range(words):
+        inside = (owner // 64) == word
+        bits = np.left_shift(np.uint64(1), (owner[inside] % 64).astype(np.uint64))
+        np.bitwise_or.at(masks[:, word], query_part[inside], bits)
+    for row in np.unique(masks[np.unique(query_part)], axis=0):
+        found.add(frozenset(
+            owners[64 * word + bit] for word, value in enumerate(row.tolist()) for bit in range(64)
+            if value >> bit & 1
+        ))  # fmt: skip
+    return found
 
 
 def _same_dataset_users(releases: list[dict]) -> set[frozenset[str]]:
@@ -217,6 +370,9 @@ def _query_views(release: dict) -> dict[str, tuple[str, bytes]]:
     own = load_unit_set(units, path) if "query" not in views and units.get("kind") == "query" else None
     if own is not None:
         views["query"] = ("unit", own)
+    if _is_artifact_data(release):  # a synthetic set's queries meet by id alone (_is_artifact_data)
+        views.pop("text", None)
+        views["artifact"] = ("artifact", b"")
     return views
 
 
@@ -232,6 +388,8 @@ def _meet(first: dict, second: dict, kinds: tuple[str, str]) -> bool:
         return how_a == how_b and np.intersect1d(np.frombuffer(a, ">u8"), np.frombuffer(b, ">u8")).size > 0
 
     ids = "query" in first and "query" in second and first["query"][0] == second["query"][0]
+    if "artifact" in first or "artifact" in second:  # a synthetic set: by id, unknown ids meet
+        return not ids or meets("query")
     texts = "text" in first and "text" in second
     one_sided = ("text" in first) != ("text" in second)  # one kept texts: a copy under new ids
     if not ids or (kinds[0] != kinds[1] and not texts) or one_sided:  # cannot be ruled out

@@ -158,6 +158,25 @@ def with_reissued_pseudonyms(source: Path, target: Path) -> tuple[Path, str]:
     return target, removed
 
 
+def with_renamed_queries(source: Path, target: Path) -> Path:
+    """``source`` copied with every query id renamed (``n-<i>``, in every split's qrels too) and
+    every text kept: the same queries under new ids, as a re-export that re-issues ids."""
+    shutil.copytree(source, target)
+    records = _records(target)
+    fresh = {r["_id"]: f"n-{i}" for i, r in enumerate(records)}
+    _write_records(target, [{**r, "_id": fresh[r["_id"]]} for r in records])
+    for qrels in (target / "qrels").glob("*.tsv"):
+        lines = qrels.read_text().splitlines(keepends=True)
+        qrels.write_text(
+            "".join(
+                line if index == 0 else "\t".join([fresh.get(line.split("\t")[0], line.split("\t")[0]),
+                                                    *line.split("\t")[1:]])
+                for index, line in enumerate(lines)
+            )
+        )  # fmt: skip
+    return target
+
+
 # The pipeline -----------------------------------------------------------------------------------
 
 
@@ -424,15 +443,17 @@ def run_selection_world(
     return world
 
 
-def user_level_retriever(out: Path, data: Path, encoder: Path, epsilon: float) -> Path:
-    """A direct-DP retriever at the user unit (K = 2), fixed secret seed: one user-level release."""
+def user_level_retriever(out: Path, data: Path, encoder: Path, epsilon: float, unit: str = "user") -> Path:
+    """A direct-DP retriever at the user unit (K = 2), fixed secret seed: one user-level release
+    (``unit="query"``: one query-level release)."""
     from synthq.config.retriever import TrainRetrieverConfig
     from synthq.stages import train_retriever
 
+    per_user = {"max_queries_per_user": 2} if unit == "user" else {}
     return Path(train_retriever.run(TrainRetrieverConfig(
         data=str(data), encoder=str(encoder), out=out, dp="group", group_size=3, epsilon=epsilon,
-        privacy_unit="user", max_queries_per_user=2, batch_size=3, max_steps=1, max_query_length=16,
-        max_doc_length=32, seed=17, device="cpu")).path)  # fmt: skip
+        privacy_unit=unit, batch_size=3, max_steps=1, max_query_length=16,
+        max_doc_length=32, seed=17, device="cpu", **per_user)).path)  # fmt: skip
 
 
 def run_stage(world: World, name: str, module, config) -> Path:
@@ -486,7 +507,7 @@ def released_files(world: World) -> dict[str, Path]:
 # A release's unit set (``diagnostics/units.bin``) holds HMACs of the unit ids under the owner's key
 # (synthq.privacy.keys.unit_digests): its plain sha256 is itself a keyed identifier, which the
 # ledger records on purpose; without the key no candidate can be tested against it.
-KEYED_CONTENT = ("units.bin", "units-query.bin", "units-text.bin")  # the user releases' links too
+KEYED_CONTENT = ("units.bin", "units-query.bin", "units-text.bin", "units-pair.bin")  # and the links
 
 
 def diagnostics_files(world: World) -> list[Path]:

@@ -807,6 +807,41 @@ def test_releases_on_a_log_with_reissued_pseudonyms_compose_as_the_same_people(r
     assert DIFFERENT_PEOPLE not in "\n".join(lines)
 
 
+def test_query_level_releases_of_a_log_and_its_copy_under_new_query_ids_add_up(
+    tmp_path_factory, tiny_encoder_dir
+):
+    """Review N1: a query-level release on a log and one on its copy with every query id renamed
+    (the same texts). Neither the unit sets (ids) nor the identity can tell these are the same
+    queries; the (id, text) pairs can. Every total shown is at least the sum, on one line."""
+    from synthq.artifacts.manifest import open_artifact
+    from synthq.privacy.ledger import ledger_lines
+    from synthq.privacy.statement import statement_for
+    from synthq.privacy.units import load_unit_set
+
+    base = tmp_path_factory.mktemp("adversary-renamed-queries")
+    data = af.private_dataset(base / "log" / "data", "query")
+    copy = af.with_renamed_queries(data, base / "copy" / "data")
+    paths = [
+        af.user_level_retriever(base / "artifacts" / name, source, tiny_encoder_dir, 2.0, unit="query")
+        for name, source in (("ret-on-log", data), ("ret-on-copy", copy))
+    ]
+    releases = [r for path in paths for r in open_artifact(path).releases]
+    assert [r["units"]["kind"] for r in releases] == ["query", "query"]
+    first, second = (_digests(load_unit_set(r["units"], r["path"])) for r in releases)
+    assert first and second and not first & second, "the query unit sets meet: the world is too easy"
+    expected = sum(float(r["guarantee"]["epsilon"]) for r in releases)
+    lines = ledger_lines(paths)
+    printed = _printed_totals(lines, r"^private dataset (.+?) \(keyed id [^)]*\): ε=(\S+)")
+    stated = _stated_totals(statement_for(paths))
+    shown = {"ledger": ledger(paths).total.epsilon, "printed ledger": max(printed.values()),
+             "statement": max(stated.values())}  # fmt: skip
+    assert all(value >= expected - 0.005 for value in shown.values()), (
+        f"two query-level releases of the same queries under new ids: at least ε = {expected:.3f} "
+        f"per query, shown as {shown}:\n" + "\n".join(lines)
+    )
+    assert len(printed) == 1, "the same queries, printed as different datasets:\n" + "\n".join(lines)
+
+
 # (c) edits of the dataset directory -----------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from synthq.artifacts.manifest import open_artifact
 from synthq.privacy.accounting import epsilon_for
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.ledger import dataset_totals, ledger, ledger_lines
+from synthq.privacy.units import QUERIES_BY_ID
 from synthq.runtime.errors import ArtifactError
 
 DELTA = 1e-5
@@ -61,7 +62,12 @@ def test_releases_on_one_dataset_compose_per_unit(tmp_path, private_data):
     own = "over its query units"
     assert lines[1] == f"  - train-retriever {first}: DP release, {dp_release(100).describe()}, {own}"
     assert lines[3] == f"  - train-retriever {third}: DP release, {dp_release(300).describe()}, {own}"
-    assert lines[4:] == ["assumptions:", "  - the encoder is public (2 artifacts)"]
+    # these releases kept no query texts (the writer's fallback): matched by id, and it says so
+    assert lines[4:] == [
+        "assumptions:",
+        "  - the encoder is public (2 artifacts)",
+        f"  - {QUERIES_BY_ID} (the composed totals)",
+    ]
     again = ledger([first, first])
     assert len(again.releases) == 1 and again.total.epsilon == epsilons[0]  # each release counted once
 

@@ -55,6 +55,7 @@ def test_dp_artifacts_release_no_unnoised_statistics(tmp_path, tiny_beir, tiny_c
         "diagnostics/units.bin",  # keyed unit digests: for the owner's ledger only
         "diagnostics/units-query.bin",  # keyed query ids and texts it links (the ledger's merge)
         "diagnostics/units-text.bin",
+        "diagnostics/units-pair.bin",  # which id went with which text (renamed copies compose)
     }
     assert not any(name.startswith("diagnostics/") for name in manifest["files"])
     released = released_text(artifact)

@@ -409,4 +409,60 @@ def test_the_assumption_that_unlinked_user_level_releases_hold_different_people_
     ]
     assert DIFFERENT_PEOPLE in ledger(paths).total.assumptions
     assert any(DIFFERENT_PEOPLE in line and "the composed total" in line for line in ledger_lines(paths))
-    assert f"- {DIFFERENT_PEOPLE} (the composed total)" in statement_for(paths)
+    assert f"- {DIFFERENT_PEOPLE} (the composed totals)" in statement_for(paths)
+    # --compose sum: nothing read of the data, nothing assumed; the two releases add up everywhere
+    summed = ledger(paths, compose="sum")
+    assert summed.total.epsilon == pytest.approx(4.0) and DIFFERENT_PEOPLE not in summed.total.assumptions
+    lines = ledger_lines(paths, compose="sum")
+    assert lines[0].startswith("composed as a plain sum") and not any(DIFFERENT_PEOPLE in x for x in lines)
+    assert lines[1].startswith("private dataset tiny ") and "ε=4.00" in lines[1] and "summed" in lines[1]
+    text = statement_for(paths, compose="sum")
+    assert "**Composition**: composed as a plain sum" in text and DIFFERENT_PEOPLE not in text
+    assert text.count("## Private dataset") == 1 and "basic composition of every release, summed" in text
+
+
+def test_a_plain_sum_is_one_line_that_bounds_every_unit(tmp_path, private_data):
+    """Two query-level releases of one log and of its copy under new ids: per unit they merge into
+    one line of 4 (the copy's texts meet); summed, every release is on one line of 4 (review: a
+    per-dataset line of a plain sum would not bound a unit another dataset also holds) — and
+    nothing reads which releases share queries."""
+    _, data = private_data
+    query_level = Guarantee(epsilon=2.0, delta=1e-5, unit="query", mechanism="dp-adam", accountant="rdp")
+    paths = [
+        release(
+            tmp_path / name,
+            {**data, "identity": f"hmac:{name}"},
+            query_level,
+            ids,
+            links={"query": ids, "text": ["boil an egg", "tie a knot"]},
+        )  # fmt: skip
+        for name, ids in (("log", ["q1", "q2"]), ("copy", ["n1", "n2"]))
+    ]
+    per_unit = ledger(paths)
+    assert [c.total.epsilon for c in per_unit.datasets.values()] == [pytest.approx(4.0)]
+    summed = ledger(paths, compose="sum")
+    assert [c.total.epsilon for c in summed.datasets.values()] == [pytest.approx(4.0)]
+    assert summed.total.epsilon == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="compose"):
+        ledger(paths, compose="max")
+
+
+def test_datasets_on_separate_lines_print_that_they_hold_different_people_and_queries(tmp_path, private_data):
+    """Review N3: a user-level release and a query-level release of unrelated logs are composed as
+    sharing (the total adds them) but printed on separate lines, which rests on their holding
+    different people: the ledger and the statement say so."""
+    from synthq.privacy.units import SEPARATE_DATASETS
+
+    _, data = private_data
+    user_level = Guarantee(epsilon=2.0, delta=1e-5, unit="user", mechanism="dp-adam", accountant="rdp")
+    query_level = Guarantee(epsilon=2.0, delta=1e-5, unit="query", mechanism="dp-adam", accountant="rdp")
+    people = release(tmp_path / "log", {**data, "identity": "hmac:log"}, user_level, ["alice"],
+                     unit_kind="user", links={"query": ["a1"], "text": ["boil an egg"]})  # fmt: skip
+    other = release(tmp_path / "other", {**data, "identity": "hmac:other"}, query_level, ["z1"],
+                    links={"query": ["z1"], "text": ["fix a bike"]})  # fmt: skip
+    book = ledger([people, other])
+    assert len(book.datasets) == 2  # two lines; the total composes them as sharing
+    assert any(SEPARATE_DATASETS in line for line in ledger_lines([people, other]))
+    assert SEPARATE_DATASETS in statement_for([people, other])
+    alone = ledger_lines([people])
+    assert not any(SEPARATE_DATASETS in line for line in alone)

@@ -12,14 +12,16 @@ from synthq.privacy.keys import key_id, state_dir, unit_digests
 from synthq.privacy.ledger import _merged_datasets
 from synthq.privacy.units import (
     DIFFERENT_PEOPLE,
+    DIFFERENT_QUERIES,
+    QUERIES_BY_ID,
     UNITS_DIR,
+    link_assumptions,
     link_text,
     load_unit_set,
     meeting_datasets,
     query_links,
     sharing_groups,
     store_unit_set,
-    user_link_assumption,
 )
 
 
@@ -140,8 +142,8 @@ def test_user_level_releases_of_an_edited_or_renamed_log_share_users():
     unicode = _user_release("n", ["v"], ["n1"], ["Boil an e\u0301gg?", "TIE A KNOT!"], "hmac:nfd")
     accented = _user_release("m", ["w"], ["m1"], ["boil an \u00e9gg"], "hmac:nfc")
     assert sharing_groups([unicode, accented]) == [["m", "n"]]  # Unicode form and punctuation aside
-    assert user_link_assumption([log, edited]) is None
-    assert user_link_assumption([log, strangers]) == DIFFERENT_PEOPLE  # printed with the total
+    assert link_assumptions([log, edited]) == []
+    assert link_assumptions([log, strangers]) == [DIFFERENT_PEOPLE]  # printed with the total
     without_links = {
         "id": "old",
         "units": store_unit_set("user", ["alice"]),
@@ -206,3 +208,91 @@ def test_datasets_whose_releases_hold_a_common_query_are_one_dataset_in_the_ledg
     assert len(meeting_datasets([older, twin], dataset_of)) == 1  # two older query sets: compared
     stranger = {"id": "n", "units": store_unit_set("query", ["n"]), "data": {"identity": "hmac:n"}}
     assert len(meeting_datasets([older, stranger], dataset_of)) == 2
+
+
+def _query_release(release_id, queries, texts, identity="hmac:any"):
+    units = store_unit_set("query", queries, links=query_links(queries, texts))
+    return {"id": release_id, "units": units, "data": {"identity": identity}}
+
+
+def test_query_level_releases_of_a_copy_under_new_ids_share_their_queries():
+    """Review N1: finetune-lm on a log and on its copy under new query ids composed as the max
+    (4.04 for two 4.04 releases) because query units were matched by id. The (id, text) pairs each
+    release keeps join them by text; a chain of renames and edits stays one query; a layout and
+    two of its parts stay exact at the query (never all three summed)."""
+    from synthq.privacy.guarantee import Guarantee, compose_releases
+
+    log = _query_release("a", ["q1", "q2"], ["boil an egg", "tie a knot"])
+    copy = _query_release("b", ["n1", "n2"], ["Boil an EGG?", "tie a knot"])
+    strangers = _query_release("s", ["z1"], ["fix a bike"])
+    assert sharing_groups([log, copy, strangers]) == [["a", "b"], ["s"]]
+
+    def release(record):
+        guarantee = Guarantee(epsilon=4.04, delta=1e-6, unit="query", mechanism="dp-sgd", accountant="rdp")
+        return {**record, "unit": "query", "guarantee": guarantee.model_dump(mode="json")}
+
+    both = [release(log), release(copy)]
+    assert compose_releases(both, sharing_groups(both), []).epsilon == pytest.approx(8.08)
+    # renamed (b), then edited (c), then renamed again (d): a shares neither id nor text with d
+    chain = [
+        _query_release("a", ["i1"], ["t one"]),
+        _query_release("b", ["i2"], ["t one"]),
+        _query_release("c", ["i2"], ["t two"]),
+        _query_release("d", ["i3"], ["t two"]),
+    ]
+    assert sharing_groups(chain) == [["a", "b", "c", "d"]]
+    whole = _query_release("w", ["x1", "y1"], ["tie a knot", "sew a button"])
+    part_x = _query_release("x", ["x1"], ["tie a knot"])
+    part_y = _query_release("y", ["y1"], ["sew a button"])
+    assert sharing_groups([whole, part_x, part_y]) == [["w", "x"], ["w", "y"]]
+    assert link_assumptions([log, copy, strangers, whole]) == []  # texts kept: nothing assumed
+
+
+def test_query_level_releases_without_texts_are_compared_by_id_and_say_so():
+    """Releases recorded before texts were kept: two of them are compared by id, and the ledger
+    prints that assumption; next to a release that kept pairs they cannot be told apart (shared)."""
+    older = {"id": "o", "units": store_unit_set("query", ["q1"]), "data": {"identity": "hmac:o"}}
+    other = {"id": "p", "units": store_unit_set("query", ["q2"]), "data": {"identity": "hmac:p"}}
+    assert sharing_groups([older, other]) == [["o"], ["p"]]
+    assert link_assumptions([older, other]) == [QUERIES_BY_ID]
+    fresh = _query_release("f", ["n7"], ["a new query"])
+    assert sharing_groups([older, other, fresh]) == [["f", "o", "p"]]
+
+
+def test_query_level_releases_of_two_datasets_kept_apart_print_that_they_hold_different_queries():
+    """Review F2: releases that kept pairs and share no id and no text are kept apart — the same
+    queries re-exported with texts changed beyond what link_text folds would count twice — so the
+    total prints the assumption; within one dataset (train against dev) nothing is assumed."""
+    log = _query_release("a", ["q1"], ["boil an egg"], "hmac:log")
+    other = _query_release("b", ["z1"], ["fix a bike"], "hmac:other")
+    assert sharing_groups([log, other]) == [["a"], ["b"]]
+    assert link_assumptions([log, other]) == [DIFFERENT_QUERIES]
+    dev = _query_release("d", ["d1"], ["sew a button"], "hmac:log")
+    assert link_assumptions([log, dev]) == []
+    copy = _query_release("c", ["n1"], ["Boil an egg!"], "hmac:copy")
+    assert link_assumptions([log, copy]) == []  # joined by text: nothing kept apart
+    people = _user_release("u", ["alice"], ["a1"], ["boil an egg"], "hmac:people")
+    assert link_assumptions([people, other]) == []  # mixed kinds share in the total (ledger lines: N3)
+    empty = _query_release("e", [], [], "hmac:empty")  # no queries, but texts kept: not "textless"
+    assert QUERIES_BY_ID not in link_assumptions([empty, _query_release("f", [], [], "hmac:f")])
+
+
+def test_a_release_on_a_synthetic_set_never_meets_the_private_log_by_text():
+    """Review F1: a DP release on a synthetic set (data read from a synthq artifact) whose query
+    repeats a private query word for word must compose exactly as one whose queries do not — else
+    every manifest composing the two would tell, without noise, whether the generator wrote that
+    private query. Synthetic queries are matched by id alone."""
+    log = _query_release("g", ["q1", "q2"], ["does alice have hiv", "tie a knot"], "hmac:log")
+
+    def synthetic(texts):
+        release = _query_release("s", ["doc-1-0", "doc-2-0"], texts, "hmac:synthetic")
+        return {**release, "data": {**release["data"], "kind": "artifact"}}
+
+    copied, fresh = synthetic(["does alice have hiv", "x"]), synthetic(["y", "z"])
+    assert sharing_groups([log, copied]) == sharing_groups([log, fresh]) == [["g"], ["s"]]
+    assert link_assumptions([log, copied]) == link_assumptions([log, fresh])
+
+    def dataset_of(release):
+        return release["data"]["identity"]
+
+    assert meeting_datasets([log, copied], dataset_of) == meeting_datasets([log, fresh], dataset_of)

@@ -42,8 +42,8 @@ def test_dp_run_reports_an_epsilon_an_independent_accountant_reproduces(
     accountant.history = [(details["noise_multiplier"], details["sample_rate"], details["steps"])]
     assert guarantee.epsilon == pytest.approx(accountant.get_epsilon(delta=guarantee.delta))
     assert guarantee.epsilon <= 8.0 and guarantee.unit == "query"
-    # its release keeps the keyed ids and texts of its queries, as the ledger's merge compares them
-    assert set(artifact.releases[0]["units"]["links"]) == {"query", "text"}
+    # its release keeps the keyed ids, texts and (id, text) pairs of its queries, as the ledger compares them
+    assert set(artifact.releases[0]["units"]["links"]) == {"query", "text", "pair"}
     assert details["per_sample_clipping"].startswith("ghost clipping")  # auto picks ghost
     # a Hugging Face directory any tool loads, and the training curve
     generator = QueryGenerator.load(artifact.path)
