@@ -161,6 +161,7 @@ class ReferenceRun:
     share_of_gain: float
     beats: str
     source: str
+    control_share: float | None = None  # what its ε = 0 control (the public warm start alone) kept
 
     def noise_to_signal(self, accountant: str = "rdp") -> float:
         return _reference_ratio(self.settings, self.num_units, self.epsilon, accountant)
@@ -187,6 +188,7 @@ def reference_runs() -> list[ReferenceRun]:
             share_of_gain=row["share_of_gain"],
             beats=row["beats"],
             source=row["source"],
+            control_share=row.get("control_share"),
         )  # fmt: skip
         for row in rows["runs"]
     ]
@@ -259,7 +261,35 @@ def verdict(plans: dict[str, RoutePlan], runs: list[ReferenceRun], accountant: s
             f"of a measured run that gained, with at least half its steps ({reference}). Compare against "
             "the untrained public model on your own split before you release either."
         )
+        lines += _control_line([run for run in runs if run.route in hopeful])
     return lines
+
+
+# a run counts as clearly above its ε = 0 control when it kept this much more of the gain
+CLEARLY_ABOVE_CONTROL = 0.10
+
+
+def _control_line(runs: list[ReferenceRun]) -> list[str]:
+    """What the ε = 0 controls measured beside ``runs`` say: where the public warm start alone
+    kept as much as the DP run, the gain was the public pairs', not the private log's."""
+    controlled = [run for run in runs if run.control_share is not None]
+    if not controlled:
+        return []
+    matched = [run for run in controlled if run.share_of_gain < run.control_share + CLEARLY_ABOVE_CONTROL]
+    pairs = ", ".join(
+        f"{100 * run.share_of_gain:.0f} % against {100 * run.control_share:.0f} % at {run.num_units:,} "
+        f"{run.unit}s" for run in matched
+    )  # fmt: skip
+    if len(matched) < len(controlled):
+        return [f"the ε = 0 control: {len(controlled) - len(matched)} of {len(controlled)} measured runs "
+                f"with one kept clearly more than it; {len(matched)} did not ({pairs})."]  # fmt: skip
+    return [
+        f"but in all {len(controlled)} measured runs with an ε = 0 control (the public warm start "
+        f"alone, no private data) the control kept as much ({pairs}): at every size measured the gain "
+        "was the public pairs', not the private log's. Train the warm start first (finetune-lm "
+        "--warm-start SOURCE:SPLIT --max-steps 0, ε = 0) and spend ε only if it beats that control "
+        "on your own public test split."
+    ]
 
 
 def count_documents(data: str) -> tuple[int, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,22 @@ def test_auto_batches_are_the_stages_choice_and_the_plan_prints_it():
         in result.output
     )
     assert f"direct-dp [train-retriever --dp group]: B = {retriever.batch_size}," in result.output
+
+
+def test_the_verdict_says_when_the_eps_0_controls_kept_as_much_as_the_dp_runs():
+    """Where the public warm start alone (ε = 0) kept as much of the gain as the DP run beside it,
+    the plan says the gain was the public pairs'; one run clearly above its control changes the
+    line to a count."""
+    runs = route_plans.reference_runs()
+    settings = route_plans.route_settings("synthetic", 16, 3.0, 8)
+    hopeful = route_plans.plan_route(settings, 44, 8.0, None, "rdp")
+    lines = route_plans.verdict({"synthetic": hopeful}, runs)
+    controlled = [run for run in runs if run.route == "synthetic" and run.control_share is not None]
+    assert len(controlled) >= 5
+    assert lines[-1].startswith(f"but in all {len(controlled)} measured runs with an ε = 0 control")
+    assert "41 % against 36 % at 1,404 users" in lines[-1]
+    better = replace(controlled[0], share_of_gain=controlled[0].control_share + 0.2)
+    lines = route_plans.verdict({"synthetic": hopeful}, [better, *controlled[1:]])
+    assert lines[-1].startswith(f"the ε = 0 control: 1 of {len(controlled)} measured runs")
+    uncontrolled = [replace(run, control_share=None) for run in runs]
+    assert not route_plans.verdict({"synthetic": hopeful}, uncontrolled)[-1].startswith(("but", "the ε = 0"))
