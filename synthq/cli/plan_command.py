@@ -164,16 +164,15 @@ def _batch(
     """A route's expected batch as given, or chosen for ``auto``
     (:func:`~synthq.dp.batch_choice.choose_batch_size`, with direct DP's groups of S clipped to
     Δ = 2C), and the line that says how."""
+    from synthq.config.fields import batch_size_or_auto
     from synthq.dp.batch_choice import choose_batch_size
     from synthq.privacy.accounting import default_delta
 
-    if value.strip().lower() != "auto":
-        try:
-            size = int(value)
-        except ValueError:
-            size = 0
-        if size < 1:
-            raise typer.BadParameter(f"{option} must be a whole number ≥ 1, or auto (got {value!r})")
+    try:
+        size = batch_size_or_auto(value)
+    except ValueError as error:
+        raise typer.BadParameter(f"{option} {error}") from None
+    if size != "auto":
         return size, None
     units, unit, epsilon, delta, accountant = budget
     delta = default_delta(units) if delta is None else delta

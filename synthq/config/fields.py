@@ -72,6 +72,20 @@ def _parse_epsilon(value: Any) -> Any:
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
+def batch_size_or_auto(value: Any) -> int | str:
+    """An expected batch as written (config, command line): a whole number ≥ 1, or ``"auto"`` (the
+    batch :func:`synthq.dp.batch_choice.choose_batch_size` picks); anything else is a ValueError."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        number = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        number = 0
+    if isinstance(value, bool) or number < 1:
+        raise ValueError(f"must be a whole number ≥ 1, or auto (got {value!r})")
+    return number
+
+
 def check_device(value: str) -> str:
     """``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N``; CUDA and MPS only where this build and
     machine have them."""

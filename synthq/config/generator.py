@@ -31,6 +31,7 @@ from synthq.config.fields import (
     SecretSeed,
     Seed,
     StageConfig,
+    batch_size_or_auto,
     cli,
     refuse_limit_with_dp,
     refuse_user_options_at_the_query_unit,
@@ -137,15 +138,7 @@ class FinetuneConfig(StageConfig):
     @field_validator("batch_size", mode="before")
     @classmethod
     def _whole_number_or_auto(cls, value):
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return "auto"
-        try:
-            number = int(str(value).strip()) if not isinstance(value, int) else value
-        except ValueError:
-            number = 0
-        if isinstance(value, bool) or number < 1:
-            raise ValueError(f"must be a whole number ≥ 1, or auto (got {value!r})")
-        return number
+        return batch_size_or_auto(value)
 
     @model_validator(mode="after")
     def _auto_batch_needs_a_budget(self) -> FinetuneConfig:

@@ -118,3 +118,15 @@ def test_max_queries_per_user_at_the_query_unit_is_refused_not_ignored():
             config_class(**options, max_queries_per_user=4)
         assert config_class(**options).max_queries_per_user == 8
         assert config_class(**options, privacy_unit="user", max_queries_per_user=4).max_queries_per_user == 4
+
+
+def test_a_batch_size_is_a_whole_number_or_auto_wherever_it_is_read():
+    """One parser for finetune-lm's config and synthq plan's options (they had drifted copies)."""
+    from synthq.config.fields import batch_size_or_auto
+    from synthq.config.generator import FinetuneConfig
+
+    assert [batch_size_or_auto(v) for v in ("auto", " AUTO ", 5, "7")] == ["auto", "auto", 5, 7]
+    for bad in (0, "-1", "big", True, "2.5"):
+        with pytest.raises(ValueError, match="whole number ≥ 1, or auto"):
+            batch_size_or_auto(bad)
+    assert FinetuneConfig(data="d", model="m", out="o", batch_size="Auto").batch_size == "auto"
