@@ -41,7 +41,7 @@ def embedded_part(repeats: int, model_spec: str = "minilm-l6") -> dict:
     from synthq.models.encoder import load_encoder
     from synthq.retrieval.cache import corpus_embeddings, encode_texts
     from synthq.retrieval.metrics import evaluate
-    from synthq.retrieval.search import exact_search
+    from synthq.retrieval.topk import exact_search
 
     dataset = load_source("embedded")
     queries = dataset.split_queries("test")
@@ -110,7 +110,7 @@ def generated_part(docs: int, queries: int, dim: int) -> dict:
     import torch
     from beir.retrieval.search.dense import DenseRetrievalExactSearch
 
-    from synthq.retrieval.search import exact_search, faiss_search
+    from synthq.retrieval.topk import exact_search, faiss_search
 
     rng = np.random.default_rng(0)
     doc_vectors = rng.standard_normal((docs, dim), dtype=np.float32)

@@ -63,7 +63,7 @@ def _search_without_torch(
 ) -> dict[str, dict[str, float]] | None:
     """The run from the model's ONNX bundle and the cached corpus embeddings, or None when
     either is missing (then the model itself is loaded)."""
-    from synthq.retrieval.search import exact_search
+    from synthq.retrieval.topk import exact_search
 
     bundle = onnx_encoder.load_bundle(bundle_directory(model_key))
     if bundle is None:

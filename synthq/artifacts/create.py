@@ -119,7 +119,7 @@ def _keep_only_checkpoints(partial: Path) -> None:
 
 def _finish(writer: ArtifactWriter) -> None:
     from synthq.artifacts.model_card import write_model_card
-    from synthq.privacy.units import sharing_groups
+    from synthq.privacy.unit_sets import sharing_groups
 
     for name in writer.scratch:
         shutil.rmtree(writer.dir / name, ignore_errors=True)

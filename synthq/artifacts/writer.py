@@ -85,8 +85,8 @@ class ArtifactWriter:
         """Record this artifact's own read of private data ``data`` (an input record): its
         guarantee (ε = ∞ for a read without DP) and the keyed set of the units it read
         (``unit_ids``, or ``units``: the record of a set another release already stored; a
-        user-level release passes its ``links``, :func:`synthq.privacy.units.store_unit_set`)."""
-        from synthq.privacy.units import store_unit_set
+        user-level release passes its ``links``, :func:`synthq.privacy.unit_sets.store_unit_set`)."""
+        from synthq.privacy.unit_sets import store_unit_set
 
         if units is None:
             if unit_kind == "query" and not links:  # at least the query ids, as a user-level release
@@ -116,15 +116,15 @@ class ArtifactWriter:
     @property
     def privacy(self) -> Guarantee:
         """The headline guarantee the recorded releases give (what the manifest will carry)."""
-        from synthq.privacy.units import sharing_groups
+        from synthq.privacy.unit_sets import sharing_groups
 
         return compose_releases(self.releases, sharing_groups(self.releases), self.all_assumptions)
 
     @property
     def all_assumptions(self) -> list[str]:
         """What the artifact assumes: its own, then what composing its releases keeps apart on
-        (:func:`synthq.privacy.units.link_assumptions`), each once."""
-        from synthq.privacy.units import link_assumptions
+        (:func:`synthq.privacy.unit_sets.link_assumptions`), each once."""
+        from synthq.privacy.unit_sets import link_assumptions
 
         return list(dict.fromkeys([*self.assumptions, *link_assumptions(self.releases)]))
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from synthq.audit.canaries import OneRunCanary, per_user
+from synthq.audit.exposure_tables import one_run_markdown, plot_exposure, plot_scores, summarize, to_markdown
 from synthq.audit.one_run import one_run_audit, score_summary
-from synthq.audit.tables import one_run_markdown, plot_exposure, plot_scores, summarize, to_markdown
 from synthq.privacy.guarantee import format_epsilon
 
 
@@ -79,7 +79,8 @@ class AuditReport:
             self.exposure_rows.append({**row, "epsilon": key, "leaked": leaked})
 
     def exposure_table(self, epsilons: list[float]) -> list[dict]:
-        """Table 7's rows (:func:`synthq.audit.tables.summarize`); empty without exposure canaries."""
+        """Table 7's rows (:func:`synthq.audit.exposure_tables.summarize`); empty without exposure
+        canaries."""
         return summarize(self.exposure_rows, epsilons, self.proven, self.delta)
 
     def write(self, directory: Path, privacy_unit: str, table: list[dict]) -> None:

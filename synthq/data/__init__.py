@@ -2,7 +2,7 @@
 sources, training pairs, users and the synthetic set's payload.
 
 * :mod:`~synthq.data.beir_io` — BEIR read/write and validation (errors by file and line).
-* :mod:`~synthq.data.store`, :mod:`~synthq.data.tables` — the memory-mapped Arrow cache keyed by
+* :mod:`~synthq.data.store`, :mod:`~synthq.data.arrow_views` — the memory-mapped Arrow cache keyed by
   file sha256, and its lazy mappings (corpus, queries, qrels).
 * :mod:`~synthq.data.sources` — named sources (embedded, msmarco, beir:NAME, irds:ID, sub-datasets)
   and which splits are declared public.

@@ -2,7 +2,7 @@
 
 BEIR directories are the exchange format; reading one parses each file once, in one streaming
 pass, into an Arrow cache keyed by the file's sha256 (:mod:`synthq.data.store`) and returns
-lazy mappings over it (:mod:`synthq.data.tables`). The pass validates as it goes and raises
+lazy mappings over it (:mod:`synthq.data.arrow_views`). The pass validates as it goes and raises
 :class:`~synthq.runtime.errors.DataError` with the file and line of the first problem: non-UTF-8 bytes,
 malformed JSON, a missing or duplicate ``_id``, a non-string ``_id``/``title``/``text`` (its JSON
 type named), empty text, a malformed qrels row; loading a
@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from synthq.data.arrow_views import DATA_FILE, Corpus, Qrels, Queries
 from synthq.data.store import (
     HashingReader,
     IdIndex,
@@ -29,14 +30,13 @@ from synthq.data.store import (
     open_table,
     write_table,
 )
-from synthq.data.tables import DATA_FILE, Corpus, Qrels, Queries
 from synthq.runtime.errors import DataError
 from synthq.runtime.file_digests import content_digest
 
 
 @dataclass
 class BeirDataset:
-    """A BEIR directory, memory-mapped from its Arrow cache (see :mod:`synthq.data.tables`)."""
+    """A BEIR directory, memory-mapped from its Arrow cache (see :mod:`synthq.data.arrow_views`)."""
 
     root: Path
     corpus: Mapping[str, dict[str, str]]
@@ -230,18 +230,20 @@ def _parse_qrels(lines: HashingReader, out: Path) -> None:
 
 
 def read_corpus(path: str | Path) -> Corpus:
-    """``corpus.jsonl`` as a lazy :class:`~synthq.data.tables.Corpus` (validated and cached on first use)."""
+    """``corpus.jsonl`` as a lazy :class:`~synthq.data.arrow_views.Corpus` (validated and cached on
+    first use)."""
     return Corpus(_build("corpus", Path(path), _parse_corpus))
 
 
 def read_queries(path: str | Path) -> Queries:
-    """``queries.jsonl`` as a lazy :class:`~synthq.data.tables.Queries` (validated, cached on first use)."""
+    """``queries.jsonl`` as a lazy :class:`~synthq.data.arrow_views.Queries` (validated, cached on
+    first use)."""
     return Queries(_build("queries", Path(path), _parse_queries))
 
 
 def read_qrels(path: str | Path) -> Qrels:
     """A BEIR qrels TSV (``query-id  corpus-id  score``, optional header row) as a lazy
-    :class:`~synthq.data.tables.Qrels`; a (query, document) pair given twice with the same grade
+    :class:`~synthq.data.arrow_views.Qrels`; a (query, document) pair given twice with the same grade
     counts once, with two different grades it is refused (line numbers of both)."""
     return Qrels(_build("qrels", Path(path), _parse_qrels))
 

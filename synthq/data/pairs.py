@@ -8,9 +8,9 @@ from typing import overload
 
 import numpy as np
 
+from synthq.data.arrow_views import Corpus, Queries
 from synthq.data.beir_io import BeirDataset, link
 from synthq.data.store import int64_values
-from synthq.data.tables import Corpus, Queries
 from synthq.runtime.errors import DataError
 
 

@@ -12,9 +12,9 @@ import string
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from synthq.data.arrow_views import Corpus
 from synthq.data.beir_io import read_corpus, read_qrels, write_beir_dir
 from synthq.data.pairs import document_text
-from synthq.data.tables import Corpus
 from synthq.runtime.errors import DataError, SynthqError
 
 

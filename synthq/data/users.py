@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from synthq.data.tables import Queries
+from synthq.data.arrow_views import Queries
 from synthq.runtime.errors import DataError
 
 USERS_FILE = "users.tsv"

@@ -15,14 +15,14 @@ The four mechanisms differ in what they clip, which decides the sensitivity (see
   clipped: ``(G1 + G2 + (B − 1)L)·C`` (constants derived there for cosine / temperature).
 
 The privacy unit is one query id with all of its pairs, or under ``--privacy-unit user`` one user
-with all of their kept queries' pairs (:class:`synthq.dp.units.PrivacyUnits`): units are
+with all of their kept queries' pairs (:class:`synthq.dp.privacy_units.PrivacyUnits`): units are
 Poisson-sampled, and a unit with ``k`` pairs gives each of its rows weight ``1/k`` where rows are
 clipped one by one. The proofs below say "query"; each holds word for word for the user unit,
 because they use only that a unit's rows enter together, carry weights summing to 1, and (group
 clipping) share one keyed group draw (:attr:`Example.unit_id`). Logit-DP's proof needs one row
 per unit, so it refuses users with several pairs. ``B`` is a cap on the number of sampled units
 for the mechanisms whose sensitivity grows with the batch; an over-full batch is replaced by an empty one
-(:func:`synthq.dp.units.poisson_units`), so δ needs no tail term. Each mechanism registers
+(:func:`synthq.dp.privacy_units.poisson_units`), so δ needs no tail term. Each mechanism registers
 itself (``--dp NAME``) and has a neighbouring-batch test of its bound (tests/dp).
 """
 
@@ -342,7 +342,7 @@ class SampleClipping(Mechanism):
         Total ``C + 2(B − 1)C``; tight (small ``C`` makes every term hit the clip, and a
         negative's removal can turn a clipped gradient around). Poisson batches are unbounded,
         so ``B`` is a cap: a batch of more than ``B`` queries is replaced by an empty one
-        (:func:`synthq.dp.units.poisson_units`); that case moves the sum by ``‖f(S)‖ ≤ BC ≤
+        (:func:`synthq.dp.privacy_units.poisson_units`); that case moves the sum by ``‖f(S)‖ ≤ BC ≤
         (2B − 1)C``, inside the same bound, so no δ term is needed.
 
     Recommendations:

@@ -3,13 +3,13 @@
 A DP run (the generator's DP-SGD/DP-Adam in :mod:`synthq.dp.lm`, the retriever baselines in
 :mod:`synthq.dp.contrastive`) is the sampled Gaussian mechanism of Abadi et al. (2016), repeated:
 
-1. **Privacy units.** Training pairs are grouped by unit (:class:`~synthq.dp.units.PrivacyUnits`):
+1. **Privacy units.** Training pairs are grouped by unit (:class:`~synthq.dp.privacy_units.PrivacyUnits`):
    a query with all of its (query, document) pairs, or at ``--privacy-unit user`` a user with all
    of their kept queries' pairs (at most K). ``n`` counts units, δ defaults to ``1/(2n)``.
-2. **Poisson sampling** of units at ``q = B / n`` (:func:`~synthq.dp.units.poisson_units`), with
+2. **Poisson sampling** of units at ``q = B / n`` (:func:`~synthq.dp.privacy_units.poisson_units`), with
    the secret randomness of :class:`~synthq.dp.noise.SecretRandomness`. A mechanism whose
    sensitivity grows with the batch gets a cap ``B_max``; a batch over the cap is replaced by an
-   *empty* batch (see :func:`~synthq.dp.units.poisson_units`), so no tail probability is added
+   *empty* batch (see :func:`~synthq.dp.privacy_units.poisson_units`), so no tail probability is added
    to δ.
 3. **A clipped sum** computed by a registered mechanism (:func:`register_mechanism`), which
    states its sensitivity ``Δ`` (the most the sum can move when one unit is added or removed)
@@ -42,7 +42,7 @@ from typing import ClassVar
 import torch
 
 from synthq.dp.noise import SecretRandomness, add_noise
-from synthq.dp.units import PrivacyUnits, batch_cap, poisson_units
+from synthq.dp.privacy_units import PrivacyUnits, batch_cap, poisson_units
 from synthq.privacy.accounting import (
     default_delta,
     epsilon_for,

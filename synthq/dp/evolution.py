@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from synthq.dp.engine import Mechanism, register_mechanism
-from synthq.dp.units import PrivacyUnits
+from synthq.dp.privacy_units import PrivacyUnits
 
 NEAREST_CHUNK = 4096  # private rows scored per matrix product
 
@@ -39,7 +39,7 @@ class NearestNeighbourVotes(Mechanism):
 
     **Privacy unit**: a query with all of its (query, document) pairs, or with
     ``--privacy-unit user`` a user with all of their kept queries' pairs (the engine's
-    :class:`~synthq.dp.units.PrivacyUnits`).
+    :class:`~synthq.dp.privacy_units.PrivacyUnits`).
 
     **Sensitivity 1 (L2, add/remove one unit).** The histogram is ``H(D) = Σ_{u ∈ D} v_u`` and
     each ``v_u`` depends on unit ``u``'s own rows and on the synthetic population alone (which

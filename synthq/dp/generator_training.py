@@ -15,7 +15,7 @@ import torch
 from synthq.dp.engine import PrivacyPlan
 from synthq.dp.lm import DPStep
 from synthq.dp.noise import SecretRandomness
-from synthq.dp.units import PrivacyUnits
+from synthq.dp.privacy_units import PrivacyUnits
 from synthq.models.generator import QueryGenerator
 from synthq.models.training_step import MakeBatch, MicroBatchProgress, StepResult, non_private_step
 

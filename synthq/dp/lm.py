@@ -160,13 +160,13 @@ class PerQueryClipping(Mechanism):
         gradient is a function of that pair alone.
 
     Inputs:
-        A Poisson sample of queries (:class:`~synthq.dp.units.PrivacyUnits`) expanded to their
+        A Poisson sample of queries (:class:`~synthq.dp.privacy_units.PrivacyUnits`) expanded to their
         pairs, each with weight ``1/k`` (``k`` = the query's pair count).
 
     Privacy unit:
         One query id with all of its (document, query) pairs, add/remove adjacency; or, under
         ``--privacy-unit user``, one user with all the pairs of their (at most K) kept queries
-        (:meth:`~synthq.dp.units.PrivacyUnits.by_user`): the same proof with ``k`` = the user's
+        (:meth:`~synthq.dp.privacy_units.PrivacyUnits.by_user`): the same proof with ``k`` = the user's
         pair count, since every pair's loss reads only that pair.
 
     Sensitivity:
@@ -200,7 +200,7 @@ class PerUserClipping(Mechanism):
         clip_norm: ``C``.
 
     Inputs:
-        A Poisson sample of users (:meth:`~synthq.dp.units.PrivacyUnits.by_user`), each brought
+        A Poisson sample of users (:meth:`~synthq.dp.privacy_units.PrivacyUnits.by_user`), each brought
         whole into one micro-batch with its rows weighted ``1/k``.
 
     Privacy unit:

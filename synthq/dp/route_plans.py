@@ -196,12 +196,12 @@ def reference_runs() -> list[ReferenceRun]:
 
 def count_units(data: str, split: str, unit: str, max_queries_per_user: int) -> tuple[int, str]:
     """``(n, what was read)``: the split's privacy units exactly as the DP stages count them
-    (:func:`~synthq.dp.units.training_units` over the pairs of relevance ≥ 1), from the
+    (:func:`~synthq.dp.privacy_units.training_units` over the pairs of relevance ≥ 1), from the
     qrels and, at the user unit, the user id of each judged query; no text is decoded."""
     from synthq.data.pairs import training_pairs
     from synthq.data.sources import load_source
     from synthq.dp.noise import SecretRandomness
-    from synthq.dp.units import training_units
+    from synthq.dp.privacy_units import training_units
 
     dataset = load_source(data, splits=[split])
     pairs = training_pairs(dataset, split)

@@ -8,7 +8,7 @@
   commands.
 * :mod:`~synthq.privacy.keys` — the data owner's secret key: keyed digests of private data and the
   seal of every manifest.
-* :mod:`~synthq.privacy.units` — the unit sets of releases and which releases share privacy units.
+* :mod:`~synthq.privacy.unit_sets` — the unit sets of releases and which releases share privacy units.
 * :mod:`~synthq.privacy.inputs` — where every input came from (starting models, data, public
   documents), and what reading it brings into an artifact.
 * :mod:`~synthq.privacy.ledger` — what a set of artifacts costs together, per private dataset.

@@ -222,9 +222,9 @@ def compose_releases(releases: list[dict], sharing: list[list[str]], assumptions
 
     Args:
         releases: every read of private data behind the artifact (its own and its inputs'), each
-            ``{"id", "guarantee", "unit", ...}`` as recorded in manifests (:mod:`synthq.privacy.units`).
+            ``{"id", "guarantee", "unit", ...}`` as recorded in manifests (:mod:`synthq.privacy.unit_sets`).
         sharing: groups of release ids whose data share at least one privacy unit (the maximal
-            such groups, :func:`synthq.privacy.units.sharing_groups`); every release is in one at least.
+            such groups, :func:`synthq.privacy.unit_sets.sharing_groups`); every release is in one at least.
         assumptions: what the artifact relies on beyond the releases' own assumptions.
 
     Basic composition per unit: a unit in the data of releases ``R_u`` is protected at

@@ -19,7 +19,7 @@ from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_arti
 from synthq.artifacts.records import current_input_hash
 from synthq.privacy.accounting import MAX_DELTA
 from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
-from synthq.privacy.units import SEPARATE_DATASETS, link_assumptions, meeting_datasets, sharing_groups
+from synthq.privacy.unit_sets import SEPARATE_DATASETS, link_assumptions, meeting_datasets, sharing_groups
 from synthq.runtime.errors import ArtifactError
 
 # How releases compose: per unit, on which releases' data share units (read from the data without
@@ -115,7 +115,7 @@ def _dataset_key(release: dict) -> str:
 
 def _merged_datasets(releases: list[dict]) -> dict[str, str]:
     """Dataset key -> the key of the dataset it is merged into: datasets whose releases hold a
-    common query or the same people (:func:`synthq.privacy.units.meeting_datasets`: a whole
+    common query or the same people (:func:`synthq.privacy.unit_sets.meeting_datasets`: a whole
     sub-dataset layout and one of its parts, a log and its re-export under re-issued pseudonyms)
     are one dataset in the ledger, so no per-dataset total shows the max of two releases over one
     unit."""
@@ -193,7 +193,7 @@ def delta_warning(total: Guarantee, units: list[int]) -> str | None:
 def ledger_assumptions(book: Ledger) -> list[str]:
     """What the ledger's totals and its split into lines rest on: the links' assumptions
     (:func:`composition_assumptions`), and, with several dataset lines composed per unit, that
-    datasets on separate lines share no one (:data:`~synthq.privacy.units.SEPARATE_DATASETS`)."""
+    datasets on separate lines share no one (:data:`~synthq.privacy.unit_sets.SEPARATE_DATASETS`)."""
     found = composition_assumptions(book.releases, book.compose)
     if book.compose == "units" and len(book.datasets) > 1:
         found.append(SEPARATE_DATASETS)

@@ -8,7 +8,7 @@ release records, before anything is rendered:
   per-query guarantee derived again at that δ);
 * :func:`composed_at` — the releases composed exactly as the ledger composes them
   (:func:`~synthq.privacy.guarantee.compose_releases` over
-  :func:`~synthq.privacy.units.sharing_groups`, or one group with ``--compose sum``), each
+  :func:`~synthq.privacy.unit_sets.sharing_groups`, or one group with ``--compose sum``), each
   recomputed at its δ;
 * :func:`gaussian_mu` — the Gaussian-DP μ, stated only where it is exact: ``√T/σ`` for the
   Gaussian without subsampling (Private Evolution's votes, q = 1; σ is noise std / sensitivity).

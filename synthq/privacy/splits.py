@@ -34,7 +34,7 @@ from synthq.artifacts.manifest import Artifact, is_artifact, open_artifact
 from synthq.data.sources import SPLIT_DECLARATION, dataset_parts, declared_splits, public_benchmark
 from synthq.privacy.digests import data_record, public_split_record
 from synthq.privacy.guarantee import Guarantee, compose_releases
-from synthq.privacy.units import link_assumptions, sharing_groups
+from synthq.privacy.unit_sets import link_assumptions, sharing_groups
 
 
 @dataclass

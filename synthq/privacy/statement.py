@@ -14,7 +14,7 @@ config. Per private dataset it states:
   subsampled-Gaussian accountant's model — Poisson — is what is stated; "—" where the mechanism
   has no such parameter); the tables are :mod:`synthq.privacy.statement_tables`;
 * ε at the run's δ, composed exactly as the ledger composes (:func:`compose_releases` over
-  :func:`~synthq.privacy.units.sharing_groups`), and the same composition with every release's ε
+  :func:`~synthq.privacy.unit_sets.sharing_groups`), and the same composition with every release's ε
   recomputed by its own accountant (:func:`~synthq.privacy.accounting.epsilon_for`) at δ = 1e-6 and
   at δ = 1/n² (n: the unit count the release's accountant assumed, ``details.num_units``; skipped
   when a δ-dependent release records none); a composed total whose δ is at or above 1/n, or above

@@ -56,7 +56,7 @@ TEXTS_PER_CALL = 1024
 
 def corpus_fingerprint(corpus: dict[str, dict[str, str]]) -> str:
     """A key that changes whenever a document's id or text changes: for a corpus read from a file
-    (an Arrow-backed :class:`~synthq.data.tables.Corpus`) the content key of its cache, derived
+    (an Arrow-backed :class:`~synthq.data.arrow_views.Corpus`) the content key of its cache, derived
     from the file's bytes, which is instant at any size (hashing every text took ~20 s at 1 M
     passages); otherwise sha256 over every document's id and the exact text the encoder sees,
     in id order. The two kinds never collide; the file key may miss where the text hash would
@@ -270,9 +270,9 @@ def search_corpus(
 ) -> dict[str, dict[str, float]]:  # fmt: skip
     """The ``top_k`` documents of ``corpus`` for each of ``queries`` (id -> text), best first: the
     corpus embeddings from the cache (encoded on a miss, :func:`corpus_embeddings`), the queries
-    encoded, exact search (:func:`synthq.retrieval.search.exact_search`). What ``synthq search``
+    encoded, exact search (:func:`synthq.retrieval.topk.exact_search`). What ``synthq search``
     and the consistency filter run; ``eval`` times the same steps one by one."""
-    from synthq.retrieval.search import exact_search
+    from synthq.retrieval.topk import exact_search
 
     embedded = corpus_embeddings(model, model_key, corpus, batch_size)
     query_ids = list(queries)

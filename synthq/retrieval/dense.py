@@ -1,7 +1,7 @@
 """Scoring a dense encoder on one dataset: cached corpus embeddings, exact search, per-query metrics.
 
 The corpus is encoded once per (model, corpus) (:mod:`synthq.retrieval.cache`), the queries
-every time; search is exact (:func:`synthq.retrieval.search.exact_search`, or FAISS) and each
+every time; search is exact (:func:`synthq.retrieval.topk.exact_search`, or FAISS) and each
 query is scored with pytrec_eval (:func:`synthq.retrieval.metrics.per_query`). Every run reports
 its throughput, which :class:`Throughput` sums over runs.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from synthq.retrieval.cache import corpus_embeddings, encode_texts
 from synthq.retrieval.metrics import per_query
-from synthq.retrieval.search import exact_search
+from synthq.retrieval.topk import exact_search
 
 
 def score_dense(
@@ -37,7 +37,7 @@ def score_dense(
         load: returns the encoder; it is loaded here and dropped on return.
         key: the embedding-cache key of its weights (:func:`synthq.retrieval.cache.weights_key`).
         batch_size: encoding batch size. ``top_k``, ``chunk_size``, ``use_faiss``, ``device``:
-            :func:`synthq.retrieval.search.exact_search`'s.
+            :func:`synthq.retrieval.topk.exact_search`'s.
         ignore_identical: drop a document whose id is the query's (ArguAna, Quora).
     """
     # One model in memory at a time (the paper's tables hold many T5-Base retrievers);

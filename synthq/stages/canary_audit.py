@@ -72,7 +72,7 @@ from synthq.config.registry import stage_entry
 from synthq.data.beir_io import BeirDataset, write_beir_dir
 from synthq.data.sources import load_source, resolve_source
 from synthq.privacy.guarantee import Guarantee, format_epsilon
-from synthq.privacy.units import query_links
+from synthq.privacy.unit_sets import query_links
 from synthq.runtime.console import info
 from synthq.runtime.distributed import resolve_device
 from synthq.runtime.errors import SynthqError

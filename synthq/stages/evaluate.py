@@ -80,7 +80,7 @@ from synthq.privacy.splits import (
     private_split_guarantee,
     score_guarantee,
 )
-from synthq.privacy.units import query_links
+from synthq.privacy.unit_sets import query_links
 from synthq.reporting.eval_files import (
     PER_QUERY_FILE,
     RESULTS_FILE,

@@ -51,7 +51,7 @@ from synthq.dp.generator_training import GeneratorTraining
 from synthq.dp.learning_check import HELD_OUT_PAIRS, HeldOut, LearningCheck
 from synthq.dp.lm import PerQueryClipping, PerUserClipping
 from synthq.dp.noise import SecretRandomness
-from synthq.dp.units import (
+from synthq.dp.privacy_units import (
     PrivacyUnits,
     describe_units,
     public_count_assumption,

@@ -28,7 +28,7 @@ from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.data.beir_io import read_qrels, read_queries
 from synthq.data.sources import load_source, resolve_source
 from synthq.privacy.guarantee import Guarantee, format_epsilon
-from synthq.privacy.units import query_links
+from synthq.privacy.unit_sets import query_links
 from synthq.runtime import precision
 from synthq.runtime.console import result
 from synthq.runtime.distributed import resolve_device

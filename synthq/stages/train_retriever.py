@@ -41,7 +41,7 @@ from synthq.data.sources import load_source
 from synthq.dp.contrastive import Example
 from synthq.dp.engine import PrivacyPlan, build_mechanism, check_units_fit, planned_steps
 from synthq.dp.noise import SecretRandomness
-from synthq.dp.units import (
+from synthq.dp.privacy_units import (
     PrivacyUnits,
     describe_units,
     public_count_assumption,

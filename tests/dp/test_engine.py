@@ -12,7 +12,7 @@ from scipy import stats
 from synthq.dp.clipping import clip_and_sum
 from synthq.dp.engine import Mechanism, PrivacyPlan
 from synthq.dp.noise import SecretRandomness
-from synthq.dp.units import PrivacyUnits, batch_cap, poisson_units
+from synthq.dp.privacy_units import PrivacyUnits, batch_cap, poisson_units
 from synthq.runtime.errors import PrivacyError
 
 

@@ -15,9 +15,9 @@ from opacus.accountants import RDPAccountant
 from typer.testing import CliRunner
 
 from synthq.cli.app import app
+from synthq.data.arrow_views import Queries
 from synthq.data.sources import load_source
 from synthq.data.summary import summarize
-from synthq.data.tables import Queries
 from synthq.dp import route_plans
 from synthq.dp.engine import PrivacyPlan, planned_steps
 from synthq.dp.lm import PerQueryClipping

@@ -350,7 +350,7 @@ def _a_release_read(artifacts, targets: dict[str, set[bytes]], finite: bool = Fa
     of ``targets`` (:func:`_removed_units`), with ``finite`` a release of finite ε. A release of
     the same dataset that never read that unit (a read of the dev split, say) does not explain a
     difference; nor does a release whose unit set cannot be read."""
-    from synthq.privacy.units import load_unit_set
+    from synthq.privacy.unit_sets import load_unit_set
 
     if not artifacts:
         return False
@@ -784,7 +784,7 @@ def test_releases_on_a_log_with_reissued_pseudonyms_compose_as_the_same_people(r
     from synthq.artifacts.manifest import open_artifact
     from synthq.privacy.ledger import ledger_lines
     from synthq.privacy.statement import statement_for
-    from synthq.privacy.units import DIFFERENT_PEOPLE, load_unit_set
+    from synthq.privacy.unit_sets import DIFFERENT_PEOPLE, load_unit_set
 
     data, renamed, paths = reissued_pseudonyms
     assert not set(af.train_query_users(data).values()) & set(af.train_query_users(renamed).values())
@@ -816,7 +816,7 @@ def test_query_level_releases_of_a_log_and_its_copy_under_new_query_ids_add_up(
     from synthq.artifacts.manifest import open_artifact
     from synthq.privacy.ledger import ledger_lines
     from synthq.privacy.statement import statement_for
-    from synthq.privacy.units import load_unit_set
+    from synthq.privacy.unit_sets import load_unit_set
 
     base = tmp_path_factory.mktemp("adversary-renamed-queries")
     data = af.private_dataset(base / "log" / "data", "query")

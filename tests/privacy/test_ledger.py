@@ -13,7 +13,7 @@ from synthq.artifacts.manifest import open_artifact
 from synthq.privacy.accounting import epsilon_for
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.ledger import dataset_totals, ledger, ledger_lines
-from synthq.privacy.units import QUERIES_BY_ID
+from synthq.privacy.unit_sets import QUERIES_BY_ID
 from synthq.runtime.errors import ArtifactError
 
 DELTA = 1e-5

@@ -19,7 +19,7 @@ from synthq.artifacts.manifest import open_artifact
 from synthq.cli.app import app
 from synthq.config.evaluation import EvalConfig
 from synthq.privacy.guarantee import compose_releases, format_epsilon
-from synthq.privacy.units import sharing_groups
+from synthq.privacy.unit_sets import sharing_groups
 from synthq.reporting.systems import systems
 from synthq.stages import evaluate, train_retriever
 from tests.helpers import private_copy, retriever_config

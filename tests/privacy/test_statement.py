@@ -389,7 +389,7 @@ def test_the_assumption_that_unlinked_user_level_releases_hold_different_people_
 ):
     """Two user-level releases with no query id or text in common compose as different people:
     an assumption of the composed total, which the ledger and the statement must show."""
-    from synthq.privacy.units import DIFFERENT_PEOPLE
+    from synthq.privacy.unit_sets import DIFFERENT_PEOPLE
 
     _, data = private_data
     user_level = Guarantee(epsilon=2.0, delta=1e-5, unit="user", mechanism="dp-adam", accountant="rdp")
@@ -451,7 +451,7 @@ def test_datasets_on_separate_lines_print_that_they_hold_different_people_and_qu
     """Review N3: a user-level release and a query-level release of unrelated logs are composed as
     sharing (the total adds them) but printed on separate lines, which rests on their holding
     different people: the ledger and the statement say so."""
-    from synthq.privacy.units import SEPARATE_DATASETS
+    from synthq.privacy.unit_sets import SEPARATE_DATASETS
 
     _, data = private_data
     user_level = Guarantee(epsilon=2.0, delta=1e-5, unit="user", mechanism="dp-adam", accountant="rdp")

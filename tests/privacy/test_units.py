@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from synthq.privacy import units as units_module
+from synthq.privacy import unit_sets as units_module
 from synthq.privacy.keys import key_id, state_dir, unit_digests
 from synthq.privacy.ledger import _merged_datasets
-from synthq.privacy.units import (
+from synthq.privacy.unit_sets import (
     DIFFERENT_PEOPLE,
     DIFFERENT_QUERIES,
     QUERIES_BY_ID,

@@ -26,7 +26,7 @@ from synthq.dp.contrastive import Example, GroupClipping, SampleClipping
 from synthq.dp.engine import PrivacyPlan
 from synthq.dp.lm import DPStep
 from synthq.dp.noise import SecretRandomness
-from synthq.dp.units import PrivacyUnits, poisson_units, training_units
+from synthq.dp.privacy_units import PrivacyUnits, poisson_units, training_units
 from synthq.models.encoder import embed
 from synthq.models.generator import QueryGenerator
 from synthq.privacy.accounting import epsilon_for

@@ -3,7 +3,7 @@ per-unit composition of the releases behind the number, and the order of the eva
 change what is printed.
 
 Rows are built from synthetic release records whose unit sets are really stored (so sharing is
-decided by :func:`synthq.privacy.units.sharing_groups` on actual overlaps); the reference is
+decided by :func:`synthq.privacy.unit_sets.sharing_groups` on actual overlaps); the reference is
 :func:`synthq.privacy.guarantee.compose_releases` over the union of the releases of every evaluated
 occurrence of every member of the printed row."""
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from synthq.privacy.guarantee import Guarantee, compose_releases
 from synthq.privacy.splits import score_guarantee
-from synthq.privacy.units import sharing_groups, store_unit_set
+from synthq.privacy.unit_sets import sharing_groups, store_unit_set
 from synthq.reporting.epsilon import epsilon_cell, scores_cell, shown_epsilon
 from synthq.reporting.merge import merge_row_lists
 from synthq.reporting.row_privacy import PARTS, release_lists

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from synthq.retrieval.search import exact_search, faiss_search
+from synthq.retrieval.topk import exact_search, faiss_search
 
 
 def _normalised(rows: int, dim: int, seed: int) -> np.ndarray:
@@ -76,7 +76,7 @@ def test_top_k_larger_than_corpus_and_bad_shapes(data):
 
 def test_accelerator_path_matches_the_cpu_path(data):
     """The torch branch (used on GPUs) picks the same top-k per chunk as the numpy branch."""
-    from synthq.retrieval.search import _numpy_top_k, _torch_top_k
+    from synthq.retrieval.topk import _numpy_top_k, _torch_top_k
 
     queries, docs, _, _ = data
     numpy_scores, numpy_indices = _numpy_top_k(queries, docs, 7)

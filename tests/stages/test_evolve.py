@@ -23,7 +23,7 @@ from synthq.dp.evolution import (
     noisy_histogram,
     vote_histogram,
 )
-from synthq.dp.units import PrivacyUnits
+from synthq.dp.privacy_units import PrivacyUnits
 from synthq.privacy.ledger import dataset_totals, ledger_lines
 from synthq.stages import evaluate, evolve, train_retriever
 from synthq.stages.evolve.population import Population, best_per_document, ranked_per_document

@@ -19,7 +19,7 @@ from synthq.dp.contrastive_logit import logit_dp_constants
 from synthq.dp.engine import PrivacyPlan
 from synthq.privacy.guarantee import Guarantee
 from synthq.retrieval.metrics import evaluate
-from synthq.retrieval.search import exact_search
+from synthq.retrieval.topk import exact_search
 from synthq.runtime.errors import ArtifactError, DataError
 from synthq.stages import train_retriever
 

@@ -59,7 +59,7 @@ from synthq.dp.evolution import (
     vote_histogram,
 )
 from synthq.dp.noise import SecretRandomness
-from synthq.dp.units import (
+from synthq.dp.privacy_units import (
     PrivacyUnits,
     describe_units,
     public_count_assumption,

@@ -19,7 +19,7 @@ import torch
 from scipy import stats
 
 from synthq.dp.noise import SecretRandomness
-from synthq.privacy.units import link_text, query_links
+from synthq.privacy.unit_sets import link_text, query_links
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class PrivacyUnits:
     kind: str = "query"
     max_queries: int | None = None  # the user unit's bound K on each user's queries
     row_keys: dict[int, str] = field(default_factory=dict, repr=False)  # row -> its unit's key
-    # the user unit's links: the ids and texts of the kept queries (synthq.privacy.units)
+    # the user unit's links: the ids and texts of the kept queries (synthq.privacy.unit_sets)
     links: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -182,7 +182,7 @@ def training_units(pairs, root: Path, unit: str, max_queries: int | None, random
             return units
         rows = list(dict.fromkeys(int(row) for row in pairs.query_rows))
         ids, texts = [pairs.queries.id_at(r) for r in rows], [pairs.queries.text_at(r) for r in rows]
-        return replace(units, links=query_links(ids, texts))  # its own queries (synthq.privacy.units)
+        return replace(units, links=query_links(ids, texts))  # its own queries (synthq.privacy.unit_sets)
     users = query_users(root, pairs.queries, pairs.query_rows)
     units = PrivacyUnits.by_user(query_ids, users, max_queries, randomness)
     if not links:
