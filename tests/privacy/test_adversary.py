@@ -758,6 +758,28 @@ def test_a_dev_query_read_through_the_whole_and_through_its_sub_dataset_counts_b
     )
 
 
+def _two_disjoint_releases_shown(paths, kind: str):
+    """The two releases of ``paths`` (of unit ``kind``, unit sets that never meet: else the world
+    is too easy), the sum of their ε, the ledger's lines, its per-dataset totals as printed, and
+    every total shown (computed, printed, stated)."""
+    from synthq.artifacts.manifest import open_artifact
+    from synthq.privacy.ledger import ledger_lines
+    from synthq.privacy.statement import statement_for
+    from synthq.privacy.unit_sets import load_unit_set
+
+    releases = [r for path in paths for r in open_artifact(path).releases]
+    assert [r["units"]["kind"] for r in releases] == [kind, kind]
+    first, second = (_digests(load_unit_set(r["units"], r["path"])) for r in releases)
+    assert first and second and not first & second, f"the {kind} unit sets meet: the world is too easy"
+    expected = sum(float(r["guarantee"]["epsilon"]) for r in releases)
+    lines = ledger_lines(paths)
+    printed = _printed_totals(lines, r"^private dataset (.+?) \(keyed id [^)]*\): ε=(\S+)")
+    stated = _stated_totals(statement_for(paths))
+    shown = {"ledger": ledger(paths).total.epsilon, "printed ledger": max(printed.values()),
+             "statement": max(stated.values())}  # fmt: skip
+    return releases, expected, lines, printed, shown
+
+
 @pytest.fixture(scope="module")
 def reissued_pseudonyms(tmp_path_factory, tiny_encoder_dir):
     """A user-level log D and its re-export (:func:`af.with_reissued_pseudonyms`: one query of a
@@ -781,23 +803,11 @@ def test_releases_on_a_log_with_reissued_pseudonyms_compose_as_the_same_people(r
     keyed query ids and texts) can. The ledger over both worlds' artifacts, as computed, printed
     and stated, is at least the sum of the two user-level releases' ε, as one dataset, with no
     assumption that they are different people."""
-    from synthq.artifacts.manifest import open_artifact
-    from synthq.privacy.ledger import ledger_lines
-    from synthq.privacy.statement import statement_for
-    from synthq.privacy.unit_sets import DIFFERENT_PEOPLE, load_unit_set
+    from synthq.privacy.unit_sets import DIFFERENT_PEOPLE
 
     data, renamed, paths = reissued_pseudonyms
     assert not set(af.train_query_users(data).values()) & set(af.train_query_users(renamed).values())
-    releases = [r for path in paths for r in open_artifact(path).releases]
-    assert [r["units"]["kind"] for r in releases] == ["user", "user"]
-    first, second = (_digests(load_unit_set(r["units"], r["path"])) for r in releases)
-    assert first and second and not first & second, "the users' unit sets meet: the world is too easy"
-    expected = sum(float(r["guarantee"]["epsilon"]) for r in releases)
-    lines = ledger_lines(paths)
-    printed = _printed_totals(lines, r"^private dataset (.+?) \(keyed id [^)]*\): ε=(\S+)")
-    stated = _stated_totals(statement_for(paths))
-    shown = {"ledger": ledger(paths).total.epsilon, "printed ledger": max(printed.values()),
-             "statement": max(stated.values())}  # fmt: skip
+    releases, expected, lines, printed, shown = _two_disjoint_releases_shown(paths, "user")
     each = [round(float(r["guarantee"]["epsilon"]), 3) for r in releases]
     assert all(value >= expected - 0.005 for value in shown.values()), (
         f"two user-level releases (ε = {each}) of the same people under re-issued pseudonyms: at "
@@ -813,11 +823,6 @@ def test_query_level_releases_of_a_log_and_its_copy_under_new_query_ids_add_up(
     """Review N1: a query-level release on a log and one on its copy with every query id renamed
     (the same texts). Neither the unit sets (ids) nor the identity can tell these are the same
     queries; the (id, text) pairs can. Every total shown is at least the sum, on one line."""
-    from synthq.artifacts.manifest import open_artifact
-    from synthq.privacy.ledger import ledger_lines
-    from synthq.privacy.statement import statement_for
-    from synthq.privacy.unit_sets import load_unit_set
-
     base = tmp_path_factory.mktemp("adversary-renamed-queries")
     data = af.private_dataset(base / "log" / "data", "query")
     copy = af.with_renamed_queries(data, base / "copy" / "data")
@@ -825,16 +830,7 @@ def test_query_level_releases_of_a_log_and_its_copy_under_new_query_ids_add_up(
         af.user_level_retriever(base / "artifacts" / name, source, tiny_encoder_dir, 2.0, unit="query")
         for name, source in (("ret-on-log", data), ("ret-on-copy", copy))
     ]
-    releases = [r for path in paths for r in open_artifact(path).releases]
-    assert [r["units"]["kind"] for r in releases] == ["query", "query"]
-    first, second = (_digests(load_unit_set(r["units"], r["path"])) for r in releases)
-    assert first and second and not first & second, "the query unit sets meet: the world is too easy"
-    expected = sum(float(r["guarantee"]["epsilon"]) for r in releases)
-    lines = ledger_lines(paths)
-    printed = _printed_totals(lines, r"^private dataset (.+?) \(keyed id [^)]*\): ε=(\S+)")
-    stated = _stated_totals(statement_for(paths))
-    shown = {"ledger": ledger(paths).total.epsilon, "printed ledger": max(printed.values()),
-             "statement": max(stated.values())}  # fmt: skip
+    _, expected, lines, printed, shown = _two_disjoint_releases_shown(paths, "query")
     assert all(value >= expected - 0.005 for value in shown.values()), (
         f"two query-level releases of the same queries under new ids: at least ε = {expected:.3f} "
         f"per query, shown as {shown}:\n" + "\n".join(lines)
