@@ -19,7 +19,13 @@ from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_arti
 from synthq.artifacts.records import current_input_hash
 from synthq.privacy.accounting import MAX_DELTA
 from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
-from synthq.privacy.unit_sets import SEPARATE_DATASETS, link_assumptions, meeting_datasets, sharing_groups
+from synthq.privacy.unit_sets import (
+    LINK_ASSUMPTIONS,
+    SEPARATE_DATASETS,
+    link_assumptions,
+    meeting_datasets,
+    sharing_groups,
+)
 from synthq.runtime.errors import ArtifactError
 
 # How releases compose: per unit, on which releases' data share units (read from the data without
@@ -39,6 +45,13 @@ def composition_groups(releases: list[dict], compose: str = "units") -> list[lis
     if compose == "sum":
         return [[r["id"] for r in releases]] if releases else []
     return sharing_groups(releases)
+
+
+def artifact_assumptions(artifact: Artifact, compose: str = "units") -> list[str]:
+    """What an artifact's own headline assumes, less what only a per-unit composition rests on
+    (:data:`~synthq.privacy.unit_sets.LINK_ASSUMPTIONS`) when the ledger sums."""
+    own = artifact.privacy.assumptions
+    return [a for a in own if a not in LINK_ASSUMPTIONS] if compose == "sum" else list(own)
 
 
 def composition_assumptions(releases: list[dict], compose: str = "units") -> list[str]:
@@ -84,7 +97,7 @@ class Ledger:
     def total(self) -> Guarantee:
         """Everything composed per unit (across datasets: units are keyed by id, so ids that two
         datasets share are counted as one unit — a bound), or summed (``compose="sum"``)."""
-        assumptions = [a for artifact in self.artifacts for a in artifact.privacy.assumptions]
+        assumptions = [a for artifact in self.artifacts for a in artifact_assumptions(artifact, self.compose)]
         assumptions += composition_assumptions(self.releases, self.compose)
         return compose_releases(self.releases, self.groups, assumptions)
 
@@ -234,7 +247,7 @@ def ledger_lines(paths: list[str | Path], compose: str = "units") -> list[str]:
         lines.append(f"changed since: {note}")
     holders: dict[str, list[str]] = {}  # each assumption once, with the artifacts that make it
     for artifact in book.artifacts:
-        for assumption in artifact.privacy.assumptions:
+        for assumption in artifact_assumptions(artifact, compose):
             holders.setdefault(assumption, []).append(str(artifact.path))
     for linking in ledger_assumptions(book):  # what the totals and the lines rest on
         holders.setdefault(linking, []).append("the composed totals")
@@ -247,5 +260,13 @@ def ledger_lines(paths: list[str | Path], compose: str = "units") -> list[str]:
 
 
 def dataset_totals(paths: list[str | Path]) -> dict[str, float]:
-    """Total ε per private dataset name (``inf`` where something read it without DP)."""
-    return {cost.name: cost.total.epsilon for cost in ledger(paths).datasets.values()}
+    """Total ε per private dataset name (``inf`` where something read it without DP); two datasets
+    of one name are told apart by their keyed ids."""
+    costs = list(ledger(paths).datasets.values())
+    names = [cost.name for cost in costs]
+
+    def label(cost: DatasetCost) -> str:
+        keyed = cost.sha256.removeprefix("hmac:")[:12]
+        return cost.name if names.count(cost.name) == 1 else f"{cost.name} ({keyed})"
+
+    return {label(cost): cost.total.epsilon for cost in costs}

@@ -44,6 +44,7 @@ from synthq.privacy.guarantee import UNIT_NOTES, Guarantee, release_guarantee
 from synthq.privacy.ledger import (
     SUM_NOTE,
     Ledger,
+    artifact_assumptions,
     delta_warning,
     ledger,
     ledger_assumptions,
@@ -274,7 +275,7 @@ def _not_released(book: Ledger, audits: list[Artifact], rows: list[ReleaseRow]) 
 def _assumption_lines(book: Ledger, audits: list[Artifact]) -> list[str]:
     holders: dict[str, list[str]] = {}
     for artifact in book.artifacts:
-        for assumption in artifact.privacy.assumptions:
+        for assumption in artifact_assumptions(artifact, book.compose):
             holders.setdefault(assumption, []).append(str(artifact.path))
     for release in book.releases:
         for assumption in release_guarantee(release).assumptions:

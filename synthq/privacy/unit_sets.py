@@ -23,6 +23,7 @@ same dataset identity).
 from __future__ import annotations
 
 import hashlib
+import json
 import unicodedata
 from collections import OrderedDict
 from pathlib import Path
@@ -83,6 +84,8 @@ SEPARATE_DATASETS = (
     "datasets on separate ledger lines hold different people and different queries: none of their "
     "releases share a query id or a query text (Unicode form, case, punctuation and spacing aside)"
 )
+# Every assumption a per-unit composition may rest on through links (none under a plain sum).
+LINK_ASSUMPTIONS = (DIFFERENT_PEOPLE, DIFFERENT_QUERIES, QUERIES_BY_ID, SEPARATE_DATASETS)
 
 
 EMPTY_SET = hashlib.sha256(b"").hexdigest()  # the sha256 of a release's set of no units
@@ -126,10 +129,24 @@ def link_assumptions(releases: list[dict]) -> list[str]:
 
 def _is_artifact_data(release: dict) -> bool:
     """Whether a release read a synthq artifact (a synthetic set), not a dataset of people: its
-    queries are a DP mechanism's output, never another log's queries, so they are matched by id
-    only — matching their texts would read whether the generator wrote a private query word for
-    word (one un-noised bit in every manifest that composes them)."""
+    queries are a DP mechanism's output, never a log's queries. They are matched with other
+    artifact releases by id only, and with releases of private data never — matching their texts
+    would read whether the generator wrote a private query word for word, matching their ids
+    whether the private log holds an id like a synthetic one (each an un-noised bit in every
+    manifest that composes them). The people behind them are covered by the generator's release."""
     return (release.get("data") or {}).get("kind") == "artifact"
+
+
+# Artifact releases' digests are moved by this mask, so that they never equal a private digest.
+ARTIFACT_NAMESPACE = 0xA5A5_5A5A_C3C3_3C3C
+
+
+def _namespaced(digests, release: dict):
+    """``digests`` (uint64) as compared across releases: an artifact release's in their own space."""
+    import numpy as np
+
+    digests = np.asarray(digests, dtype=np.uint64)
+    return digests ^ np.uint64(ARTIFACT_NAMESPACE) if _is_artifact_data(release) else digests
 
 
 def connected(groups) -> list[set[str]]:
@@ -252,7 +269,10 @@ def sharing_groups(releases: list[dict]) -> list[list[str]]:
         groups_by_pairs = set()
     groups: set[frozenset[str]] = set()
     if known:
-        digests = np.concatenate([np.frombuffer(sets[key], dtype=">u8") for key in known])
+        by_id = {r["id"]: r for r in releases}
+        digests = np.concatenate(
+            [_namespaced(np.frombuffer(sets[key], dtype=">u8"), by_id[key]) for key in known]
+        )
         owners = np.concatenate(
             [np.full(len(sets[key]) // 8, index, dtype=np.int64) for index, key in enumerate(known)]
         )
@@ -270,7 +290,7 @@ def sharing_groups(releases: list[dict]) -> list[list[str]]:
     return sorted(sorted(g) for g in maximal)
 
 
-def _query_groups(releases: list[dict]) -> tuple[set[frozenset[str]], set[str]]:
+def _query_groups(releases: list[dict]) -> tuple[frozenset[frozenset[str]], frozenset[str]]:
     """Groups of the query-level releases that kept (id, text) pairs, by the queries they may
     share, and the ids of those releases.
 
@@ -283,9 +303,9 @@ def _query_groups(releases: list[dict]) -> tuple[set[frozenset[str]], set[str]]:
     import numpy as np
 
     key = tuple(
-        (r["id"], (r.get("units") or {}).get("sha256"), str((r.get("units") or {}).get("links")),
-         _is_artifact_data(r), r.get("path")) for r in releases
-    )  # fmt: skip
+        (r["id"], json.dumps(r.get("units"), sort_keys=True), _is_artifact_data(r), r.get("path"))
+        for r in releases
+    )
     if (cached := _GROUPS.get((key_id(), key))) is not None:
         return cached
     pairs = {}
@@ -295,23 +315,23 @@ def _query_groups(releases: list[dict]) -> tuple[set[frozenset[str]], set[str]]:
             ids = load_unit_set(units, path, "query") if (units or {}).get("links", {}).get(PAIRS) else None
             if ids is not None:  # its ids only (text 0: none): a text edge would read the generator's output
                 block = np.zeros((len(ids) // 8, 2), dtype=np.uint64)
-                block[:, 0] = np.frombuffer(ids, ">u8")
+                block[:, 0] = _namespaced(np.frombuffer(ids, ">u8"), release)
                 pairs[release["id"]] = block
             continue
         data = load_unit_set(units, path, PAIRS)
         if data is not None:
             pairs[release["id"]] = np.frombuffer(data, ">u8").reshape(-1, 2).astype(np.uint64)
     if not pairs:
-        return set(), set()
+        return frozenset(), frozenset()
     owners = list(pairs)
-    result = (_graph_groups([pairs[key] for key in owners], owners), set(owners))
+    result = (frozenset(_graph_groups([pairs[key] for key in owners], owners)), frozenset(owners))
     _GROUPS[(key_id(), key)] = result
     while len(_GROUPS) > 64:
         _GROUPS.pop(next(iter(_GROUPS)))
     return result
 
 
-_GROUPS: dict[tuple, tuple[set[frozenset[str]], set[str]]] = {}
+_GROUPS: dict[tuple, tuple[frozenset[frozenset[str]], frozenset[str]]] = {}
 
 
 def _graph_groups(pairs: list, owners: list[str]) -> set[frozenset[str]]:
@@ -388,7 +408,9 @@ def _meet(first: dict, second: dict, kinds: tuple[str, str]) -> bool:
         return how_a == how_b and np.intersect1d(np.frombuffer(a, ">u8"), np.frombuffer(b, ">u8")).size > 0
 
     ids = "query" in first and "query" in second and first["query"][0] == second["query"][0]
-    if "artifact" in first or "artifact" in second:  # a synthetic set: by id, unknown ids meet
+    if ("artifact" in first) != ("artifact" in second):  # a synthetic set and private data: never
+        return False
+    if "artifact" in first:  # two synthetic sets (a set and its filtered copy): by id, unknown meet
         return not ids or meets("query")
     texts = "text" in first and "text" in second
     one_sided = ("text" in first) != ("text" in second)  # one kept texts: a copy under new ids

@@ -14,7 +14,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from synthq.artifacts.create import create_artifact
 from synthq.privacy.accounting import epsilon_for, per_query
 from synthq.privacy.guarantee import Guarantee
-from synthq.privacy.ledger import ledger, ledger_lines
+from synthq.privacy.ledger import dataset_totals, ledger, ledger_lines
 from synthq.privacy.reaccounting import dataset_statement
 from synthq.privacy.statement import statement_for
 from synthq.reporting.eval_files import PER_QUERY_FILE, SELECTION_FILE
@@ -445,6 +445,17 @@ def test_a_plain_sum_is_one_line_that_bounds_every_unit(tmp_path, private_data):
     assert summed.total.epsilon == pytest.approx(4.0)
     with pytest.raises(ValueError, match="compose"):
         ledger(paths, compose="max")
+    # two datasets of one name stay two entries of dataset_totals
+    assert sorted(dataset_totals(paths).values()) == [pytest.approx(4.0)]  # merged: one line
+    apart = [release(tmp_path / "other", {**data, "identity": "hmac:other"}, query_level, ["z1"],
+                     links={"query": ["z1"], "text": ["fix a bike"]}), paths[0]]  # fmt: skip
+    assert len(dataset_totals(apart)) == 2
+    # the plain sum rests on no link assumption, whatever an artifact's own headline says
+    from synthq.privacy.unit_sets import LINK_ASSUMPTIONS
+
+    summed_apart = ledger(apart, compose="sum")
+    assert not set(LINK_ASSUMPTIONS) & set(summed_apart.total.assumptions)
+    assert not any(a in statement_for(apart, compose="sum") for a in LINK_ASSUMPTIONS)
 
 
 def test_datasets_on_separate_lines_print_that_they_hold_different_people_and_queries(tmp_path, private_data):

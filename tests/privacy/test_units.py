@@ -296,3 +296,16 @@ def test_a_release_on_a_synthetic_set_never_meets_the_private_log_by_text():
         return release["data"]["identity"]
 
     assert meeting_datasets([log, copied], dataset_of) == meeting_datasets([log, fresh], dataset_of)
+    # nor by id (re-review): a private id equal to a synthetic one must not tell either
+    same_id = {**_query_release("s", ["q1"], ["x"], "hmac:synthetic"), "data": {"identity": "hmac:synthetic",
+               "kind": "artifact"}}  # fmt: skip
+    assert sharing_groups([log, same_id]) == [["g"], ["s"]]
+    assert len(meeting_datasets([log, same_id], dataset_of)) == 2
+    older_log = {"id": "o", "units": store_unit_set("query", ["q1"]), "data": {"identity": "hmac:o"}}
+    older_synthetic = {"id": "t", "units": store_unit_set("query", ["q1"]),
+                       "data": {"identity": "hmac:t", "kind": "artifact"}}  # fmt: skip
+    assert sharing_groups([older_log, older_synthetic]) == [["o"], ["t"]]
+    # two synthetic sets (a set and its filtered copy) still meet by id
+    filtered = {**synthetic(["y"]), "id": "f", "units": store_unit_set(
+        "query", ["doc-1-0"], links=query_links(["doc-1-0"], ["y"]))}  # fmt: skip
+    assert sharing_groups([fresh, filtered]) == [["f", "s"]]
