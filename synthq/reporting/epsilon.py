@@ -75,9 +75,14 @@ def scores_cell(row: dict) -> str:
 
 
 def scores_differ(row: dict) -> bool:
-    """The scores cost more than the model: publishing them is another statement."""
+    """The scores cost more than the model as the table prints them: publishing them is another
+    statement. Exact to the printed digits, not within a tolerance — a table of one ε column
+    shows the model's, which must then be what the scores cost too (10.00 for scores of 10.50
+    would understate them)."""
     privacy = privacy_of(row)
-    return not same_epsilon(privacy.scores.epsilon, privacy.model.epsilon)
+    return _text(privacy.scores, privacy.scores.epsilon, privacy.scores.unit) != _text(
+        privacy.model, privacy.model.epsilon, privacy.model.unit
+    )
 
 
 def scores_statement(rows: list[dict]) -> str:
