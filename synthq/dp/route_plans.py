@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 
 from synthq.dp.engine import PrivacyPlan, planned_steps
+from synthq.models.stage_costs import reference_costs
 from synthq.privacy.accounting import default_delta, noise_multiplier_for
 
 REFERENCE_RUNS = "reference_runs.json"
@@ -313,19 +314,13 @@ def describe(plan: RoutePlan, minutes: float) -> dict:
     }  # fmt: skip
 
 
-def costs() -> dict[str, float]:
-    """Seconds of each kind of work on the reference machine (2 CPU cores; see the JSON)."""
-    table = json.loads(resources.files("synthq.dp").joinpath(REFERENCE_RUNS).read_text(encoding="utf-8"))
-    return {name: entry["value"] for name, entry in table["costs"].items() if name != "about"}
-
-
 def route_minutes(plan: RoutePlan, rows_per_unit: int, documents: int, queries_per_document: int,
                   retriever_epochs: float) -> float:  # fmt: skip
     """Expected minutes of a route on the reference machine, an upper bound at ``rows_per_unit``
     rows per unit (K at the user unit). Synthetic: the DP generator's steps, generating
     ``queries_per_document`` for each public document, one retriever trained on them. Direct DP:
     the retriever's DP steps."""
-    seconds = costs()
+    seconds = reference_costs()
     rows = plan.steps * plan.settings.batch_size * rows_per_unit
     if plan.settings.route == "direct-dp":
         return rows * seconds["retriever_dp_group_seconds_per_pair"] / 60

@@ -61,6 +61,7 @@ from synthq.dp.privacy_units import (
 )
 from synthq.models.defaults import Chosen, finetune_defaults, why_corpus_is_public
 from synthq.models.generator import QueryGenerator, apply_lora
+from synthq.models.stage_costs import expected_line, generator_training_seconds, parameter_count
 from synthq.models.training_step import non_private_step, training_statistics
 from synthq.privacy.accounting import default_delta
 from synthq.privacy.guarantee import Guarantee
@@ -214,6 +215,10 @@ def _warm_start(config: FinetuneConfig, settings: FinetuneConfig, generator: Que
 
     make_batch = _batches_of(generator, pairs, settings.max_target_length)
     losses = []
+    seconds = generator_training_seconds(
+        steps * WARM_START_BATCH, settings.max_source_length, parameter_count(generator.model)
+    )
+    info(f"warm start on {public.spec}: {steps} public steps; {expected_line(seconds, bound=False)}")
     with progress() as bar:
         task = bar.add_task(f"warm start on {public.spec}", total=steps)
         for step in range(steps):
@@ -378,6 +383,11 @@ def _announce(config: FinetuneConfig, setup: _Setup, place) -> None:
         )
         + (f"; {place.world_size} ranks ({place.backend})" if place.world_size > 1 else "")
     )
+    per_user = setup.units.kind == "user"  # rows counted at K per user: a bound, read from no text
+    rows = setup.steps * setup.settings.batch_size * (config.max_queries_per_user if per_user else 1)
+    tokens = setup.settings.max_source_length
+    seconds = generator_training_seconds(rows, tokens, parameter_count(generator.model))
+    info(expected_line(seconds, bound=per_user))
 
 
 def _resume(config: FinetuneConfig, sources: _Sources, setup: _Setup, checkpoint: Path) -> list[dict]:

@@ -59,6 +59,7 @@ from synthq.data.synthetic import (
 from synthq.models.defaults import generate_defaults
 from synthq.models.generator import QueryGenerator
 from synthq.models.sampling import Request, length_sorted_batches, sample_with_retries
+from synthq.models.stage_costs import expected_line, generation_seconds, parameter_count
 from synthq.privacy.inputs import model_input, public_documents_input, public_pairs_input
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import info, progress, warn
@@ -303,6 +304,14 @@ def _load_generator(
     return generator
 
 
+def _template_tokens(generator: QueryGenerator) -> int:
+    """Tokens of the prompt around a document (a few-shot prefix included): 0 for seq2seq."""
+    if generator.kind != "causal":
+        return 0
+    around = generator.template.format(document="")
+    return len(generator.tokenizer(around, add_special_tokens=False)["input_ids"])
+
+
 @precision.stage
 def run(config: GenerateConfig) -> Artifact:
     if distributed.setup(config.device).world_size > 1 and config.shard is None:
@@ -331,6 +340,12 @@ def run(config: GenerateConfig) -> Artifact:
         + f"prompts: documents up to {generator.max_source_length} tokens (as the generator was trained), "
         f"queries up to {config.max_new_tokens} tokens"
     )
+    seconds = generation_seconds(
+        len(doc_ids) * config.num_queries,
+        generator.max_source_length + _template_tokens(generator),
+        config.max_new_tokens, parameter_count(generator.model),
+    )  # fmt: skip
+    info(f"{len(doc_ids) * config.num_queries:,} queries to write; {expected_line(seconds, bound=False)}")
     with create_artifact(
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
     ) as writer:

@@ -21,6 +21,7 @@ from synthq.data.summary import summarize
 from synthq.dp import route_plans
 from synthq.dp.engine import PrivacyPlan, planned_steps
 from synthq.dp.lm import PerQueryClipping
+from synthq.models.stage_costs import reference_costs
 from synthq.privacy.accounting import default_delta
 from synthq.runtime.errors import PrivacyError
 from tests import helpers
@@ -97,9 +98,9 @@ def test_units_are_the_stages_units_when_a_judgement_is_not_relevant(tmp_path):
 
 
 def test_costs_are_the_benchmarks_measurements():
-    """Each cost in reference_runs.json is the per-row figure of the benchmark it names."""
+    """Each cost in reference_costs.json is the per-row figure of the benchmark it names."""
     measured = json.loads((ROOT / "benchmarks" / "results.json").read_text())["benchmarks"]
-    table = json.loads((ROOT / "synthq" / "dp" / "reference_runs.json").read_text())["costs"]
+    table = json.loads((ROOT / "synthq" / "models" / "reference_costs.json").read_text())
     for name, entry in table.items():
         if name == "about":
             continue
@@ -136,7 +137,7 @@ def test_the_verdict_says_no_gain_when_every_route_is_far_noisier_than_any_run_t
 
 def test_minutes_add_the_routes_work_at_the_measured_costs():
     plan = route_plans.plan_route(route_plans.route_settings("synthetic", 16, 3.0, 8), 44, 8.0, None, "rdp")
-    cost = route_plans.costs()
+    cost = reference_costs()
     expected = (
         8 * 16 * 8 * cost["generator_dp_seconds_per_row"]
         + 100 * 2 / cost["generated_queries_per_second"]

@@ -68,6 +68,7 @@ from synthq.dp.privacy_units import (
     unit_diagnostics,
 )
 from synthq.models.generator import QueryGenerator
+from synthq.models.stage_costs import expected_line, generation_seconds, parameter_count
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.inputs import DataInput, ModelInput, data_input, model_input, public_documents_input
 from synthq.retrieval.cache import encode_texts
@@ -225,6 +226,11 @@ def _set_up(config: EvolveConfig, sources: _Sources) -> _Setup:
             else ", ε = ∞)"
         )
     )
+    written = len(doc_ids) * (config.population + (config.iterations - 1) * (config.population - 1))
+    seconds = generation_seconds(  # the few-shot prefix is prefilled once: each prompt is its document
+        written, generator.max_source_length, config.max_new_tokens, parameter_count(generator.model)
+    )
+    info(f"{written:,} queries to write; {expected_line(seconds, bound=False)}")
     return _Setup(pairs, randomness, units, plan, corpus, doc_ids, generator, Prompter(generator), embedder)
 
 
