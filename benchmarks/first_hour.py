@@ -2,14 +2,17 @@
 
     python benchmarks/first_hour.py [--out DIR]            # the whole run (about half an hour on 2 cores)
     python benchmarks/first_hour.py --quick [--out DIR]    # a smoke run: 2 steps, 32 documents
+    python benchmarks/first_hour.py --data data/pylibs-long # the same on long documents
 
 The commands are read from the README's "Your own data in the first hour" (its first ``bash``
 block after that heading), so the benchmark runs what a user copies: ``mylog`` becomes the
 shipped ``embedded`` data (a query log of the guide's shape: 1,212 private queries of 475 users,
-606 documents) and ``runs/`` the output directory. Each runs as a user runs it, a fresh
-``synthq`` process, under ``/usr/bin/time -v`` when it is there (its "Maximum resident set size"
-is that command's peak RSS; without it, the children's ``getrusage`` peak so far, which can only
-grow). ``--quick`` adds ``--max-steps 2`` to training and ``--limit 32`` to generation.
+606 documents of p95 80 tokens), or ``--data`` (``data/pylibs-long``: 962 documents of p95 697
+tokens, 606 private queries of 129 users), and ``runs/`` the output directory. Each runs as a
+user runs it, a fresh ``synthq`` process, under ``/usr/bin/time -v`` when it is there (its
+"Maximum resident set size" is that command's peak RSS; without it, the children's ``getrusage``
+peak so far, which can only grow). ``--quick`` adds ``--max-steps 2`` to training and
+``--limit 32`` to generation.
 
 The record: each command's wall seconds, peak RSS (GB) and exit status, against the aims (peak
 ≤ 4 GB each; the whole flow within 30 minutes on 2 idle cores).
@@ -52,13 +55,15 @@ def guide_commands(readme: str) -> list[list[str]]:
     return [shlex.split(line)[1:] for line in joined.splitlines() if line.startswith("synthq ")]
 
 
-def commands(out: str | Path, quick: bool = False, readme: str | None = None) -> list[tuple[str, list[str]]]:
+def commands(
+    out: str | Path, quick: bool = False, readme: str | None = None, data: str = "embedded"
+) -> list[tuple[str, list[str]]]:
     """``(name, synthq arguments)`` of the guide's commands on the shipped data, writing under
-    ``out``: ``mylog`` -> ``embedded``, ``runs/X`` -> ``out/X``."""
+    ``out``: ``mylog`` -> ``data``, ``runs/X`` -> ``out/X``."""
     readme = readme if readme is not None else README.read_text(encoding="utf-8")
     steps, names = [], {}
     for arguments in guide_commands(readme):
-        arguments = ["embedded" if a == "mylog" else re.sub(r"^runs/", f"{out}/", a) for a in arguments]
+        arguments = [data if a == "mylog" else re.sub(r"^runs/", f"{out}/", a) for a in arguments]
         if quick:
             arguments += QUICK.get(arguments[0], [])
         count = names[arguments[0]] = names.get(arguments[0], 0) + 1
@@ -91,10 +96,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="where the artifacts go (default: a temporary directory)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 steps, 32 documents")
+    parser.add_argument("--data", default="embedded", help="the log the guide runs on (name or directory)")
     options = parser.parse_args()
     out = options.out or Path(tempfile.mkdtemp(prefix="synthq-first-hour-"))
     results = {}
-    for name, arguments in commands(out, options.quick):
+    for name, arguments in commands(out, options.quick, data=options.data):
         print(f"$ synthq {' '.join(arguments)}", file=sys.stderr, flush=True)
         stage = arguments[0] not in ("ledger", "info", "export", "search", "data")
         results[name] = run_step([*arguments, "--force"] if stage else arguments)
@@ -104,12 +110,13 @@ def main() -> None:
     emit(
         {
             "benchmark": "first_hour" + ("_quick" if options.quick else ""),
+            **({} if options.data == "embedded" else {"model": Path(options.data).name}),  # its key's tag
             "steps": results,
             "total_wall_seconds": round(total, 1),
             "max_peak_rss_gb": max(step["peak_rss_gb"] for step in results.values()),
             "aims": {"peak_rss_gb": PEAK_AIM_GB, "total_wall_seconds": WALL_AIM_SECONDS},
             "within_aims": all(s["status"] == 0 and s["peak_rss_gb"] <= PEAK_AIM_GB for s in results.values())
-            and len(results) == len(commands(out))
+            and len(results) == len(commands(out, data=options.data))
             and (options.quick or total <= WALL_AIM_SECONDS),
             "out": str(out),
         }

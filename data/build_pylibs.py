@@ -151,10 +151,18 @@ def assign_splits(counts: Counter) -> dict[str, str]:
     return splits
 
 
-def build(out: Path) -> dict:
+def build(
+    out: Path, sheet=None, distractors_kept: bool = True, builder: str = "data/build_pylibs.py"
+) -> dict:
+    """Walk the packages and write the set to ``out``, with ``sheet(out, build_info)`` (default:
+    :func:`datasheet`) as its README; ``distractors_kept=False`` keeps judged documents only
+    (``data/build_pylibs_long.py`` builds its set through here)."""
     pairs, stats, versions = collect()
     queried, distractors = pydocs.deduplicate(pairs, stats)
     queried, distractors = cap_per_user(queried, distractors, stats)
+    if not distractors_kept:
+        stats["left out: distractors (none kept)"] = len(distractors)
+        distractors = []
     splits = assign_splits(Counter(p["user"] for p in queried))
     stats["left out: users past the train target"] = sum(1 for s in splits.values() if s == "left out")
     included = {user for user, split in splits.items() if split != "left out"}
@@ -170,11 +178,11 @@ def build(out: Path) -> dict:
         "python": sys.version.split()[0],
         "implementation": sys.implementation.name,
         "packages": versions,
-        "builder": "data/build_pylibs.py",
+        "builder": builder,
         "walk": stats,
     }
     (out / "build.json").write_text(json.dumps(build_info, indent=2) + "\n", encoding="utf-8")
-    (out / "README.md").write_text(datasheet(out, build_info), encoding="utf-8")
+    (out / "README.md").write_text((sheet or datasheet)(out, build_info), encoding="utf-8")
     return build_info
 
 

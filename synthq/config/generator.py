@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from synthq.config.fields import (
+    CPU_DOCUMENT_TOKENS,
     DEFAULT_DOCUMENT_TOKENS,
     DEFAULT_EPSILON,
     DEFAULT_MAX_QUERIES_PER_USER,
@@ -95,8 +96,10 @@ class FinetuneConfig(StageConfig):
         ge=1,
         description="Document tokens kept. Default: read from the PUBLIC corpus (the 95th percentile "
         f"of its documents' token lengths under --model's tokenizer, rounded up to a multiple of 16, "
-        f"at most {DEFAULT_DOCUMENT_TOKENS}), never from the queries (documents are public in "
-        "synthq's model: generate writes queries for every one); recorded in the manifest.",
+        f"at most {DEFAULT_DOCUMENT_TOKENS} on the gpu profile and {CPU_DOCUMENT_TOKENS} on the cpu "
+        "profile, where the guide's fine-tuning and generation of long documents would take hours), "
+        "never from the queries (documents are public in synthq's model: generate writes queries "
+        "for every one); recorded in the manifest.",
     )
     max_target_length: int = Field(
         DEFAULT_QUERY_TOKENS,

@@ -11,6 +11,7 @@ from synthq.config.fields import (
     DEFAULT_EPSILON,
     DEFAULT_MAX_QUERIES_PER_USER,
     DEFAULT_PRIVACY_UNIT,
+    RETRIEVER_DOCUMENT_TOKENS,
     Accountant,
     Device,
     Epsilon,
@@ -60,7 +61,13 @@ class TrainRetrieverConfig(StageConfig):
         0.05, gt=0, description="Softmax temperature on cosine similarity (scale = 1/T)."
     )
     max_query_length: int = Field(128, ge=1, description="Query tokens kept.")
-    max_doc_length: int = Field(384, ge=1, description="Document tokens kept.")
+    max_doc_length: int | None = Field(
+        None,
+        ge=1,
+        description=f"Document tokens kept. Default: {RETRIEVER_DOCUMENT_TOKENS['gpu']} on a GPU, "
+        f"{RETRIEVER_DOCUMENT_TOKENS['cpu']} on a CPU (within the encoder's positions); recorded in "
+        "the manifest.",
+    )
     group_size: int = Field(8, ge=1, description="--dp group: pairs per group.")
     aug_negatives: int = Field(0, ge=0, description="--dp group: augmented negatives per group document.")
     mini_batch_size: int | None = Field(

@@ -140,17 +140,18 @@ class Chosen:
 def finetune_defaults(config, tokenizer, corpus, why_public: str, device: str) -> Chosen:
     """The values ``finetune-lm`` uses for options left unset: the document length (from the
     public corpus, see the module docstring) and the DP micro-batch (by profile)."""
-    from synthq.config.fields import DEFAULT_DOCUMENT_TOKENS
+    from synthq.config.fields import CPU_DOCUMENT_TOKENS, DEFAULT_DOCUMENT_TOKENS
 
     chosen = Chosen()
+    profile = hardware_profile(config.profile, device)
     if config.max_source_length is None:
-        length = document_token_length(tokenizer, corpus, DEFAULT_DOCUMENT_TOKENS)
-        how = f"p95 of the public corpus's documents ({why_public}), at most {DEFAULT_DOCUMENT_TOKENS}"
+        cap = CPU_DOCUMENT_TOKENS if profile == "cpu" else DEFAULT_DOCUMENT_TOKENS
+        length = document_token_length(tokenizer, corpus, cap)
+        how = f"p95 of the public corpus's documents ({why_public}), at most {cap} ({profile} profile)"
         queries = "" if "max_target_length" in config.model_fields_set else "; queries: fixed public default"
         lengths = f"lengths {length}/{config.max_target_length} ({how}{queries})"
         chosen.add("max_source_length", length, lengths)
     if config.physical_batch_size is None:
-        profile = hardware_profile(config.profile, device)
         length = chosen.values.get("max_source_length", config.max_source_length)
         size = physical_batch(profile, length + config.max_target_length + PROMPT_TOKENS)
         budget = f": ≤ {CPU_TOKEN_BUDGET} tokens per micro-batch" if profile == "cpu" else ""
@@ -174,21 +175,30 @@ def generation_batch(profile: str, prompt_tokens: int, new_tokens: int) -> int:
     return max(1, min(GENERATION_BATCH["cpu"], CPU_GENERATION_TOKENS // tokens))
 
 
-def retriever_defaults(config, device: str, world_size: int, document_tokens: Callable[[], int]) -> Chosen:
-    """The pass size ``train-retriever`` uses when ``--mini-batch-size`` is unset: on a CPU, in one
-    process, without DP, GradCache in chunks of at most :data:`CPU_RETRIEVER_TOKENS` tokens when
-    the batch holds more (``document_tokens()``: the public corpus's p95, see
+def retriever_defaults(
+    config, device: str, world_size: int, document_tokens: Callable[[int], int], position_limit: int | None
+) -> Chosen:
+    """What ``train-retriever`` uses for options left unset: the document length
+    (``RETRIEVER_DOCUMENT_TOKENS`` by device, within the encoder's ``position_limit``: a public
+    constant, never read from the data), and the pass size: on a CPU, in one process, without DP,
+    GradCache in chunks of at most :data:`CPU_RETRIEVER_TOKENS` tokens when the batch holds more
+    (``document_tokens(cap)``: the public corpus's p95 within that cap, see
     :func:`document_token_length`, asked for only when it can matter; queries count a public
-    ``DEFAULT_QUERY_TOKENS``, never their private lengths); otherwise nothing is chosen and the
-    whole batch is one pass."""
-    from synthq.config.fields import DEFAULT_QUERY_TOKENS
+    ``DEFAULT_QUERY_TOKENS``, never their private lengths); otherwise the whole batch is one pass."""
+    from synthq.config.fields import DEFAULT_QUERY_TOKENS, RETRIEVER_DOCUMENT_TOKENS
 
     chosen = Chosen()
+    profile = hardware_profile("auto", device)
+    if config.max_doc_length is None:
+        cap = RETRIEVER_DOCUMENT_TOKENS[profile]
+        length = min(cap, position_limit) if position_limit else cap
+        chosen.add("max_doc_length", length, f"documents up to {length} tokens ({profile}: at most {cap})")
+    max_doc_length = chosen.values.get("max_doc_length", config.max_doc_length)
     if config.mini_batch_size is not None or config.dp is not None or world_size > 1:
         return chosen
-    if hardware_profile("auto", device) != "cpu":
+    if profile != "cpu":
         return chosen
-    length = document_tokens()
+    length = document_tokens(max_doc_length)
     example = min(DEFAULT_QUERY_TOKENS, config.max_query_length) + length * (1 + config.hard_negatives)
     if config.batch_size * example <= CPU_RETRIEVER_TOKENS:
         return chosen

@@ -207,13 +207,13 @@ def _dp_setup(config: TrainRetrieverConfig, units: PrivacyUnits, encoder, random
 
 
 def _fitted_pass_size(config: TrainRetrieverConfig, encoder, corpus, place) -> Chosen:
-    """GradCache's chunk when ``--mini-batch-size`` is unset and the batch would not fit a CPU's
-    memory (:func:`synthq.models.defaults.retriever_defaults`; the corpus is public), said in one
-    line; nothing chosen otherwise."""
+    """The document length when ``--max-doc-length`` is unset, and GradCache's chunk when
+    ``--mini-batch-size`` is unset and the batch would not fit a CPU's memory
+    (:func:`synthq.models.defaults.retriever_defaults`; the corpus is public), said in one line."""
     device = str(next(encoder.parameters()).device)
     chosen = retriever_defaults(
         config, device, place.world_size,
-        lambda: document_token_length(encoder.tokenizer, corpus, config.max_doc_length),
+        lambda cap: document_token_length(encoder.tokenizer, corpus, cap), position_limit(encoder),
     )  # fmt: skip
     if chosen.line():
         info(chosen.line())
@@ -225,8 +225,8 @@ def _within_position_limit(config: TrainRetrieverConfig, encoder) -> TrainRetrie
     limit (longer inputs would index past its position embeddings in every mode), with a warning."""
     limit = position_limit(encoder)
     clamped = {}
-    for name in ("max_query_length", "max_doc_length"):
-        if limit is not None and getattr(config, name) > limit:
+    for name in ("max_query_length", "max_doc_length"):  # an unset length is chosen within it
+        if limit is not None and getattr(config, name) is not None and getattr(config, name) > limit:
             warn(f"--{name.replace('_', '-')} {getattr(config, name)} is beyond {config.encoder}'s {limit} "
                  f"positions: using {limit}")  # fmt: skip
             clamped[name] = limit

@@ -168,14 +168,54 @@ def test_the_retriever_pass_size_is_a_pure_function_of_public_lengths():
     from synthq.config.retriever import TrainRetrieverConfig
     from synthq.models.defaults import CPU_RETRIEVER_TOKENS, retriever_defaults
 
-    config = TrainRetrieverConfig(out="o", data="d")  # batch 32, --max-query-length 128
-    assert retriever_defaults(config, "cpu", 1, lambda: 384).values == {
+    config = TrainRetrieverConfig(out="o", data="d", max_doc_length=384)  # batch 32, --max-query-length 128
+    assert retriever_defaults(config, "cpu", 1, lambda cap: 384, None).values == {
         "mini_batch_size": CPU_RETRIEVER_TOKENS // 416
     }
-    assert retriever_defaults(config, "cpu", 1, lambda: 80).values == {}  # 32 × 112 tokens fit: one pass
-    assert retriever_defaults(config, "cuda", 1, lambda: 384).values == {}
-    assert retriever_defaults(config, "cpu", 2, lambda: 384).values == {}  # torchrun shards the batch instead
+    assert retriever_defaults(config, "cpu", 1, lambda cap: 80, None).values == {}  # 32 × 112 fit: one pass
+    assert retriever_defaults(config, "cuda", 1, lambda cap: 384, None).values == {}
+    assert retriever_defaults(config, "cpu", 2, lambda cap: 384, None).values == {}  # torchrun shards instead
     negatives = config.model_copy(update={"hard_negatives": 2})
-    assert retriever_defaults(negatives, "cpu", 1, lambda: 384).values == {
+    assert retriever_defaults(negatives, "cpu", 1, lambda cap: 384, None).values == {
         "mini_batch_size": CPU_RETRIEVER_TOKENS // 1184
     }
+
+
+def test_an_unset_document_length_is_chosen_by_device_within_the_encoder_positions():
+    """Long documents on a CPU: the retriever reads at most 256 tokens (384 on a GPU) unless told,
+    never more than the encoder has positions, and the corpus's p95 is asked within that cap."""
+    from synthq.config.fields import RETRIEVER_DOCUMENT_TOKENS
+    from synthq.config.retriever import TrainRetrieverConfig
+    from synthq.models.defaults import CPU_RETRIEVER_TOKENS, retriever_defaults
+
+    config = TrainRetrieverConfig(out="o", data="d")
+    asked = []
+    chosen = retriever_defaults(config, "cpu", 1, lambda cap: asked.append(cap) or cap, None).values
+    assert chosen["max_doc_length"] == RETRIEVER_DOCUMENT_TOKENS["cpu"] == asked[0] == 256
+    assert chosen["mini_batch_size"] == CPU_RETRIEVER_TOKENS // (32 + 256)
+    assert retriever_defaults(config, "cuda", 1, lambda cap: cap, None).values == {"max_doc_length": 384}
+    assert retriever_defaults(config, "cuda", 1, lambda cap: cap, 128).values == {"max_doc_length": 128}
+    dp = config.model_copy(update={"dp": "group"})
+    assert retriever_defaults(dp, "cpu", 1, lambda cap: cap, None).values == {"max_doc_length": 256}
+
+
+@pytest.mark.parametrize(("profile", "cap"), [("cpu", 128), ("gpu", DEFAULT_DOCUMENT_TOKENS)])
+def test_a_generator_on_long_documents_reads_at_most_the_profile_cap(tiny_causal_dir, profile, cap):
+    """First hour on long documents: on the cpu profile the generator reads at most 128 document
+    tokens unless told (fine-tuning and generation of 700-token documents took hours on 2 cores),
+    the paper's 384 on a GPU; short documents keep their own p95; an explicit value wins."""
+    from synthq.config.fields import CPU_DOCUMENT_TOKENS
+    from synthq.models.defaults import finetune_defaults
+
+    tokenizer = QueryGenerator.load(tiny_causal_dir).tokenizer
+    long_corpus = {f"d{i}": {"title": "", "text": " ".join(["word"] * 900)} for i in range(20)}
+    short_corpus = {f"d{i}": {"title": "", "text": "a short document"} for i in range(20)}
+    config = FinetuneConfig(data="d", model="m", out="o", profile=profile)
+    chosen = finetune_defaults(config, tokenizer, long_corpus, "public", "cpu")
+    assert chosen.values["max_source_length"] == cap and CPU_DOCUMENT_TOKENS == 128
+    assert f"at most {cap} ({profile} profile)" in chosen.line()
+    short = finetune_defaults(config, tokenizer, short_corpus, "public", "cpu").values["max_source_length"]
+    assert short == document_token_length(tokenizer, short_corpus, 10_000) < 128
+    explicit = config.model_copy(update={"max_source_length": 300})
+    given = finetune_defaults(explicit, tokenizer, long_corpus, "public", "cpu")
+    assert "max_source_length" not in given.values
