@@ -59,3 +59,13 @@ def tiny_causal_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_encoder_dir(tmp_path_factory):
     return helpers.tiny_sentence_encoder(tmp_path_factory.mktemp("tiny-encoder") / "encoder")
+
+
+@pytest.fixture
+def private_data(tmp_path):
+    """The tiny BEIR directory and its input record, read as private data (the privacy and ledger
+    tests)."""
+    from synthq.artifacts.records import data_input_record
+
+    root = helpers.write_tiny_beir(tmp_path / "tiny")
+    return root, data_input_record(root, name="tiny", private=True)

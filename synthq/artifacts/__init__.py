@@ -7,7 +7,6 @@ of their manifests. A stage skips when the same config on the same inputs was al
 
 * :mod:`~synthq.artifacts.manifest` — :class:`Artifact`, opening and verifying a manifest, writing
   one sealed; the schema version and the stage names;
-* :mod:`~synthq.artifacts.hashing` — content digests of files and trees; the JSON form of configs;
 * :mod:`~synthq.artifacts.records` — lineage records of inputs, and an input's hash now;
 * :mod:`~synthq.artifacts.freshness` — fingerprints, up-to-date checks, resumability, and
   ``existing_result``, what every stage calls first;

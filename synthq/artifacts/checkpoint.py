@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from synthq.artifacts.freshness import check_resumable
-from synthq.artifacts.hashing import config_to_dict
+from synthq.runtime.hashing import config_to_dict
 
 
 def save_checkpoint(path: Path, state: dict, config: Any, inputs: list[dict]) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 
 from synthq._version import __version__
 from synthq.artifacts.freshness import config_fingerprint, refuse_if_finished_meanwhile
-from synthq.artifacts.hashing import config_to_dict, json_default, json_safe
 from synthq.artifacts.locking import check_output_free, output_lock
 from synthq.artifacts.manifest import MANIFEST, SCHEMA_VERSION, STAGES, partial_dir, write_manifest
 from synthq.artifacts.process_state import this_process
@@ -30,6 +29,7 @@ from synthq.artifacts.writer import CHECKPOINTS, DIAGNOSTICS, ArtifactWriter
 from synthq.privacy.digests import artifact_digest
 from synthq.privacy.guarantee import compose_releases
 from synthq.runtime.errors import ArtifactError
+from synthq.runtime.hashing import config_to_dict, json_default, json_safe
 
 DIAGNOSTICS_NOTE = (
     "computed from the private data without noise (ε = ∞): for the data owner only; "

@@ -15,12 +15,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from synthq.artifacts.hashing import config_to_dict, json_default
 from synthq.artifacts.locking import being_written, check_output_free, lock_holder
 from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact, partial_dir
 from synthq.artifacts.process_state import may_replace, this_process
 from synthq.artifacts.records import current_input_hash
 from synthq.runtime.errors import ArtifactError
+from synthq.runtime.hashing import config_to_dict, json_default
 from synthq.runtime.paths import recorded_location, recorded_path
 
 # Fields that never change what a stage computes, so they are left out of its fingerprint.

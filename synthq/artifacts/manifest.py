@@ -14,13 +14,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from synthq.artifacts.hashing import json_default, json_safe, sha256_file
 from synthq.config.registry import STAGES as STAGE_REGISTRY
 from synthq.privacy.accounting import check_recorded_epsilon
 from synthq.privacy.digests import is_keyed
 from synthq.privacy.guarantee import Guarantee, compose_releases
 from synthq.privacy.keys import check_seal, key_id, private_data_digest, seal
 from synthq.runtime.errors import ArtifactError
+from synthq.runtime.hashing import json_default, json_safe, sha256_file
 from synthq.runtime.paths import recorded_path
 
 # 2: guarantees recomputed from recorded releases, keyed private-data digests, sealed manifests.

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from synthq.artifacts.hashing import sha256_file
 from synthq.artifacts.manifest import MANIFEST
 from synthq.privacy.digests import current_digest, data_record, file_record
 from synthq.runtime.errors import DataError
+from synthq.runtime.hashing import sha256_file
 
 
 def data_input_record(path: Path, name: str | None = None, private: bool = False) -> dict:

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from synthq.artifacts.hashing import json_safe
 from synthq.artifacts.manifest import Artifact
 from synthq.privacy.guarantee import Guarantee, compose_releases
+from synthq.runtime.hashing import json_safe
 from synthq.runtime.paths import recorded_path
 
 CHECKPOINTS = "checkpoints"  # inside a partial artifact: what --resume continues from

@@ -11,9 +11,9 @@ from rich.markup import escape
 
 from synthq.artifacts.process_state import owned_by_pipeline
 from synthq.config.registry import stage_entry
+from synthq.ledger.releases import ledger_lines
 from synthq.pipeline.plan import Plan, PlannedStage
 from synthq.pipeline.progress import estimate_seconds, minutes, time_by_kind
-from synthq.privacy.ledger import ledger_lines
 from synthq.runtime.console import console, info
 from synthq.runtime.errors import SynthqError
 

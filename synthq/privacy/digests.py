@@ -24,7 +24,7 @@ not depend on the private splits beside it. Reads of private data keep the keyed
 whole directory (:func:`data_record`) and its identity.
 
 Privacy unit and sensitivity: none (no release; identifiers only). Imports only
-:mod:`synthq.artifacts.hashing` (which imports nothing of synthq) and :mod:`synthq.privacy.keys`.
+:mod:`synthq.runtime.hashing` (which imports nothing of synthq) and :mod:`synthq.privacy.keys`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from synthq.artifacts.hashing import file_digest, sha256_tree
 from synthq.privacy.keys import keyed_digest, private_data_digest
+from synthq.runtime.hashing import file_digest, sha256_tree
 
 KEYED_PREFIX = "hmac:"
 JUDGED_SET = "judged-set"  # the kind of a lineage record naming a split's judged-document set

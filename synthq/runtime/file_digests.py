@@ -7,7 +7,7 @@ ctime cannot be set back by user tools, so an edit anywhere in the file (even on
 the size and mtime) forces a new digest; a file changed within :data:`RACY_SECONDS` of being
 hashed is never remembered (the "racy git" rule: a second write in the same clock tick would
 leave the stat unchanged). The Arrow cache (:mod:`synthq.data.store`) keys its tables by these
-digests and artifact hashing (:mod:`synthq.artifacts.hashing`) reads large files through them:
+digests and artifact hashing (:mod:`synthq.runtime.hashing`) reads large files through them:
 one memo for both, under ``$SYNTHQ_CACHE/arrow/digests/``.
 """
 

@@ -31,7 +31,7 @@ Outputs:
 
 Privacy unit and sensitivity:
     Every number is a release about the private data behind it, and every row's ε is recomputed
-    from those releases, per unit (:mod:`synthq.privacy.splits`, which also says which splits
+    from those releases, per unit (:mod:`synthq.ledger.splits`, which also says which splits
     are private):
 
     * the retriever's releases (post-processing); BM25 and untrained public encoders carry none;
@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from synthq.artifacts.freshness import existing_result
-from synthq.artifacts.hashing import json_safe
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.on_main import artifact_on_main
 from synthq.config.evaluation import EvalConfig
@@ -72,14 +71,14 @@ from synthq.data.sources import (
     resolve_dataset,
     source_name,
 )
-from synthq.privacy.guarantee import Guarantee
-from synthq.privacy.inputs import model_input
-from synthq.privacy.splits import (
+from synthq.ledger.inputs import model_input
+from synthq.ledger.splits import (
     EvalData,
     eval_data,
     private_split_guarantee,
     score_guarantee,
 )
+from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.unit_sets import query_links
 from synthq.reporting.eval_files import (
     PER_QUERY_FILE,
@@ -104,6 +103,7 @@ from synthq.retrieval.trec import RUN_SUFFIX, run_tag, write_run
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import result, warn
 from synthq.runtime.errors import DataError
+from synthq.runtime.hashing import json_safe
 
 STAGE = "eval"
 RUNS_DIR = "runs"  # the ranked lists, one TREC run file per retriever per (sub-)dataset
@@ -344,7 +344,7 @@ def _score_dataset(
 
 def _data_releases(writer, spec: str, split: str, data: EvalData, scored: ScoredDataset) -> list[dict]:
     """The releases every row on one dataset carries: a synthetic set's own, and the noiseless
-    read of a private split (ε = ∞, :func:`synthq.privacy.splits.private_split_guarantee`)."""
+    read of a private split (ε = ∞, :func:`synthq.ledger.splits.private_split_guarantee`)."""
     data_releases = list(data.artifact.releases) if data.artifact is not None else []
     if data.artifact is not None:
         writer.inherit(data.artifact)

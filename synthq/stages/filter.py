@@ -38,7 +38,7 @@ from synthq.config.generator import FilterConfig
 from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.data.pairs import document_text
-from synthq.privacy.inputs import model_input
+from synthq.ledger.inputs import model_input
 from synthq.runtime import precision
 from synthq.runtime.distributed import resolve_device
 from synthq.runtime.errors import ArtifactError, DataError

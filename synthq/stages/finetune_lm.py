@@ -10,7 +10,7 @@ Privacy unit: one query with all its pairs (:class:`synthq.dp.lm.PerQueryClippin
 ``--privacy-unit user`` one user with all their kept queries (at most K; per-user clipping by
 default, :class:`synthq.dp.lm.PerUserClipping`); sensitivity ``C`` either way. A starting model
 that is a synthq artifact composes its own guarantee; any other local or hub model is recorded and
-assumed public (:func:`synthq.privacy.ledger.model_input`).
+assumed public (:func:`synthq.ledger.releases.model_input`).
 
 The artifact is a Hugging Face ``save_pretrained`` directory (LoRA adapters merged). Per-step
 losses and batch sizes, which are computed from private data without noise, go to the private
@@ -59,14 +59,14 @@ from synthq.dp.privacy_units import (
     unit_details,
     unit_diagnostics,
 )
+from synthq.ledger.inputs import data_input, model_input, public_pairs_input
+from synthq.ledger.splits import split_is_private
 from synthq.models.defaults import Chosen, finetune_defaults, why_corpus_is_public
 from synthq.models.generator import QueryGenerator, apply_lora
 from synthq.models.stage_costs import expected_line, generator_training_seconds, parameter_count
 from synthq.models.training_step import non_private_step, training_statistics
 from synthq.privacy.accounting import default_delta
 from synthq.privacy.guarantee import Guarantee
-from synthq.privacy.inputs import data_input, model_input, public_pairs_input
-from synthq.privacy.splits import split_is_private
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import StepFraction, info, progress
 from synthq.runtime.optim import make_optimizer
@@ -150,7 +150,7 @@ def choose_defaults(config: FinetuneConfig, corpus, data, model_path: Path) -> t
 
 def _public_held_out(config: FinetuneConfig, data) -> HeldOut | None:
     """A few pairs of the first split (in name order) other than the training split that the
-    dataset declares public (:func:`~synthq.privacy.splits.split_is_private`, fail closed), for
+    dataset declares public (:func:`~synthq.ledger.splits.split_is_private`, fail closed), for
     the learning check's held-out loss; None for a synthetic set or when no split is public."""
     if data.artifact is not None:
         return None

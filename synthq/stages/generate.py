@@ -56,11 +56,11 @@ from synthq.data.synthetic import (
     public_documents,
     write_synthetic,
 )
+from synthq.ledger.inputs import model_input, public_documents_input, public_pairs_input
 from synthq.models.defaults import generate_defaults
 from synthq.models.generator import QueryGenerator
 from synthq.models.sampling import Request, length_sorted_batches, sample_with_retries
 from synthq.models.stage_costs import expected_line, generation_seconds, parameter_count
-from synthq.privacy.inputs import model_input, public_documents_input, public_pairs_input
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import info, progress, warn
 from synthq.runtime.errors import ArtifactError, DataError, SynthqError

@@ -31,10 +31,9 @@ import json
 
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result
-from synthq.artifacts.hashing import json_safe
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.config.evaluation import ReportConfig
-from synthq.privacy.ledger import ledger_lines
+from synthq.ledger.releases import ledger_lines
 from synthq.reporting.eval_files import RESULTS_FILE, SELECTION_FILE
 from synthq.reporting.merge import merge_rows
 from synthq.reporting.plot import privacy_utility_plot
@@ -46,6 +45,7 @@ from synthq.reporting.tables import (
     similarity_table,
 )
 from synthq.runtime.console import result
+from synthq.runtime.hashing import json_safe
 
 STAGE = "report"
 

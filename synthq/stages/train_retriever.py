@@ -11,7 +11,7 @@ over a temperature, in-batch negatives (eq. 1). Three ways to train, and what th
   ``q = batch/n`` with secret randomness, the registered mechanism (:mod:`synthq.dp.contrastive`)
   clips, the engine adds noise ``σ × sensitivity``; ε from the same accountant.
 
-The starting encoder is an input too (:func:`synthq.privacy.ledger.model_input`): a synthq artifact
+The starting encoder is an input too (:func:`synthq.ledger.releases.model_input`): a synthq artifact
 composes its guarantee, any other local or hub model is assumed public and the guarantee says so.
 
 Non-private training uses sentence-transformers' ``MultipleNegativesRankingLoss`` (scale 1/T), or
@@ -49,6 +49,7 @@ from synthq.dp.privacy_units import (
     unit_details,
     unit_diagnostics,
 )
+from synthq.ledger.inputs import data_input, model_input
 from synthq.models.defaults import Chosen, document_token_length, retriever_defaults
 from synthq.models.encoder import (
     embed,
@@ -62,7 +63,6 @@ from synthq.models.encoder import (
 from synthq.models.stage_costs import expected_line, parameter_count, retriever_training_seconds
 from synthq.models.training_step import training_statistics
 from synthq.privacy.guarantee import Guarantee
-from synthq.privacy.inputs import data_input, model_input
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import info, progress, warn
 from synthq.runtime.errors import DataError, PrivacyError, SynthqError

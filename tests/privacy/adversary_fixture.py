@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from synthq.artifacts.hashing import sha256_file, sha256_tree
+from synthq.runtime.hashing import sha256_file, sha256_tree
 from tests.helpers import write_tiny_beir
 
 # Private users of the tiny set's 17 training queries (file order): a heavy user of 5, one of 3,
@@ -478,8 +478,8 @@ def export_all(world: World) -> None:
 
 def write_ledger(world: World, statement_over: list[Path]) -> None:
     """The ledger of every artifact and the privacy statement of ``statement_over``, as printed."""
-    from synthq.privacy.ledger import ledger_lines
-    from synthq.privacy.statement import statement_for
+    from synthq.ledger.releases import ledger_lines
+    from synthq.ledger.statement import statement_for
 
     ledger_dir = world.root / "ledger"
     ledger_dir.mkdir()

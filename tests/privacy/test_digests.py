@@ -12,7 +12,6 @@ import shutil
 import pytest
 
 from synthq.artifacts.export import export_artifact
-from synthq.artifacts.hashing import sha256_file, sha256_tree
 from synthq.artifacts.manifest import open_artifact
 from synthq.config.evaluation import EvalConfig
 from synthq.config.generator import GenerateConfig
@@ -20,6 +19,7 @@ from synthq.data.beir_io import read_qrels
 from synthq.privacy import keys
 from synthq.privacy.digests import artifact_digest, file_record, judged_set_digest
 from synthq.runtime.errors import ArtifactError
+from synthq.runtime.hashing import sha256_file, sha256_tree
 from synthq.stages import evaluate, evolve, generate, train_retriever
 from tests.helpers import evolve_config, finetune, private_copy, released_text, retriever_config
 

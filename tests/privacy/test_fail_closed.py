@@ -12,12 +12,12 @@ import shutil
 
 import pytest
 
-from synthq.artifacts.hashing import sha256_file, sha256_tree
 from synthq.config.evaluation import EvalConfig
 from synthq.data.sources import embedded_dir, public_benchmark
-from synthq.privacy.ledger import ledger
-from synthq.privacy.splits import eval_data
+from synthq.ledger.releases import ledger
+from synthq.ledger.splits import eval_data
 from synthq.runtime.errors import DataError
+from synthq.runtime.hashing import sha256_file, sha256_tree
 from synthq.stages import evaluate, train_retriever
 from tests.helpers import eval_argv, one_line, private_copy, released_text, retriever_config, run_main
 

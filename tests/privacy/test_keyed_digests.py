@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from synthq.artifacts.hashing import sha256_tree
 from synthq.artifacts.manifest import open_artifact
 from synthq.cli.app import app
 from synthq.privacy import keys
+from synthq.runtime.hashing import sha256_tree
 from tests.helpers import finetune, private_copy, released_text
 
 

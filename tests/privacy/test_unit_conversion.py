@@ -23,9 +23,9 @@ from synthq.cli.app import app
 from synthq.dp.engine import PrivacyPlan
 from synthq.dp.evolution import NearestNeighbourVotes
 from synthq.dp.lm import PerQueryClipping
+from synthq.ledger.releases import dataset_totals
 from synthq.privacy.accounting import check_recorded_epsilon, per_query, validate_budget
 from synthq.privacy.guarantee import Guarantee, compose_all, compose_releases
-from synthq.privacy.ledger import dataset_totals
 from synthq.runtime.errors import PrivacyError
 from synthq.stages import evolve, train_retriever
 from tests.helpers import evolve_config, one_line, retriever_config, run_main

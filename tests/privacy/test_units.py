@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from synthq.ledger.releases import _merged_datasets
 from synthq.privacy import unit_sets as units_module
 from synthq.privacy.keys import key_id, state_dir, unit_digests
-from synthq.privacy.ledger import _merged_datasets
 from synthq.privacy.unit_sets import (
     DIFFERENT_PEOPLE,
     DIFFERENT_QUERIES,

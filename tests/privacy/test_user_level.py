@@ -27,11 +27,11 @@ from synthq.dp.engine import PrivacyPlan
 from synthq.dp.lm import DPStep
 from synthq.dp.noise import SecretRandomness
 from synthq.dp.privacy_units import PrivacyUnits, poisson_units, training_units
+from synthq.ledger.releases import ledger_lines
 from synthq.models.encoder import embed
 from synthq.models.generator import QueryGenerator
 from synthq.privacy.accounting import epsilon_for
 from synthq.privacy.guarantee import Guarantee, compose_releases
-from synthq.privacy.ledger import ledger_lines
 from synthq.reporting.labels import _synthetic_origin
 from synthq.runtime.errors import DataError, PrivacyError
 from synthq.stages import evaluate, generate, train_retriever

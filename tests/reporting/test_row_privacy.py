@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from synthq.ledger.splits import score_guarantee
 from synthq.privacy.guarantee import Guarantee, compose_releases
-from synthq.privacy.splits import score_guarantee
 from synthq.privacy.unit_sets import sharing_groups, store_unit_set
 from synthq.reporting.epsilon import epsilon_cell, scores_cell, shown_epsilon
 from synthq.reporting.merge import merge_row_lists

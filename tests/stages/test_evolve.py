@@ -24,7 +24,7 @@ from synthq.dp.evolution import (
     vote_histogram,
 )
 from synthq.dp.privacy_units import PrivacyUnits
-from synthq.privacy.ledger import dataset_totals, ledger_lines
+from synthq.ledger.releases import dataset_totals, ledger_lines
 from synthq.stages import evaluate, evolve, train_retriever
 from synthq.stages.evolve.population import Population, best_per_document, ranked_per_document
 from tests.helpers import evolve_config, released_text, retriever_config

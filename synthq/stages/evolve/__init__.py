@@ -67,10 +67,10 @@ from synthq.dp.privacy_units import (
     unit_details,
     unit_diagnostics,
 )
+from synthq.ledger.inputs import DataInput, ModelInput, data_input, model_input, public_documents_input
 from synthq.models.generator import QueryGenerator
 from synthq.models.stage_costs import expected_line, generation_seconds, parameter_count
 from synthq.privacy.guarantee import Guarantee
-from synthq.privacy.inputs import DataInput, ModelInput, data_input, model_input, public_documents_input
 from synthq.retrieval.cache import encode_texts
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import info

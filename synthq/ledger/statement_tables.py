@@ -1,4 +1,4 @@
-"""The tables of the privacy statement (:mod:`synthq.privacy.statement`): each release as recorded,
+"""The tables of the privacy statement (:mod:`synthq.ledger.statement`): each release as recorded,
 each release recomputed at other δ, the PRV releases' RDP comparison, and a canary audit's lower
 bounds; and the cell formats they share with the statement's prose.
 
@@ -13,9 +13,7 @@ import json
 import math
 
 from synthq.artifacts.manifest import Artifact
-from synthq.privacy.accounting import ACCOUNTANTS
-from synthq.privacy.guarantee import Guarantee
-from synthq.privacy.reaccounting import (
+from synthq.ledger.reaccounting import (
     GAUSSIAN,
     NOT_RECORDED,
     REFERENCE_DELTA,
@@ -23,6 +21,8 @@ from synthq.privacy.reaccounting import (
     ReleaseRow,
     cached_epsilon_for,
 )
+from synthq.privacy.accounting import ACCOUNTANTS
+from synthq.privacy.guarantee import Guarantee
 
 NOT_APPLICABLE = "—"
 # The mechanism parameters shown per release, and the mechanisms that have no use for each.

@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from synthq.artifacts.hashing import sha256_tree
 from synthq.artifacts.manifest import Artifact, is_artifact, open_artifact
 from synthq.artifacts.writer import ArtifactWriter
 from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.privacy.guarantee import Guarantee
+from synthq.runtime.hashing import sha256_tree
 
 
 @dataclass(frozen=True)
@@ -141,11 +141,11 @@ class PublicPairs:
 
 def public_pairs_input(spec: str, role: str) -> PublicPairs:
     """``SOURCE:SPLIT`` -> the split's pairs, refused unless the source declares the split public
-    (:func:`~synthq.privacy.splits.split_is_private`, fail closed)."""
+    (:func:`~synthq.ledger.splits.split_is_private`, fail closed)."""
     from synthq.data.pairs import training_pairs
     from synthq.data.sources import load_source, resolve_source
+    from synthq.ledger.splits import split_is_private
     from synthq.privacy.digests import public_split_record
-    from synthq.privacy.splits import split_is_private
     from synthq.runtime.errors import DataError, PrivacyError
 
     source, _, split = spec.rpartition(":")
