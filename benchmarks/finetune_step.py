@@ -58,7 +58,7 @@ def make_step(
     import torch
 
     from synthq.dp.engine import PrivacyPlan
-    from synthq.dp.lm import DPStep
+    from synthq.dp.lm.mechanisms import DPStep
     from synthq.dp.noise import SecretRandomness
     from synthq.models.generator import QueryGenerator
     from synthq.models.generator import apply_lora as _apply_lora
@@ -152,7 +152,8 @@ def phase_seconds(model: str, mode: str, lora: int, batch: int, tokens: int, ste
 
     import torch
 
-    from synthq.dp import engine, lm_hooks
+    from synthq.dp import engine
+    from synthq.dp.lm import hooks as lm_hooks
 
     as_a_stage()
     current: dict[str, float] = defaultdict(float)

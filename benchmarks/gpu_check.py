@@ -235,7 +235,7 @@ def generator_norms(path: Path, device: str, sizes: Sizes) -> list[dict]:
     import torch
 
     from synthq.dp.clipping import norm
-    from synthq.dp.lm import make_clipper
+    from synthq.dp.lm.mechanisms import make_clipper
     from synthq.runtime.precision import use_precision
     from tests.dp.test_lm import ground_truth
     from tests.dp.test_lm_hooks import load
@@ -278,7 +278,7 @@ def generator_norms(path: Path, device: str, sizes: Sizes) -> list[dict]:
 def retriever_sensitivities(path: Path, device: str, sizes: Sizes) -> list[dict]:
     """``--dp group`` and ``--dp sample`` on neighbouring batches (each pair removed in turn)."""
     from synthq.dp.clipping import norm
-    from synthq.dp.contrastive import Example, GroupClipping, SampleClipping
+    from synthq.dp.contrastive.mechanisms import Example, GroupClipping, SampleClipping
     from synthq.dp.noise import SecretRandomness
     from synthq.models.encoder import embed, load_encoder
     from synthq.runtime.precision import use_precision

@@ -7,7 +7,7 @@ python benchmarks/retriever_step.py [--batch 32] [--query-tokens 32] [--doc-toke
 (whatever the CPU default is); ``sample`` is ``--dp sample`` as train-retriever runs it (on CPU
 the query side in one pass per chunk and one backward pass per query through the documents:
 ``SAMPLE_VMAP_ON_CPU``), ``sample_vmap``
-:func:`synthq.dp.contrastive_sample_vmap.per_query_clipped_sum` with the documents' per-query
+:func:`synthq.dp.contrastive.sample_vmap.per_query_clipped_sum` with the documents' per-query
 passes vmapped (what accelerators run), and ``sample_loop`` the same sum without the encoder:
 one backward pass per query through the whole batch graph, queries and documents.
 
@@ -35,7 +35,7 @@ def training_setup(
     tokenizer truncates them)."""
     import torch
 
-    from synthq.dp.contrastive import Example
+    from synthq.dp.contrastive.mechanisms import Example
     from synthq.models.encoder import load_encoder
     from synthq.runtime.optim import make_optimizer
 
@@ -60,7 +60,7 @@ def make_step(
     encoder_spec: str = "minilm-l6",
     device: str = "cpu",
 ):
-    from synthq.dp.contrastive_sample_vmap import per_query_clipped_sum
+    from synthq.dp.contrastive.sample_vmap import per_query_clipped_sum
     from synthq.dp.engine import PrivacyPlan, build_mechanism
     from synthq.dp.noise import SecretRandomness
     from synthq.models.encoder import embed, features, training_loss

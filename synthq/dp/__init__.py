@@ -1,5 +1,5 @@
 """Differentially private training: the engine (mechanism registry, privacy plan), privacy units
 and Poisson sampling, secret randomness and noise, clipping primitives, and the registered
-mechanisms — per-query clipping of query generators (``lm*``, ``generator_training``), the
-retriever baselines (``contrastive*``) and Private Evolution's vote (``evolution``) — and the check
-that fine-tuning learned (``learning_check``)."""
+mechanisms by family — the query generators' clipping (:mod:`synthq.dp.lm`), the retriever
+baselines (:mod:`synthq.dp.contrastive`) and Private Evolution's vote (``evolution``) — with
+``--batch-size auto`` (``batch_choice``) and ``synthq plan`` (``route_plans``)."""

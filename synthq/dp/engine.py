@@ -1,7 +1,7 @@
 """The DP engine: the privacy rules of every synthq training run, in one place.
 
-A DP run (the generator's DP-SGD/DP-Adam in :mod:`synthq.dp.lm`, the retriever baselines in
-:mod:`synthq.dp.contrastive`) is the sampled Gaussian mechanism of Abadi et al. (2016), repeated:
+A DP run (the generator's DP-SGD/DP-Adam in :mod:`synthq.dp.lm.mechanisms`, the retriever baselines in
+:mod:`synthq.dp.contrastive.mechanisms`) is the sampled Gaussian mechanism of Abadi et al. (2016), repeated:
 
 1. **Privacy units.** Training pairs are grouped by unit (:class:`~synthq.dp.privacy_units.PrivacyUnits`):
    a query with all of its (query, document) pairs, or at ``--privacy-unit user`` a user with all
@@ -84,6 +84,10 @@ class Mechanism(abc.ABC):
         """Extra accounting inputs for the guarantee's details."""
         return {}
 
+    def advice(self, batch_cap: int | None) -> str | None:
+        """A warning for settings where this mechanism gains nothing over a simpler one, or None."""
+        return None
+
 
 MECHANISMS: dict[str, type[Mechanism]] = {}
 
@@ -102,9 +106,9 @@ def register_mechanism(name: str):
 # Modules whose mechanisms register themselves when imported (loaded on first lookup, as
 # plugins: the engine depends on none of them).
 MECHANISM_MODULES = (
-    "synthq.dp.lm",
-    "synthq.dp.contrastive",
-    "synthq.dp.contrastive_logit",
+    "synthq.dp.lm.mechanisms",
+    "synthq.dp.contrastive.mechanisms",
+    "synthq.dp.contrastive.logit",
     "synthq.dp.evolution",
 )
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from synthq.dp.clipping import norm as _norm
-from synthq.dp.contrastive_logit import LogitClipping, logit_dp_constants
+from synthq.dp.contrastive.logit import LogitClipping, logit_dp_constants
 from synthq.models.encoder import embed
 from tests.dp.conftest import EXAMPLES
 
@@ -125,3 +125,12 @@ def test_neighbouring_batches_differ_by_at_most_the_sensitivity(encoder):
     # the emptied over-full batch costs B·G1·C ≈ 2BC: at B = 6, T = 1 that is just above
     # per-query clipping's (2B − 1)C, which the stage warns about
     assert (2 * 6 - 1) * clip_norm < sensitivity <= 2 * 6 * clip_norm
+
+
+def test_the_mechanism_says_when_its_sensitivity_is_no_better_than_per_query_clipping(encoder):
+    """What Logit-DP gains is a property of the mechanism, not a test in the stage: at a low
+    temperature its sensitivity reaches per-query clipping's (2B − 1)·C and it says so."""
+    cold = LogitClipping(1.0, 0.05, encoder, 64, 64)
+    assert cold.sensitivity(8) >= (2 * 8 - 1) * 1.0 and "no better than per-query" in cold.advice(8)
+    warm = LogitClipping(1.0, 1.0, encoder, 64, 64)
+    assert warm.sensitivity(8) < (2 * 8 - 1) * 1.0 and warm.advice(8) is None

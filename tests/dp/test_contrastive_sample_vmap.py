@@ -11,8 +11,8 @@ import torch
 from synthq.dp.clipping import add_into as _add
 from synthq.dp.clipping import clip
 from synthq.dp.clipping import norm as _norm
-from synthq.dp.contrastive import SampleClipping
-from synthq.dp.contrastive_sample_vmap import per_query_clipped_sum
+from synthq.dp.contrastive.mechanisms import SampleClipping
+from synthq.dp.contrastive.sample_vmap import per_query_clipped_sum
 from synthq.models.encoder import embed
 from tests.dp.conftest import EXAMPLES
 
@@ -87,7 +87,7 @@ def test_the_query_side_takes_one_pass_per_chunk_with_the_same_sum(
     """Query i's own side (``J_{q_i}ᵀ a_i``) is read off one backward pass through the query graph per
     chunk, where every query's cotangent used to go through the whole query batch; the sum is the
     loop's, for BERT's layers and a SmolLM2-style encoder's (Linear without bias, RMS norms)."""
-    from synthq.dp import contrastive_per_group
+    from synthq.dp.contrastive import per_group as contrastive_per_group
 
     model = encoder if which == "bert" else llama_encoder
     calls = []
@@ -111,7 +111,7 @@ def test_sample_clipping_given_the_encoder_takes_this_path_and_follows_the_cpu_s
 ):
     """``--dp sample`` hands its encoder to this function; on CPU the documents' passes are looped
     unless :data:`SAMPLE_VMAP_ON_CPU` says otherwise, and the sum is the plain loop's."""
-    from synthq.dp import contrastive
+    from synthq.dp.contrastive import mechanisms as contrastive
 
     seen = []
     monkeypatch.setattr(contrastive, "SAMPLE_VMAP_ON_CPU", vmap_on_cpu)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from synthq.dp.learning_check import (
+from synthq.dp.lm.learning_check import (
     NotLearningError,
     held_out_loss,
     movement,

@@ -11,9 +11,9 @@ from synthq.config.audit import CanaryAuditConfig
 from synthq.config.generator import FinetuneConfig
 from synthq.dp.clipping import clip_and_sum
 from synthq.dp.engine import PrivacyPlan
-from synthq.dp.lm import USER_CLIPPING, DPStep, PerUserClipping, unit_chunks
-from synthq.dp.lm_ghost import GroupLayout
-from synthq.dp.lm_hooks import GhostClipper, HookClipper
+from synthq.dp.lm.ghost import GroupLayout
+from synthq.dp.lm.hooks import GhostClipper, HookClipper
+from synthq.dp.lm.mechanisms import USER_CLIPPING, DPStep, PerUserClipping, unit_chunks
 from synthq.models.sequence_loss import model_inputs, per_sequence_loss
 from tests.dp.test_lm_hooks import MODELS, load
 

@@ -123,7 +123,7 @@ def test_bad_input(tmp_path, tiny_beir, tiny_causal_dir):
 def test_a_dp_run_records_how_far_the_adapters_moved_and_the_public_held_out_loss(
     tmp_path, tiny_beir, tiny_causal_dir
 ):
-    from synthq.dp.learning_check import held_out_loss
+    from synthq.dp.lm.learning_check import held_out_loss
 
     data = helpers.private_copy(tmp_path, tiny_beir, public=("test",))
     artifact = finetune_lm.run(config(tmp_path, data, tiny_causal_dir, epsilon=8, lora_rank=2, epochs=2))
@@ -149,7 +149,7 @@ def test_a_run_whose_adapters_never_move_is_refused_in_one_line(
 ):
     """The silent failure users met with DP + LoRA: the optimizer steps, but not the adapters
     (here it holds other tensors). No generator is written."""
-    from synthq.dp.learning_check import NotLearningError
+    from synthq.dp.lm.learning_check import NotLearningError
 
     elsewhere = torch.nn.Parameter(torch.zeros(1))
     monkeypatch.setattr(finetune_lm, "make_optimizer", lambda *_: torch.optim.SGD([elsewhere], lr=0.1))

@@ -15,7 +15,7 @@ from synthq.artifacts.manifest import open_artifact
 from synthq.config.retriever import TrainRetrieverConfig
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.data.pairs import training_pairs
-from synthq.dp.contrastive_logit import logit_dp_constants
+from synthq.dp.contrastive.logit import logit_dp_constants
 from synthq.dp.engine import PrivacyPlan
 from synthq.privacy.guarantee import Guarantee
 from synthq.retrieval.metrics import evaluate

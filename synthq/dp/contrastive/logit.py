@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthq.dp.contrastive import Encode, Example
+from synthq.dp.contrastive.mechanisms import Encode, Example
 from synthq.dp.engine import Mechanism, register_mechanism
 from synthq.models.encoder import features, functional_embedding
 from synthq.runtime import distributed
@@ -89,7 +89,7 @@ class LogitClipping(Mechanism):
         gradients come from one function.
 
     Inputs:
-        A Poisson-sampled list of :class:`~synthq.dp.contrastive.Example` pairs.
+        A Poisson-sampled list of :class:`~synthq.dp.contrastive.mechanisms.Example` pairs.
 
     Privacy unit:
         One query, add/remove adjacency under Poisson sampling. The bound below is for queries
@@ -151,6 +151,15 @@ class LogitClipping(Mechanism):
 
     def describe(self) -> dict:
         return {"temperature": self.temperature}
+
+    def advice(self, batch_cap: int | None) -> str | None:
+        """Per-query clipping's sensitivity is (2B − 1)·C: at a low temperature Logit-DP's is no better."""
+        if batch_cap is not None and self.sensitivity(batch_cap) >= (2 * batch_cap - 1) * self.clip_norm:
+            return (
+                f"at temperature {self.temperature} Logit-DP's sensitivity is no better than per-query "
+                "clipping's; it pays off only near --temperature 1"
+            )
+        return None
 
     def _inputs(self, texts: list[str], side: str) -> list[torch.Tensor]:
         tokens = features(self.model, texts, self.lengths[side])

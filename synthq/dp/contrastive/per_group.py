@@ -12,7 +12,7 @@ same flops, split by group) and keeps ``K`` gradient copies, one per group.
 Supported layers (a small registry, as in Opacus' ``register_grad_sampler``): ``nn.Linear``,
 ``nn.Embedding`` and ``nn.LayerNorm`` — every trainable layer of BERT/MiniLM-style encoders — and
 RMS norms that compute exactly ``F.rms_norm`` (Llama's, checked numerically once per type, as
-:mod:`synthq.dp.lm_grad_samplers` does for Opacus): the encoders cut from SmolLM2. A
+:mod:`synthq.dp.lm.grad_samplers` does for Opacus): the encoders cut from SmolLM2. A
 layer whose output does not carry the examples on dimension 0 (e.g. T5's relative attention bias)
 raises :class:`UnsupportedLayer`; callers then fall back to one backward pass per group.
 """
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from synthq.dp.lm_grad_samplers import is_plain_rms_norm
+from synthq.dp.lm.grad_samplers import is_plain_rms_norm
 from synthq.runtime.precision import as_fp32, full_precision
 
 

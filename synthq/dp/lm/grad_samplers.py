@@ -19,7 +19,7 @@ a registered grad sampler. Three pieces of T5 / Llama break it out of the box:
   (``[batch, query, key]``), which gives each example its own copy of the bias, and hence its own
   gradient, while the forward values stay identical.
 * Tied input/output embeddings are one parameter used by several modules; hook mode sums their
-  per-example contributions, and :mod:`synthq.dp.lm_hooks` computes the exact ghost norm of
+  per-example contributions, and :mod:`synthq.dp.lm.hooks` computes the exact ghost norm of
   that sum.
 """
 

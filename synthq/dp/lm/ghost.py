@@ -18,8 +18,8 @@ gradients) and the norm of their *sum* is computed exactly, cross terms included
 (:func:`tied_squared_norms`), where Opacus itself refuses tied parameters;
 :func:`unsupported_for_ghost` says when a model shares anything else.
 
-The clipper that drives this module is :class:`synthq.dp.lm_hooks.GhostClipper`; privacy unit
-and sensitivity are those of :mod:`synthq.dp.lm` (one pair; ``C``).
+The clipper that drives this module is :class:`synthq.dp.lm.hooks.GhostClipper`; privacy unit
+and sensitivity are those of :mod:`synthq.dp.lm.mechanisms` (one pair; ``C``).
 """
 
 from __future__ import annotations

@@ -4,17 +4,17 @@ The per-example clipping engine is chosen by ``grad_sample_mode`` (:func:`make_c
 engines return the same quantity, the sum of each example's gradient clipped to ``C``, and are
 tested against a one-example-at-a-time ground truth for tiny T5 and tiny Llama models:
 
-* ``ghost`` (default through ``auto``; :class:`synthq.dp.lm_hooks.GhostClipper`): Opacus ghost
+* ``ghost`` (default through ``auto``; :class:`synthq.dp.lm.hooks.GhostClipper`): Opacus ghost
   clipping. Per-example norms from layer activations and output gradients, then one reweighted
   backward; no per-example gradient is ever materialised. Tied embeddings are handled exactly.
-* ``hooks`` (:class:`synthq.dp.lm_hooks.HookClipper`): Opacus ``GradSampleModule`` per-example
+* ``hooks`` (:class:`synthq.dp.lm.hooks.HookClipper`): Opacus ``GradSampleModule`` per-example
   gradients.
 * ``vmap`` (:class:`VmapClipper`): ``vmap(grad(loss))`` over a functional call of the whole
   model, exact for any architecture at the highest memory cost.
 
 What breaks Opacus' hooks out of the box on these models — T5's relative attention bias (computed
 once and shared by the whole batch), tied input/output embeddings, ``T5LayerNorm`` and
-``LlamaRMSNorm`` — is fixed in :mod:`synthq.dp.lm_grad_samplers`; every trainable parameter gets
+``LlamaRMSNorm`` — is fixed in :mod:`synthq.dp.lm.grad_samplers`; every trainable parameter gets
 an exact per-example gradient (or norm) in every mode.
 
 Each logical step follows Abadi et al. (2016), with the engine's rules
@@ -36,7 +36,7 @@ Under ``torchrun`` (:mod:`synthq.runtime.distributed`) every rank draws the same
 clips its own share, the clipped sums are all-reduced, and every rank adds the same secret noise
 once: the update, and so the accounting, is the single-process one.
 
-The loop that drives these steps, DP or not, is :class:`synthq.dp.generator_training.GeneratorTraining`;
+The loop that drives these steps, DP or not, is :class:`synthq.dp.lm.training.GeneratorTraining`;
 the optimizer comes from :func:`synthq.runtime.optim.make_optimizer`.
 """
 
@@ -132,7 +132,7 @@ def choose_grad_sample_mode(generator: QueryGenerator, requested: str = "auto") 
         raise ValueError(f"grad_sample_mode must be one of {GRAD_SAMPLE_MODES}, not {requested!r}")
     if requested != "auto":
         return requested
-    from synthq.dp.lm_ghost import unsupported_for_ghost
+    from synthq.dp.lm.ghost import unsupported_for_ghost
 
     return "vmap" if unsupported_for_ghost(generator.model) else "ghost"
 
@@ -142,7 +142,7 @@ def make_clipper(generator: QueryGenerator, clip_norm: float, mode: str = "auto"
     mode = choose_grad_sample_mode(generator, mode)
     if mode == "vmap":
         return VmapClipper(generator, clip_norm)
-    from synthq.dp.lm_hooks import GhostClipper, HookClipper
+    from synthq.dp.lm.hooks import GhostClipper, HookClipper
 
     return (GhostClipper if mode == "ghost" else HookClipper)(generator, clip_norm)
 

@@ -11,7 +11,7 @@ The four mechanisms differ in what they clip, which decides the sensitivity (see
 * :class:`SampleClipping` — per-query clipping (the paper's DP-SGD baseline): ``(2B − 1)C``.
 * :class:`BatchClipping` — clip the whole batch gradient (DP-CLIP / "Naive-DP"): ``2C``.
 * :class:`GroupClipping` — DP-GCL: groups with in-group negatives, each group clipped: ``2C``.
-* :class:`~synthq.dp.contrastive_logit.LogitClipping` — Logit-DP: per-pair similarity gradients
+* :class:`~synthq.dp.contrastive.logit.LogitClipping` — Logit-DP: per-pair similarity gradients
   clipped: ``(G1 + G2 + (B − 1)L)·C`` (constants derived there for cosine / temperature).
 
 The privacy unit is one query id with all of its pairs, or under ``--privacy-unit user`` one user
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from synthq.dp.clipping import add_into, clip, gradient
-from synthq.dp.contrastive_per_group import PerGroupGradients, UnsupportedLayer
-from synthq.dp.contrastive_sample_vmap import per_query_clipped_sum
+from synthq.dp.contrastive.per_group import PerGroupGradients, UnsupportedLayer
+from synthq.dp.contrastive.sample_vmap import per_query_clipped_sum
 from synthq.dp.engine import Mechanism, register_mechanism
 from synthq.dp.noise import SecretRandomness
 from synthq.models.encoder import in_batch_softmax_loss
@@ -155,7 +155,7 @@ class GroupClipping(Mechanism):
 
     Given the encoder (``model``) on an accelerator (or on CPU with
     :data:`GROUP_ONE_PASS_ON_CPU`), all groups go through ONE forward and ONE backward pass and
-    per-group gradients are read off the layers (:mod:`synthq.dp.contrastive_per_group`): a step
+    per-group gradients are read off the layers (:mod:`synthq.dp.contrastive.per_group`): a step
     costs about one non-private step. Otherwise, or for layers the engine does not know (T5's
     relative attention bias), each group gets its own forward and backward pass.
 
@@ -349,7 +349,7 @@ class SampleClipping(Mechanism):
         The noise grows linearly with the batch, which is why direct DP retrieval training works
         badly. The cost is one backward pass per query through the documents. Given the encoder
         (``model``, as train-retriever does), the sum comes from
-        :func:`synthq.dp.contrastive_sample_vmap.per_query_clipped_sum`: one forward pass, every
+        :func:`synthq.dp.contrastive.sample_vmap.per_query_clipped_sum`: one forward pass, every
         query's own side in one backward pass per chunk of queries, and the documents' per-query
         passes vmapped on an accelerator, looped on CPU (:data:`SAMPLE_VMAP_ON_CPU`). Without it,
         each query's loss is back-propagated through the whole batch graph, queries included.

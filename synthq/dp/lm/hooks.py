@@ -1,6 +1,6 @@
 """Opacus hook-based per-example clipping for query generators: ``hooks`` and ``ghost`` modes.
 
-Both produce the same thing as :class:`synthq.dp.lm.VmapClipper` — the sum over a micro-batch
+Both produce the same thing as :class:`synthq.dp.lm.mechanisms.VmapClipper` — the sum over a micro-batch
 of each example's gradient clipped to ``C`` — with less memory or time:
 
 * ``hooks`` (:class:`HookClipper`): Opacus ``GradSampleModule``. One forward and one backward;
@@ -16,19 +16,19 @@ of each example's gradient clipped to ``C`` — with less memory or time:
   backward. Memory: the output gradients of every trainable layer are kept until the update.
   Mixed ghost clipping (Bu et al., 2022): each Linear / Embedding layer takes whichever of the
   ghost norm and an instantiated per-example gradient is cheaper for its shape and the batch's
-  sequence length (:func:`~synthq.dp.lm_ghost.choose_norm_method`); instantiated gradients are
+  sequence length (:func:`~synthq.dp.lm.ghost.choose_norm_method`); instantiated gradients are
   kept and weighted directly (low-rank LoRA adapters), ghost layers keep their records. The norm
-  math and the book-keeping live in :mod:`synthq.dp.lm_ghost`; this module holds the clippers.
+  math and the book-keeping live in :mod:`synthq.dp.lm.ghost`; this module holds the clippers.
 
-Exactness for T5 and Llama-style models (see :mod:`synthq.dp.lm_grad_samplers`): RMS norms get
+Exactness for T5 and Llama-style models (see :mod:`synthq.dp.lm.grad_samplers`): RMS norms get
 a registered grad sampler, T5's shared relative attention bias is looked up per example, and a
 parameter used by several modules (tied input/output embeddings: T5's ``shared`` used by the
 encoder, the decoder and ``lm_head``; SmolLM2's ``embed_tokens`` and ``lm_head``) is handled in
 both modes: hooks sum the per-example contributions; ghost keeps each use in factored form
 (activations and output gradients) and computes the norm of their *sum*, cross terms included
-(:func:`~synthq.dp.lm_ghost.tied_squared_norms`), where Opacus itself refuses tied parameters.
+(:func:`~synthq.dp.lm.ghost.tied_squared_norms`), where Opacus itself refuses tied parameters.
 
-Privacy unit and sensitivity are those of :mod:`synthq.dp.lm` (one pair; ``C``): the clipped
+Privacy unit and sensitivity are those of :mod:`synthq.dp.lm.mechanisms` (one pair; ``C``): the clipped
 sum is the same quantity, computed differently.
 """
 
@@ -41,8 +41,8 @@ from opacus.grad_sample import GradSampleModule
 from torch import nn
 
 from synthq.dp.clipping import clip_and_sum, clip_factors, group_clip_factors
-from synthq.dp.lm_ghost import GroupLayout, TiedGhostClipping, unsupported_for_ghost
-from synthq.dp.lm_grad_samplers import batch_relative_attention_bias, register_rms_norm_grad_samplers
+from synthq.dp.lm.ghost import GroupLayout, TiedGhostClipping, unsupported_for_ghost
+from synthq.dp.lm.grad_samplers import batch_relative_attention_bias, register_rms_norm_grad_samplers
 from synthq.models.generator import QueryGenerator
 from synthq.models.training_step import sequence_losses, weighted_loss_gradient
 from synthq.runtime.precision import as_fp32, full_precision
@@ -149,13 +149,13 @@ class GhostClipper:
     Args:
         generator: the model being trained, in ``train()`` mode.
         clip_norm: ``C``.
-        norm_method: ``auto`` (per layer, by cost: :func:`~synthq.dp.lm_ghost.choose_norm_method`),
+        norm_method: ``auto`` (per layer, by cost: :func:`~synthq.dp.lm.ghost.choose_norm_method`),
             or ``ghost`` / ``instantiate`` for every Linear and Embedding layer (the result is the
             same).
 
     Requirements:
         Parameters shared by several modules must be plain ``nn.Linear`` / ``nn.Embedding``
-        weights (tied embeddings); :func:`~synthq.dp.lm_ghost.unsupported_for_ghost` says when they are not.
+        weights (tied embeddings); :func:`~synthq.dp.lm.ghost.unsupported_for_ghost` says when they are not.
     """
 
     mode = "ghost"
@@ -208,7 +208,7 @@ class GhostClipper:
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """``Σ_i w_i clip_C(∇ℓ_i)``; with ``groups`` (each row's unit), each unit's weighted
         gradient ``Σ_{i∈u} w_i ∇ℓ_i`` is clipped instead: its norm comes from Gram matrices
-        across the unit's rows (:class:`~synthq.dp.lm_ghost.GroupLayout`), and the update from
+        across the unit's rows (:class:`~synthq.dp.lm.ghost.GroupLayout`), and the update from
         the same records with per-row factors (norms returned: the units')."""
         self.module.layout = None if groups is None else GroupLayout(groups, weights)
         try:
