@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from synthq.ledger.releases import DatasetCost
 from synthq.privacy.accounting import ACCOUNTANTS, epsilon_for, per_query, recomputed_epsilon
+from synthq.privacy.events import gaussian
 from synthq.privacy.guarantee import (
     Guarantee,
     compose_releases,
@@ -35,7 +36,6 @@ from synthq.privacy.guarantee import (
 
 REFERENCE_DELTA = 1e-6
 NOT_RECORDED = "not recorded"
-GAUSSIAN = ("noise_multiplier", "sample_rate", "steps")
 # One answer per (σ, δ, q, T, accountant): the statement asks for a release at a δ once per table
 # and once per composition (PRV takes about a second).
 cached_epsilon_for = functools.lru_cache(maxsize=512)(epsilon_for)
@@ -54,12 +54,12 @@ def guarantee_at(guarantee: Guarantee, delta: float | None) -> Guarantee | None:
         return guarantee
     if guarantee.accountant not in ACCOUNTANTS:  # pure ε (report-noisy-max): the same at any δ
         return guarantee if guarantee.delta == 0 else None
-    if delta is None or not all(key in details for key in GAUSSIAN):
+    event = gaussian(guarantee)
+    if delta is None or event is None:
         return None
     calibration = cached_epsilon_for(
-        float(details["noise_multiplier"]), delta, float(details["sample_rate"]), int(details["steps"]),
-        guarantee.accountant,
-    )  # fmt: skip
+        event.noise_multiplier, delta, event.sample_rate, event.steps, guarantee.accountant
+    )
     moved = guarantee.model_copy(
         update={
             "epsilon": calibration.epsilon, "delta": delta, "accountant": calibration.accountant,
@@ -120,16 +120,12 @@ def gaussian_mu(guarantee: Guarantee) -> Mu | None:
     """μ of a Gaussian release: exact ``√T/σ`` without subsampling (q = 1; σ is the noise
     multiplier, noise std / sensitivity); not stated for Poisson subsampling (q < 1: the CLT
     approximation is no bound); ∞ for a read without DP; ``None`` for any other mechanism."""
-    details = guarantee.details or {}
     if not guarantee.is_private:
         return Mu(math.inf, "no DP")
-    if guarantee.accountant not in ACCOUNTANTS or not all(key in details for key in GAUSSIAN):
+    event = gaussian(guarantee)
+    if guarantee.accountant not in ACCOUNTANTS or event is None:
         return None
-    sigma, rate, steps = (
-        float(details["noise_multiplier"]),
-        float(details["sample_rate"]),
-        int(details["steps"]),
-    )
+    sigma, rate, steps = event.noise_multiplier, event.sample_rate, event.steps
     if sigma <= 0:
         return Mu(math.inf, "no noise")
     if rate != 1.0:

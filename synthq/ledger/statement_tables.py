@@ -14,7 +14,6 @@ import math
 
 from synthq.artifacts.manifest import Artifact
 from synthq.ledger.reaccounting import (
-    GAUSSIAN,
     NOT_RECORDED,
     REFERENCE_DELTA,
     DatasetStatement,
@@ -22,6 +21,7 @@ from synthq.ledger.reaccounting import (
     cached_epsilon_for,
 )
 from synthq.privacy.accounting import ACCOUNTANTS
+from synthq.privacy.events import NoisyMaxSelections, SampledGaussian, gaussian, release_event
 from synthq.privacy.guarantee import Guarantee
 
 NOT_APPLICABLE = "—"
@@ -62,16 +62,17 @@ def recorded(details: dict, key: str, shown=None) -> str:
 
 
 def sampling(guarantee: Guarantee) -> str:
-    details = guarantee.details or {}
     if not guarantee.is_private:
         return "none (read without DP)"
+    event = release_event(guarantee)
     if guarantee.mechanism == "report-noisy-max":
-        return f"none: report-noisy-max, {recorded(details, 'selections')} selection(s)"
-    if "sample_rate" not in details:
+        selections = event.selections if isinstance(event, NoisyMaxSelections) else NOT_RECORDED
+        return f"none: report-noisy-max, {selections} selection(s)"
+    if not isinstance(event, SampledGaussian):
         return NOT_RECORDED
-    if float(details["sample_rate"]) == 1.0:
+    if not event.subsampled:
         return "none: every unit in every step (q = 1)"
-    cap = details.get("max_batch_size")
+    cap = event.max_batch_size
     capped = f"; batch cap {cap} (an over-full batch becomes empty)" if cap else ""
     return f"Poisson (the accountant's model; the sampler is not recorded){capped}"
 
@@ -138,16 +139,10 @@ def recomputed_table(statement: DatasetStatement) -> list[str]:
 def prv_comparisons(statement: DatasetStatement) -> list[str]:
     lines = []
     for row in statement.rows:
-        g, details = row.guarantee, row.guarantee.details or {}
-        if g.accountant == "prv" and g.is_private and all(key in details for key in GAUSSIAN):
-            delta = float(details.get("accountant_delta", g.delta))
-            rdp = cached_epsilon_for(
-                float(details["noise_multiplier"]),
-                delta,
-                float(details["sample_rate"]),
-                int(details["steps"]),
-                "rdp",
-            ).epsilon
+        g, event = row.guarantee, gaussian(row.guarantee)
+        if g.accountant == "prv" and event is not None:
+            sigma, delta, rate, steps = event.noise_multiplier, event.delta, event.sample_rate, event.steps
+            rdp = cached_epsilon_for(sigma, delta, rate, steps, "rdp").epsilon
             lines.append(f"- {row.label} (PRV): RDP gives ε = {eps(rdp)} at the same δ = {delta:.2e}.")
     return lines
 

@@ -20,6 +20,15 @@ import math
 import warnings
 from dataclasses import dataclass
 
+from synthq.privacy.events import (
+    Composed,
+    NoisyMaxSelections,
+    NotPrivate,
+    Public,
+    SampledGaussian,
+    gaussian,
+    release_event,
+)
 from synthq.privacy.guarantee import Guarantee
 from synthq.runtime.errors import PrivacyError
 
@@ -227,31 +236,24 @@ def recomputed_epsilon(guarantee: Guarantee) -> float | None:
     accountant), or the sum over ``details.components``; ``None`` when it records none (public,
     ε = ∞, post-processing copies carry their source's details and are recomputed the same way).
 
-    Used when an artifact is opened, so that an edited ε in a manifest is refused."""
-    details = guarantee.details or {}
-    if guarantee.mechanism == "none":  # computed from private data without DP: ∞ and nothing else
-        return math.inf
-    if guarantee.mechanism == "public":
-        return 0.0
-    if not guarantee.is_private:
-        return None
-    if guarantee.mechanism == "report-noisy-max":  # pure ε per selection, basic composition
-        return float(details["epsilon_per_selection"]) * int(details["selections"])
-    if "components" in details:
-        components = [Guarantee.from_manifest(c) for c in details["components"]]
-        parts = [_component_epsilon(c, guarantee.unit) for c in components]
-        return None if any(p is None for p in parts) else sum(parts)
-    needed = ("noise_multiplier", "sample_rate", "steps")
-    if not all(k in details for k in needed) or guarantee.accountant not in ACCOUNTANTS:
-        return None
-    delta = details.get("accountant_delta", guarantee.delta)
-    return _cached_epsilon(
-        float(details["noise_multiplier"]),
-        float(delta),
-        float(details["sample_rate"]),
-        int(details["steps"]),
-        guarantee.accountant,
-    )
+    Used when an artifact is opened, so that an edited ε in a manifest is refused. Chooses by the
+    release's typed event (:func:`synthq.privacy.events.release_event`)."""
+    match release_event(guarantee):
+        case NotPrivate():  # computed from private data without DP: ∞ and nothing else
+            return math.inf
+        case Public():
+            return 0.0
+        case NoisyMaxSelections(epsilon_per_selection=epsilon, selections=selections):
+            return epsilon * selections  # pure ε per selection, basic composition
+        case Composed(parts=parts):
+            epsilons = [_component_epsilon(part, guarantee.unit) for part in parts]
+            return None if any(e is None for e in epsilons) else sum(epsilons)
+        case SampledGaussian() as event if event.accountant in ACCOUNTANTS:
+            return _cached_epsilon(
+                event.noise_multiplier, event.delta, event.sample_rate, event.steps, event.accountant
+            )
+        case _:  # not private, or nothing recorded to recompute it from
+            return None
 
 
 def _component_epsilon(component: Guarantee, unit: str) -> float | None:
@@ -375,13 +377,10 @@ def per_query(guarantee: Guarantee, rule: str) -> dict | None:
     (see :data:`PER_QUERY_RULES`) from the σ, q, T and δ it records; ``None`` when it records no
     mechanism parameters or the rule does not apply to it (the release then counts as ε = ∞ at
     the query unit, :func:`synthq.privacy.guarantee.compose_releases`)."""
-    details = guarantee.details or {}
-    needed = ("noise_multiplier", "sample_rate", "steps")
-    if guarantee.unit != "user" or not guarantee.is_private or not all(k in details for k in needed):
+    event = gaussian(guarantee)
+    if guarantee.unit != "user" or event is None:
         return None
-    sigma, rate = float(details["noise_multiplier"]), float(details["sample_rate"])
-    steps = int(details["steps"])
-    delta = float(details.get("accountant_delta", guarantee.delta))
+    sigma, rate, steps, delta = event.noise_multiplier, event.sample_rate, event.steps, event.delta
     votes = guarantee.mechanism.split(" ")[0] in GAUSSIAN_SUBSTITUTION_MECHANISMS
     if rule == "gaussian-substitution" and votes and rate == 1.0 and guarantee.accountant in ACCOUNTANTS:
         epsilon = _cached_epsilon(sigma / SUBSTITUTION_SENSITIVITY, delta, 1.0, steps, guarantee.accountant)
