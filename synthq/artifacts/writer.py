@@ -81,13 +81,18 @@ class ArtifactWriter:
         unit_kind: str = "query",
         units: dict | None = None,
         links: dict[str, list[str]] | None = None,
+        texts: Sequence[str] | None = None,
     ) -> dict:
         """Record this artifact's own read of private data ``data`` (an input record): its
         guarantee (ε = ∞ for a read without DP) and the keyed set of the units it read
         (``unit_ids``, or ``units``: the record of a set another release already stored; a
-        user-level release passes its ``links``, :func:`synthq.privacy.unit_sets.store_unit_set`)."""
-        from synthq.privacy.unit_sets import store_unit_set
+        user-level release passes its ``links``, :func:`synthq.privacy.unit_sets.store_unit_set`;
+        a query-level read passes the queries' ``texts``, in the order of ``unit_ids``, which
+        link its queries by id and text, :func:`synthq.privacy.unit_sets.query_links`)."""
+        from synthq.privacy.unit_sets import query_links, store_unit_set
 
+        if texts is not None:
+            links = query_links(list(unit_ids), list(texts))
         if units is None:
             if unit_kind == "query" and not links:  # at least the query ids, as a user-level release
                 links = {"query": list(unit_ids)}  # links them: what the ledger's dataset merge compares

@@ -72,7 +72,6 @@ from synthq.config.registry import stage_entry
 from synthq.data.beir_io import BeirDataset, write_beir_dir
 from synthq.data.sources import load_source, resolve_source
 from synthq.privacy.guarantee import Guarantee, format_epsilon
-from synthq.privacy.unit_sets import query_links
 from synthq.runtime.console import info
 from synthq.runtime.distributed import resolve_device
 from synthq.runtime.errors import SynthqError
@@ -272,8 +271,8 @@ def _write_results(
         f"generators' ε: {', '.join(format_epsilon(v) for v in report.proven.values())})"
     )
     read = list(dataset.require_split(config.split))
-    links = query_links(read, [dataset.queries.get(q, "") for q in read])  # ids and texts, as eval reads them
-    writer.release(Guarantee.non_private(reason, unit="query"), inputs[0], read, links=links)
+    texts = [dataset.queries.get(q, "") for q in read]  # ids and texts, as eval reads them
+    writer.release(Guarantee.non_private(reason, unit="query"), inputs[0], read, texts=texts)
     writer.timings.update(report.timings)
     writer.metrics.update(report.metrics(table))
 

@@ -79,7 +79,6 @@ from synthq.ledger.splits import (
     score_guarantee,
 )
 from synthq.privacy.guarantee import Guarantee
-from synthq.privacy.unit_sets import query_links
 from synthq.reporting.eval_files import (
     PER_QUERY_FILE,
     RESULTS_FILE,
@@ -356,7 +355,7 @@ def _data_releases(writer, spec: str, split: str, data: EvalData, scored: Scored
                 private_split_guarantee(spec, split),
                 data.record,
                 scored.queries,
-                links=query_links(scored.queries, scored.query_texts),
+                texts=scored.query_texts,
             )  # fmt: skip
         )
     return data_releases

@@ -28,7 +28,6 @@ from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.data.beir_io import read_qrels, read_queries
 from synthq.data.sources import load_source, resolve_source
 from synthq.privacy.guarantee import Guarantee, format_epsilon
-from synthq.privacy.unit_sets import query_links
 from synthq.runtime import precision
 from synthq.runtime.console import result
 from synthq.runtime.distributed import resolve_device
@@ -177,8 +176,8 @@ def run(config: SimilarityConfig) -> Artifact:
         writer.inherit(synthetic)
         reason = "similarity scores are computed from the original private queries without noise (ε = ∞)"
         read = list(qrels)
-        links = query_links(read, [original.queries[q] for q in read])
-        writer.release(Guarantee.non_private(reason, unit="query"), inputs[1], read, links=links)
+        texts = [original.queries[q] for q in read]
+        writer.release(Guarantee.non_private(reason, unit="query"), inputs[1], read, texts=texts)
         writer.timings["wall_seconds"] = round(time.perf_counter() - started, 3)
     result((config.out / "similarity.md").read_text(encoding="utf-8"), markup=False)
     return open_artifact(config.out, STAGE)
