@@ -7,8 +7,8 @@
 The commands are read from the README's "Your own data in the first hour" (its first ``bash``
 block after that heading), so the benchmark runs what a user copies: ``mylog`` becomes the
 shipped ``embedded`` data (a query log of the guide's shape: 1,212 private queries of 475 users,
-606 documents of p95 80 tokens), or ``--data`` (``data/pylibs-long``: 962 documents of p95 697
-tokens, 606 private queries of 129 users), and ``runs/`` the output directory. Each runs as a
+606 documents of p95 80 tokens), or ``--data`` (``data/pylibs-long``: 622 documents of p95 696
+tokens, 402 private queries of 80 users), and ``runs/`` the output directory. Each runs as a
 user runs it, a fresh ``synthq`` process, under ``/usr/bin/time -v`` when it is there (its
 "Maximum resident set size" is that command's peak RSS; without it, the children's ``getrusage``
 peak so far, which can only grow). ``--quick`` adds ``--max-steps 2`` to training and

@@ -29,7 +29,7 @@ ANCHORS = {
 def _guide_data(record: dict) -> str:
     """Which shipped log a first-hour record ran on (its ``model`` tag; the embedded one without)."""
     if record.get("model") == "pylibs-long":
-        return "long documents (`data/pylibs-long`: 962 documents, p95 697 tokens)"
+        return "long documents (`data/pylibs-long`: 622 documents, p95 696 tokens)"
     return f"`{record['model']}`" if "model" in record else "data"
 
 

@@ -29,9 +29,9 @@ import build_pylibs as pylibs  # noqa: E402  (the walk, the rules, the split rul
 
 DEFAULT_OUT = HERE / "pylibs-long"
 MAX_DOC_WORDS = 384
-DEV_TARGET = 100  # queries
-TEST_TARGET = 250
-TRAIN_TARGET = 600
+DEV_TARGET = 60  # queries
+TEST_TARGET = 150
+TRAIN_TARGET = 400
 SPLIT_SALT = "pylibs-long-2026"
 
 

@@ -32,10 +32,12 @@ DEFAULT_QUERY_TOKENS = 32
 # Document (source) tokens: the paper's length (T5 on TPUs), the cap of a length derived from a
 # public corpus and the length used when the documents are private.
 DEFAULT_DOCUMENT_TOKENS = 384
-# On a CPU (2 cores) the first hour on long documents (p95 697 tokens, data/pylibs-long) took
-# about twice its half hour at 384: a generator reads at most this many document tokens on the cpu
-# profile, and a retriever at most RETRIEVER_DOCUMENT_TOKENS["cpu"] (MiniLM-L6's own limit) unless
-# told otherwise. docs/performance.md has the guide's time and the trade-off at both lengths.
+# On a CPU (2 cores) fine-tuning and generation cost in proportion to the document tokens: on long
+# documents (data/pylibs-long, p95 696 tokens) the guide's finetune-lm and generate measured 10
+# and 16 minutes at 128 tokens, so at 384 they alone would exceed its half hour. A generator reads
+# at most this many document tokens on the cpu profile, and a retriever at most
+# RETRIEVER_DOCUMENT_TOKENS["cpu"] (MiniLM-L6's own limit) unless told otherwise.
+# docs/performance.md has the guide's time and what the caps cost.
 CPU_DOCUMENT_TOKENS = 128
 RETRIEVER_DOCUMENT_TOKENS = {"cpu": 256, "gpu": DEFAULT_DOCUMENT_TOKENS}
 

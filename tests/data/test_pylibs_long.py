@@ -35,7 +35,7 @@ def test_a_log_of_the_guide_size_split_by_user(long_set, builder):
     for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
         assert not set(by_split[a]) & set(by_split[b])
     assert builder.TRAIN_TARGET <= sum(by_split["train"].values()) < builder.TRAIN_TARGET + 13
-    assert len(by_split["train"]) >= 100  # users: DP at the user unit has something to sample
+    assert len(by_split["train"]) >= 50  # users: DP at the user unit has something to sample
     assert declared_splits(ROOT) == {"test": "public", "train": "private", "dev": "private"}
     summary = summarize(long_set)  # what `synthq data info data/pylibs-long` prints
     assert not summary["warnings"], summary["warnings"]
