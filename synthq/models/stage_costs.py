@@ -11,9 +11,11 @@ routes (:mod:`synthq.dp.route_plans`).
 The figure reads only what the stage already prints or records as public: the steps and expected
 batch of its DP plan, K, the chosen lengths (from the public corpus), the model's size and the
 number of public documents. It never reads how many queries a user actually has: at the user unit
-the rows are counted at K per user, so the figure is an upper bound there ("at most").
+the rows are counted at K per user (more rows than most users have, which roughly offsets what the
+per-user path costs beyond the benchmark's step: docs/performance.md compares the figures with the
+measured stages).
 
-    >>> expected_line(seconds=600.0, bound=False)
+    >>> expected_line(seconds=600.0)
     'expected about 10 min on 2 CPU cores (synthq\\'s reference machine; a GPU takes far less)'
 """
 
@@ -76,14 +78,13 @@ def retriever_training_seconds(
     )
 
 
-def expected_line(seconds: float | None, bound: bool) -> str:
-    """The line a stage prints before it starts: ``expected about 12 min on 2 CPU cores (…)``;
-    ``at most`` where ``bound`` (rows counted at K per user)."""
+def expected_line(seconds: float | None) -> str:
+    """The line a stage prints before it starts: ``expected about 12 min on 2 CPU cores (…)``."""
     if seconds is None:
         return "expected time: no measured cost for this mechanism on the reference machine"
     size = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{max(seconds, 1):.0f} s"
     return (
-        f"expected {'at most' if bound else 'about'} {size} on 2 CPU cores "
+        f"expected about {size} on 2 CPU cores "
         "(synthq's reference machine; a GPU takes far less)"
     )
 

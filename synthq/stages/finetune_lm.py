@@ -218,7 +218,7 @@ def _warm_start(config: FinetuneConfig, settings: FinetuneConfig, generator: Que
     seconds = generator_training_seconds(
         steps * WARM_START_BATCH, settings.max_source_length, parameter_count(generator.model)
     )
-    info(f"warm start on {public.spec}: {steps} public steps; {expected_line(seconds, bound=False)}")
+    info(f"warm start on {public.spec}: {steps} public steps; {expected_line(seconds)}")
     with progress() as bar:
         task = bar.add_task(f"warm start on {public.spec}", total=steps)
         for step in range(steps):
@@ -383,11 +383,11 @@ def _announce(config: FinetuneConfig, setup: _Setup, place) -> None:
         )
         + (f"; {place.world_size} ranks ({place.backend})" if place.world_size > 1 else "")
     )
-    per_user = setup.units.kind == "user"  # rows counted at K per user: a bound, read from no text
+    per_user = setup.units.kind == "user"  # rows counted at K per user: read from no text
     rows = setup.steps * setup.settings.batch_size * (config.max_queries_per_user if per_user else 1)
     tokens = setup.settings.max_source_length
     seconds = generator_training_seconds(rows, tokens, parameter_count(generator.model))
-    info(expected_line(seconds, bound=per_user))
+    info(expected_line(seconds))
 
 
 def _resume(config: FinetuneConfig, sources: _Sources, setup: _Setup, checkpoint: Path) -> list[dict]:

@@ -345,7 +345,7 @@ def run(config: GenerateConfig) -> Artifact:
         generator.max_source_length + _template_tokens(generator),
         config.max_new_tokens, parameter_count(generator.model),
     )  # fmt: skip
-    info(f"{len(doc_ids) * config.num_queries:,} queries to write; {expected_line(seconds, bound=False)}")
+    info(f"{len(doc_ids) * config.num_queries:,} queries to write; {expected_line(seconds)}")
     with create_artifact(
         config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
     ) as writer:

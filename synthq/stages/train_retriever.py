@@ -369,14 +369,14 @@ def _set_up(config: TrainRetrieverConfig, sources: _Sources, place) -> _Setup:
 
 def _expected_time(config: TrainRetrieverConfig, setup: _Setup) -> str:
     """The run's expected minutes on the reference machine: the steps' pairs (under --dp at the
-    user unit, K per user: a bound), each with its hard negatives, at the measured cost per pair."""
+    user unit, K per user), each with its hard negatives, at the measured cost per pair."""
     per_user = config.dp is not None and setup.units.kind == "user"
     pairs = setup.steps * config.batch_size * (config.max_queries_per_user if per_user else 1)
     rows = pairs * (1 + config.hard_negatives)  # each hard negative adds a document to encode
     seconds = retriever_training_seconds(
         rows, setup.settings.max_doc_length, parameter_count(setup.encoder), config.dp
     )
-    return expected_line(seconds, bound=per_user)
+    return expected_line(seconds)
 
 
 def _train(config: TrainRetrieverConfig, setup: _Setup) -> tuple[int, list[float]]:

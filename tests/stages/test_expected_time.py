@@ -1,8 +1,8 @@
 """Every long stage says how long it will take before it starts: the figure is the reference
 machine's measured cost per row (``synthq/models/reference_costs.json``, itself checked against
 ``benchmarks/results.json`` in ``tests/dp/test_route_plans.py``) times this run's rows, scaled by
-its model's parameters and its document tokens; at the user unit it is a bound read from K,
-never from how many queries each user has."""
+its model's parameters and its document tokens; at the user unit the rows are counted at K,
+never at how many queries each user has."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def test_the_costs_scale_by_rows_parameters_and_document_tokens():
     pair = COSTS["retriever_dp_sample_seconds_per_pair"]["value"]
     assert stage_costs.retriever_training_seconds(32, 64, 22_713_216, "sample") == pytest.approx(16 * pair)
     assert stage_costs.retriever_training_seconds(32, 64, 22_713_216, "logit") is None  # never measured
-    assert stage_costs.expected_line(600, bound=True).startswith("expected at most 10 min on 2 CPU cores")
-    assert stage_costs.expected_line(None, bound=False).startswith("expected time: no measured cost")
+    assert stage_costs.expected_line(600).startswith("expected about 10 min on 2 CPU cores")
+    assert stage_costs.expected_line(None).startswith("expected time: no measured cost")
 
 
 @pytest.mark.slow
@@ -63,9 +63,9 @@ def test_finetune_lm_says_its_expected_time_before_the_first_step(
     model = QueryGenerator.load(artifact.path).model
     seconds = stage_costs.generator_training_seconds(
         3 * 2 * 2, artifact.config["max_source_length"], stage_costs.parameter_count(model)
-    )  # 3 steps of B = 2 users of at most K = 2 queries: a bound
+    )  # 3 steps of B = 2 users counted at K = 2 queries each
     err = capsys.readouterr().err
-    assert stage_costs.expected_line(seconds, bound=True) in _lines_before(err, "finetune-lm ε")
+    assert stage_costs.expected_line(seconds) in _lines_before(err, "finetune-lm ε")
 
 
 def test_generate_and_train_retriever_say_theirs(
@@ -86,7 +86,7 @@ def test_generate_and_train_retriever_say_theirs(
         config.max_new_tokens,
         stage_costs.parameter_count(loaded.model),
     )
-    assert f"6 queries to write; {stage_costs.expected_line(seconds, bound=False)}" in capsys.readouterr().err
+    assert f"6 queries to write; {stage_costs.expected_line(seconds)}" in capsys.readouterr().err
 
     config = retriever_config(
         tmp_path / "r", tiny_beir, tiny_encoder_dir, dp="group", epsilon=8, batch_size=8
@@ -96,4 +96,4 @@ def test_generate_and_train_retriever_say_theirs(
     seconds = stage_costs.retriever_training_seconds(
         artifact.metrics["steps"] * 8, config.max_doc_length, stage_costs.parameter_count(encoder), "group"
     )
-    assert stage_costs.expected_line(seconds, bound=False) in capsys.readouterr().err
+    assert stage_costs.expected_line(seconds) in capsys.readouterr().err

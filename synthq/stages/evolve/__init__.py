@@ -230,7 +230,7 @@ def _set_up(config: EvolveConfig, sources: _Sources) -> _Setup:
     seconds = generation_seconds(  # the few-shot prefix is prefilled once: each prompt is its document
         written, generator.max_source_length, config.max_new_tokens, parameter_count(generator.model)
     )
-    info(f"{written:,} queries to write; {expected_line(seconds, bound=False)}")
+    info(f"{written:,} queries to write; {expected_line(seconds)}")
     return _Setup(pairs, randomness, units, plan, corpus, doc_ids, generator, Prompter(generator), embedder)
 
 
