@@ -32,14 +32,14 @@ DEFAULT_QUERY_TOKENS = 32
 # Document (source) tokens: the paper's length (T5 on TPUs), the cap of a length derived from a
 # public corpus and the length used when the documents are private.
 DEFAULT_DOCUMENT_TOKENS = 384
-# On a CPU (2 cores) fine-tuning and generation cost in proportion to the document tokens: on long
-# documents (data/pylibs-long, p95 696 tokens) the guide's finetune-lm and generate measured 10
-# and 16 minutes at 128 tokens, so at 384 they alone would exceed its half hour. A generator reads
-# at most this many document tokens on the cpu profile, and a retriever at most
-# RETRIEVER_DOCUMENT_TOKENS["cpu"] (MiniLM-L6's own limit) unless told otherwise.
-# docs/performance.md has the guide's time and what the caps cost.
+# On a CPU (2 cores) every stage costs in proportion to the document tokens. On long documents
+# (data/pylibs-long, p95 696 tokens) the README guide took 7 min to fine-tune and 11 to generate at
+# 128 generator tokens, and its synthetic retriever 9.5 min at 256 (GradCache): past its half hour.
+# A generator reads at most CPU_DOCUMENT_TOKENS on the cpu profile, a retriever at most
+# RETRIEVER_DOCUMENT_TOKENS["cpu"] on a CPU (the length MiniLM-L6 was trained at), unless told.
+# docs/performance.md#first-hour-long has the guide's time and what the caps cost.
 CPU_DOCUMENT_TOKENS = 128
-RETRIEVER_DOCUMENT_TOKENS = {"cpu": 256, "gpu": DEFAULT_DOCUMENT_TOKENS}
+RETRIEVER_DOCUMENT_TOKENS = {"cpu": 128, "gpu": DEFAULT_DOCUMENT_TOKENS}
 
 
 def cli(**settings: Any) -> dict:

@@ -93,9 +93,7 @@ def release_event(guarantee: Guarantee) -> Event | None:
         return Public()
     if not guarantee.is_private:
         return None
-    if guarantee.mechanism == "report-noisy-max":
-        if "epsilon_per_selection" not in details or "selections" not in details:
-            return Unaccounted()
+    if guarantee.mechanism == "report-noisy-max":  # without its two numbers: KeyError, a malformed record
         return NoisyMaxSelections(float(details["epsilon_per_selection"]), int(details["selections"]))
     if "components" in details:
         return Composed(tuple(Guarantee.from_manifest(c) for c in details["components"]))

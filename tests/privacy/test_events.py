@@ -63,3 +63,14 @@ def test_the_epsilon_recomputed_by_type_is_opacus_own():
     assert recomputed_epsilon(_dp({"clip_norm": 1.0})) is None
     unknown = _dp(GAUSSIAN_DETAILS).model_copy(update={"accountant": "gdp"})
     assert recomputed_epsilon(unknown) is None  # an accountant synthq does not run: not recomputed
+
+
+def test_a_selection_record_without_its_numbers_is_malformed_not_unaccounted():
+    """An edited report-noisy-max record that drops its ε per selection must not open at any ε: the
+    reader raises (open_artifact refuses a malformed privacy record) rather than reading it as a
+    release with nothing to recompute."""
+    edited = Guarantee(epsilon=0.01, mechanism="report-noisy-max", details={"selections": 4})
+    with pytest.raises(KeyError):
+        release_event(edited)
+    with pytest.raises(KeyError):
+        recomputed_epsilon(edited)

@@ -182,8 +182,9 @@ def test_the_retriever_pass_size_is_a_pure_function_of_public_lengths():
 
 
 def test_an_unset_document_length_is_chosen_by_device_within_the_encoder_positions():
-    """Long documents on a CPU: the retriever reads at most 256 tokens (384 on a GPU) unless told,
-    never more than the encoder has positions, and the corpus's p95 is asked within that cap."""
+    """Long documents on a CPU: the retriever reads at most 128 tokens (the length MiniLM-L6 was
+    trained at; 384 on a GPU) unless told, never more than the encoder has positions, and the
+    corpus's p95 is asked within that cap."""
     from synthq.config.fields import RETRIEVER_DOCUMENT_TOKENS
     from synthq.config.retriever import TrainRetrieverConfig
     from synthq.models.defaults import CPU_RETRIEVER_TOKENS, retriever_defaults
@@ -191,12 +192,12 @@ def test_an_unset_document_length_is_chosen_by_device_within_the_encoder_positio
     config = TrainRetrieverConfig(out="o", data="d")
     asked = []
     chosen = retriever_defaults(config, "cpu", 1, lambda cap: asked.append(cap) or cap, None).values
-    assert chosen["max_doc_length"] == RETRIEVER_DOCUMENT_TOKENS["cpu"] == asked[0] == 256
-    assert chosen["mini_batch_size"] == CPU_RETRIEVER_TOKENS // (32 + 256)
+    assert chosen["max_doc_length"] == RETRIEVER_DOCUMENT_TOKENS["cpu"] == asked[0] == 128
+    assert chosen["mini_batch_size"] == CPU_RETRIEVER_TOKENS // (32 + 128)
     assert retriever_defaults(config, "cuda", 1, lambda cap: cap, None).values == {"max_doc_length": 384}
     assert retriever_defaults(config, "cuda", 1, lambda cap: cap, 128).values == {"max_doc_length": 128}
     dp = config.model_copy(update={"dp": "group"})
-    assert retriever_defaults(dp, "cpu", 1, lambda cap: cap, None).values == {"max_doc_length": 256}
+    assert retriever_defaults(dp, "cpu", 1, lambda cap: cap, None).values == {"max_doc_length": 128}
 
 
 @pytest.mark.parametrize(("profile", "cap"), [("cpu", 128), ("gpu", DEFAULT_DOCUMENT_TOKENS)])
