@@ -73,7 +73,7 @@ def test_one_pass_group_gradients_equal_one_backward_per_group(encoder):
     assert len(groups) > 1
     _engine(one_pass, parameters)
     per_group, losses = one_pass._one_pass(encode, groups)
-    expected, expected_losses = loop._per_group_passes(encode, groups, parameters)
+    expected, expected_losses = zip(*loop._per_group_passes(encode, groups, parameters), strict=True)
     assert losses == pytest.approx(expected_losses, rel=1e-5)
     for got, want in zip(per_group, expected, strict=True):
         assert float(_norm(want)) > 0

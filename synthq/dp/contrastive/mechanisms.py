@@ -244,16 +244,19 @@ class GroupClipping(Mechanism):
             return [torch.zeros_like(p) for p in parameters], math.nan
         # Under torchrun each rank takes its share of the groups (none when ranks outnumber them).
         mine = dict(distributed.shard(list(groups.items())))
-        per_group, losses = self._group_gradients(encode, mine, parameters) if mine else ([], [])
-        total = [torch.zeros_like(p) for p in parameters]
-        for group_gradient in per_group:
+        total, losses = [torch.zeros_like(p) for p in parameters], []
+        # each group's gradient is clipped into the sum as soon as it exists: one group's gradient
+        # in memory at a time where the groups take their own passes (CPU), not all of them
+        for group_gradient, loss in self._group_gradients(encode, mine, parameters) if mine else ():
             add_into(total, clip(group_gradient, self.clip_norm))
+            losses.append(loss)
         distributed.all_reduce_sum(total)  # the clipped groups of every rank
         self.step += 1
         return total, distributed.mean_over_ranks(losses)
 
     def _group_gradients(self, encode: Encode, groups: dict[int, list[Example]], parameters: list):
-        """Every group's gradient and mean loss: one pass for all groups where the layers allow."""
+        """Every group's (gradient, mean loss), in group order: one pass for all groups where the
+        layers allow, else one group at a time as each is asked for."""
         if self.one_pass and self._engine is None:
             try:
                 self._engine = PerGroupGradients(self.model, parameters)
@@ -262,7 +265,7 @@ class GroupClipping(Mechanism):
                 self.one_pass = False
         if self.one_pass:
             try:
-                return self._one_pass(encode, groups)
+                return zip(*self._one_pass(encode, groups), strict=True)
             except UnsupportedLayer as error:
                 self._engine.discard()
                 self._engine.close()
@@ -293,14 +296,11 @@ class GroupClipping(Mechanism):
         return per_group, [loss.item() / span[1] for loss, span in zip(group_losses, spans, strict=True)]
 
     def _per_group_passes(self, encode: Encode, groups: dict[int, list[Example]], parameters: list):
-        per_group, losses = [], []
         for key, group in groups.items():
             queries = encode([e.query for e in group], "query")
             docs = encode(self._documents(key, group), "doc")
             loss = in_batch_softmax_loss(queries, docs, self.temperature, [e.doc_id for e in group], "sum")
-            per_group.append(gradient(loss, parameters))
-            losses.append(loss.item() / len(group))
-        return per_group, losses
+            yield gradient(loss, parameters), loss.item() / len(group)
 
 
 # On CPU the documents' per-query passes run one after the other (make bench's retriever rows,
