@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from synthq.artifacts import hashing
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.locking import lock_path, output_lock
 from synthq.artifacts.manifest import open_artifact
 from synthq.privacy.guarantee import Guarantee
+from synthq.runtime import hashing
 from synthq.runtime.errors import ArtifactError
 from synthq.runtime.hashing import sha256_tree
 from tests.helpers import eval_argv, one_line, output_held_by_another_process, run_main
