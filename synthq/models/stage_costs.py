@@ -64,15 +64,18 @@ def generation_seconds(queries: int, prompt_tokens: int, new_tokens: int, parame
 
 
 def retriever_training_seconds(
-    pairs: float, document_tokens: int, parameters: int, dp: str | None
+    pairs: float, document_tokens: int, parameters: int, dp: str | None, chunked: bool = False
 ) -> float | None:
-    """Seconds to train an encoder on ``pairs`` pairs, or ``None`` where ``dp``'s cost was never
-    measured (``--dp batch``, ``--dp logit``): no figure is better than a guessed one."""
+    """Seconds to train an encoder on ``pairs`` pairs (``chunked``: in GradCache chunks, measured
+    at about twice the whole-batch step), or ``None`` where ``dp``'s cost was never measured
+    (``--dp batch``, ``--dp logit``): no figure is better than a guessed one."""
     if dp not in RETRIEVER_COSTS:
         return None
+    costs = reference_costs()
     return (
         pairs
-        * reference_costs()[RETRIEVER_COSTS[dp]]
+        * costs[RETRIEVER_COSTS[dp]]
+        * (costs["retriever_gradcache_factor"] if chunked and dp is None else 1.0)
         * (document_tokens / REFERENCE_DOCUMENT_TOKENS)
         * (parameters / REFERENCE_ENCODER_PARAMETERS)
     )

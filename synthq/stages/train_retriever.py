@@ -373,8 +373,9 @@ def _expected_time(config: TrainRetrieverConfig, setup: _Setup) -> str:
     per_user = config.dp is not None and setup.units.kind == "user"
     pairs = setup.steps * config.batch_size * (config.max_queries_per_user if per_user else 1)
     rows = pairs * (1 + config.hard_negatives)  # each hard negative adds a document to encode
+    chunked = setup.settings.mini_batch_size is not None  # GradCache: its own measured cost
     seconds = retriever_training_seconds(
-        rows, setup.settings.max_doc_length, parameter_count(setup.encoder), config.dp
+        rows, setup.settings.max_doc_length, parameter_count(setup.encoder), config.dp, chunked
     )
     return expected_line(seconds)
 

@@ -31,6 +31,13 @@ def test_the_costs_scale_by_rows_parameters_and_document_tokens():
     pair = COSTS["retriever_dp_sample_seconds_per_pair"]["value"]
     assert stage_costs.retriever_training_seconds(32, 64, 22_713_216, "sample") == pytest.approx(16 * pair)
     assert stage_costs.retriever_training_seconds(32, 64, 22_713_216, "logit") is None  # never measured
+    chunked = COSTS["retriever_gradcache_factor"]["value"] * COSTS["retriever_seconds_per_pair"]["value"]
+    assert stage_costs.retriever_training_seconds(10, 128, 22_713_216, None, chunked=True) == pytest.approx(
+        10 * chunked
+    )
+    assert stage_costs.retriever_training_seconds(
+        10, 128, 22_713_216, "group", chunked=True
+    ) == pytest.approx(10 * COSTS["retriever_dp_group_seconds_per_pair"]["value"])  # DP never chunks
     assert stage_costs.expected_line(600).startswith("expected about 10 min on 2 CPU cores")
     assert stage_costs.expected_line(None).startswith("expected time: no measured cost")
 
