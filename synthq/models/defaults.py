@@ -211,6 +211,16 @@ def retriever_defaults(
     return chosen
 
 
+def dp_group_pass_texts(device: str, document_tokens: int) -> int | None:
+    """Texts a ``--dp group`` group sends through the encoder at once when it takes its own passes
+    (on a CPU): at most :data:`CPU_RETRIEVER_TOKENS` tokens, every text counted at the document
+    length (a public setting); a larger group's gradient is then computed by GradCache. ``None``
+    (one pass per group) on an accelerator."""
+    if hardware_profile("auto", device) != "cpu":
+        return None
+    return max(1, CPU_RETRIEVER_TOKENS // max(document_tokens, 1))
+
+
 def generate_defaults(config, device: str, prompt_tokens: int) -> Chosen:
     """The values ``generate`` uses for options left unset: documents per batch (by profile and
     the generator's prompt length)."""

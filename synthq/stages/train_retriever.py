@@ -50,7 +50,7 @@ from synthq.dp.privacy_units import (
     unit_diagnostics,
 )
 from synthq.ledger.inputs import data_input, model_input
-from synthq.models.defaults import Chosen, document_token_length, retriever_defaults
+from synthq.models.defaults import Chosen, document_token_length, dp_group_pass_texts, retriever_defaults
 from synthq.models.encoder import (
     embed,
     features,
@@ -185,6 +185,7 @@ def _dp_setup(config: TrainRetrieverConfig, units: PrivacyUnits, encoder, random
         group_size=config.group_size, expected_batch_size=config.batch_size, randomness=randomness,
         aug_negatives=config.aug_negatives, max_query_length=config.max_query_length,
         max_doc_length=config.max_doc_length, pair_chunk=config.pair_chunk,
+        pass_texts=dp_group_pass_texts(str(next(encoder.parameters()).device), config.max_doc_length),
     )  # fmt: skip
     check_units_fit(units, mechanism)
     plan = PrivacyPlan.for_stage(

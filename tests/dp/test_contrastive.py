@@ -213,3 +213,57 @@ def test_build_mechanism_knows_every_mode(encoder):
         assert build_mechanism(mode, **options, unrelated_setting=3).name == mode
     with pytest.raises(PrivacyError, match="unknown DP mechanism"):
         build_mechanism("pair", clip_norm=1.0, temperature=1.0)
+
+
+def test_a_group_larger_than_a_pass_gets_the_same_gradient_by_gradcache(encoder):
+    """On a CPU a group of up to S users × K queries took one pass (4.1-6.6 GB on long documents);
+    above ``pass_texts`` texts its gradient is computed in chunks by GradCache: the whole pass's
+    gradient and loss (no dropout here, so the two are the same function)."""
+    parameters = trainable(encoder)
+    encode = encode_with(encoder)
+    whole = GroupClipping(1.0, 0.05, 10, 10, aug_negatives=1, randomness=SecretRandomness(4))
+    chunked = GroupClipping(1.0, 0.05, 10, 10, aug_negatives=1, randomness=SecretRandomness(4), pass_texts=3)
+    groups = whole.groups(EXAMPLES[:10])
+    assert max(len(g) for g in groups.values()) > 3  # some group holds more texts than one pass
+    expected = list(whole._per_group_passes(encode, groups, parameters))
+    got = list(chunked._per_group_passes(encode, groups, parameters))
+    for (got_gradient, got_loss), (want_gradient, want_loss) in zip(got, expected, strict=True):
+        assert got_loss == pytest.approx(want_loss, rel=1e-5)
+        for a, b in zip(got_gradient, want_gradient, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_with_dropout_each_chunk_is_replayed_with_the_masks_of_its_first_pass(encoder):
+    """GradCache is exact only if a chunk's second pass (with its graph) draws the dropout masks of
+    its first (without one): the random state is restored per chunk, and left where the first
+    passes left it."""
+    parameters = trainable(encoder)
+    passes = []
+
+    def recording(texts, side):
+        embeddings = embed(encoder, texts, 64)
+        passes.append((tuple(texts), embeddings.detach().clone()))
+        return embeddings
+
+    chunked = GroupClipping(1.0, 0.05, 10, 10, randomness=SecretRandomness(4), pass_texts=3)
+    groups = chunked.groups(EXAMPLES[:6])
+    encoder.train()
+    try:
+        torch.manual_seed(3)
+        list(chunked._per_group_passes(recording, groups, parameters))
+        after = torch.rand(1)
+    finally:
+        encoder.eval()
+    first, replay = passes[: len(passes) // 2], passes[len(passes) // 2 :]
+    assert [texts for texts, _ in first] == [texts for texts, _ in replay] and len(first) > 2
+    for (_, once), (_, again) in zip(first, replay, strict=True):
+        torch.testing.assert_close(once, again)  # the same masks
+    torch.manual_seed(3)
+    encoder.train()
+    try:
+        for texts, _ in first:
+            with torch.no_grad():
+                embed(encoder, list(texts), 64)
+    finally:
+        encoder.eval()
+    assert torch.equal(torch.rand(1), after)  # later draws continue as after the first passes only

@@ -122,6 +122,17 @@ class BatchClipping(Mechanism):
         return clip(whole, self.clip_norm), loss.item() / len(batch)
 
 
+def _random_state() -> tuple:
+    """torch's random state (CPU, and every CUDA device when there is one): dropout's masks."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+
+def _set_random_state(state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state_all(state[1])
+
+
 def _on_cpu(model: torch.nn.Module) -> bool:
     return next(model.parameters()).device.type == "cpu"
 
@@ -167,6 +178,11 @@ class GroupClipping(Mechanism):
         aug_negatives: ``N_a`` augmented negatives per group document.
         randomness: the run's secret randomness (keys group assignment and augmentation).
         model: the encoder, for one-pass per-group gradients.
+        pass_texts: where each group takes its own passes, at most this many texts go through
+            the encoder with a graph at once; a larger group's gradient is computed by GradCache
+            (its embeddings without a graph, the loss's gradient with respect to them, then each
+            chunk again with its graph under the same random state): the same gradient, one
+            chunk's activations. ``None``: a group is one pass.
 
     Requirements:
         The loss of a group reads only that group's texts.
@@ -207,8 +223,10 @@ class GroupClipping(Mechanism):
         aug_negatives: int = 0,
         randomness: SecretRandomness | None = None,
         model: torch.nn.Module | None = None,
+        pass_texts: int | None = None,
     ):
         self.clip_norm = clip_norm
+        self.pass_texts = pass_texts
         self.temperature = temperature
         self.num_groups = max(1, math.ceil(expected_batch_size / group_size))
         self.aug_negatives = aug_negatives
@@ -297,10 +315,39 @@ class GroupClipping(Mechanism):
 
     def _per_group_passes(self, encode: Encode, groups: dict[int, list[Example]], parameters: list):
         for key, group in groups.items():
-            queries = encode([e.query for e in group], "query")
-            docs = encode(self._documents(key, group), "doc")
-            loss = in_batch_softmax_loss(queries, docs, self.temperature, [e.doc_id for e in group], "sum")
-            yield gradient(loss, parameters), loss.item() / len(group)
+            queries, documents = [e.query for e in group], self._documents(key, group)
+            doc_ids = [e.doc_id for e in group]
+            if self.pass_texts is None or len(queries) + len(documents) <= self.pass_texts:
+                q, d = encode(queries, "query"), encode(documents, "doc")
+                loss = in_batch_softmax_loss(q, d, self.temperature, doc_ids, "sum")
+                yield gradient(loss, parameters), loss.item() / len(group)
+            else:
+                cached = self._cached_group_gradient(encode, queries, documents, doc_ids, parameters)
+                yield cached[0], cached[1] / len(group)
+
+    def _cached_group_gradient(self, encode: Encode, queries, documents, doc_ids, parameters: list):
+        """One group's gradient by GradCache: ∂L/∂θ = Σ_chunks (∂L/∂e_chunk)ᵀ ∂e_chunk/∂θ, each
+        chunk re-encoded under the random state of its first pass (the same dropout masks)."""
+        size = max(1, self.pass_texts)
+        chunks = [("query", queries[i : i + size]) for i in range(0, len(queries), size)]
+        chunks += [("doc", documents[i : i + size]) for i in range(0, len(documents), size)]
+        states, embeddings = [], []
+        with torch.no_grad():
+            for side, texts in chunks:
+                states.append(_random_state())
+                embeddings.append(encode(texts, side))
+        after = _random_state()
+        leaves = [e.detach().requires_grad_() for e in embeddings]
+        q = torch.cat([e for (side, _), e in zip(chunks, leaves, strict=True) if side == "query"])
+        d = torch.cat([e for (side, _), e in zip(chunks, leaves, strict=True) if side == "doc"])
+        loss = in_batch_softmax_loss(q, d, self.temperature, doc_ids, "sum")
+        cotangents = torch.autograd.grad(loss, leaves)
+        total = [torch.zeros_like(p) for p in parameters]
+        for (side, texts), state, cotangent in zip(chunks, states, cotangents, strict=True):
+            _set_random_state(state)
+            add_into(total, gradient((encode(texts, side) * cotangent).sum(), parameters))
+        _set_random_state(after)  # later draws continue as if the chunks had run once
+        return total, loss.item()
 
 
 # On CPU the documents' per-query passes run one after the other (make bench's retriever rows,
