@@ -278,7 +278,9 @@ def generator_norms(path: Path, device: str, sizes: Sizes) -> list[dict]:
 def retriever_sensitivities(path: Path, device: str, sizes: Sizes) -> list[dict]:
     """``--dp group`` and ``--dp sample`` on neighbouring batches (each pair removed in turn)."""
     from synthq.dp.clipping import norm
-    from synthq.dp.contrastive.mechanisms import Example, GroupClipping, SampleClipping
+    from synthq.dp.contrastive.examples import Example
+    from synthq.dp.contrastive.group import GroupClipping
+    from synthq.dp.contrastive.sample import SampleClipping
     from synthq.dp.noise import SecretRandomness
     from synthq.models.encoder import embed, load_encoder
     from synthq.runtime.precision import use_precision

@@ -35,7 +35,7 @@ def training_setup(
     tokenizer truncates them)."""
     import torch
 
-    from synthq.dp.contrastive.mechanisms import Example
+    from synthq.dp.contrastive.examples import Example
     from synthq.models.encoder import load_encoder
     from synthq.runtime.optim import make_optimizer
 

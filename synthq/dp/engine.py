@@ -1,7 +1,7 @@
 """The DP engine: the privacy rules of every synthq training run, in one place.
 
 A DP run (the generator's DP-SGD/DP-Adam in :mod:`synthq.dp.lm.mechanisms`, the retriever baselines in
-:mod:`synthq.dp.contrastive.mechanisms`) is the sampled Gaussian mechanism of Abadi et al. (2016), repeated:
+:mod:`synthq.dp.contrastive`) is the sampled Gaussian mechanism of Abadi et al. (2016), repeated:
 
 1. **Privacy units.** Training pairs are grouped by unit (:class:`~synthq.dp.privacy_units.PrivacyUnits`):
    a query with all of its (query, document) pairs, or at ``--privacy-unit user`` a user with all
@@ -107,7 +107,9 @@ def register_mechanism(name: str):
 # plugins: the engine depends on none of them).
 MECHANISM_MODULES = (
     "synthq.dp.lm.mechanisms",
-    "synthq.dp.contrastive.mechanisms",
+    "synthq.dp.contrastive.batch",
+    "synthq.dp.contrastive.group",
+    "synthq.dp.contrastive.sample",
     "synthq.dp.contrastive.logit",
     "synthq.dp.evolution",
 )

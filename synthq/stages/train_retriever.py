@@ -8,7 +8,7 @@ over a temperature, in-batch negatives (eq. 1). Three ways to train, and what th
 * on **private pairs** without ``--dp``: ε = ∞, said loudly;
 * on private pairs with ``--dp sample|batch|group|logit``: direct DP training (the baselines):
   the DP engine (:class:`synthq.dp.engine.PrivacyPlan`) Poisson-samples queries at
-  ``q = batch/n`` with secret randomness, the registered mechanism (:mod:`synthq.dp.contrastive.mechanisms`)
+  ``q = batch/n`` with secret randomness, the registered mechanism (:mod:`synthq.dp.contrastive`)
   clips, the engine adds noise ``σ × sensitivity``; ε from the same accountant.
 
 The starting encoder is an input too (:func:`synthq.ledger.releases.model_input`): a synthq artifact
@@ -38,7 +38,7 @@ from synthq.artifacts.on_main import artifact_on_main
 from synthq.config.retriever import TrainRetrieverConfig
 from synthq.data.pairs import Pair, document_text, first_pairs_per_document, training_pairs
 from synthq.data.sources import load_source
-from synthq.dp.contrastive.mechanisms import Example
+from synthq.dp.contrastive.examples import Example
 from synthq.dp.engine import PrivacyPlan, build_mechanism, check_units_fit, planned_steps
 from synthq.dp.noise import SecretRandomness
 from synthq.dp.privacy_units import (

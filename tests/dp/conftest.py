@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from synthq.dp.contrastive.mechanisms import Example
+from synthq.dp.contrastive.examples import Example
 from synthq.models.encoder import load_encoder
 from tests.helpers import TRAIN_QUERIES, corpus_records
 

@@ -9,8 +9,10 @@ import torch
 
 from synthq.dp.clipping import clip
 from synthq.dp.clipping import norm as _norm
-from synthq.dp.contrastive.mechanisms import BatchClipping, GroupClipping, SampleClipping
+from synthq.dp.contrastive.batch import BatchClipping
+from synthq.dp.contrastive.group import GroupClipping
 from synthq.dp.contrastive.per_group import PerGroupGradients, UnsupportedLayer
+from synthq.dp.contrastive.sample import SampleClipping
 from synthq.dp.engine import build_mechanism
 from synthq.dp.noise import SecretRandomness
 from synthq.models.encoder import embed, in_batch_softmax_loss
@@ -174,7 +176,7 @@ def test_neighbouring_batches_differ_by_at_most_the_sensitivity(encoder, mode):
 
 
 def test_group_engine_default_on_cpu_follows_the_switch(encoder, monkeypatch):
-    from synthq.dp.contrastive import mechanisms as contrastive
+    from synthq.dp.contrastive import group as contrastive
 
     assert contrastive.GROUP_ONE_PASS_ON_CPU is False  # measured: the loop is faster on CPU
     assert GroupClipping(1.0, 0.05, 3, 10, model=encoder).one_pass is False

@@ -11,7 +11,7 @@ import torch
 from synthq.dp.clipping import add_into as _add
 from synthq.dp.clipping import clip
 from synthq.dp.clipping import norm as _norm
-from synthq.dp.contrastive.mechanisms import SampleClipping
+from synthq.dp.contrastive.sample import SampleClipping
 from synthq.dp.contrastive.sample_vmap import per_query_clipped_sum
 from synthq.models.encoder import embed
 from tests.dp.conftest import EXAMPLES
@@ -111,7 +111,7 @@ def test_sample_clipping_given_the_encoder_takes_this_path_and_follows_the_cpu_s
 ):
     """``--dp sample`` hands its encoder to this function; on CPU the documents' passes are looped
     unless :data:`SAMPLE_VMAP_ON_CPU` says otherwise, and the sum is the plain loop's."""
-    from synthq.dp.contrastive import mechanisms as contrastive
+    from synthq.dp.contrastive import sample as contrastive
 
     seen = []
     monkeypatch.setattr(contrastive, "SAMPLE_VMAP_ON_CPU", vmap_on_cpu)

@@ -22,7 +22,9 @@ from synthq.data.pairs import training_pairs
 from synthq.data.summary import summarize
 from synthq.data.users import query_users
 from synthq.dp.clipping import norm as _norm
-from synthq.dp.contrastive.mechanisms import Example, GroupClipping, SampleClipping
+from synthq.dp.contrastive.examples import Example
+from synthq.dp.contrastive.group import GroupClipping
+from synthq.dp.contrastive.sample import SampleClipping
 from synthq.dp.engine import PrivacyPlan
 from synthq.dp.lm.mechanisms import DPStep
 from synthq.dp.noise import SecretRandomness

@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from synthq.dp.contrastive.mechanisms import Example
+from synthq.dp.contrastive.examples import Example
 from synthq.models.encoder import embed, in_batch_softmax_loss, load_encoder, training_loss
 from synthq.retrieval.hard_negatives import mine_hard_negatives
 from synthq.stages import train_retriever

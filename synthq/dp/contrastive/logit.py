@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthq.dp.contrastive.mechanisms import Encode, Example
+from synthq.dp.contrastive.examples import Encode, Example
 from synthq.dp.engine import Mechanism, register_mechanism
 from synthq.models.encoder import features, functional_embedding
 from synthq.runtime import distributed
@@ -89,7 +89,7 @@ class LogitClipping(Mechanism):
         gradients come from one function.
 
     Inputs:
-        A Poisson-sampled list of :class:`~synthq.dp.contrastive.mechanisms.Example` pairs.
+        A Poisson-sampled list of :class:`~synthq.dp.contrastive.examples.Example` pairs.
 
     Privacy unit:
         One query, add/remove adjacency under Poisson sampling. The bound below is for queries

@@ -2,7 +2,7 @@
 one backward pass per chunk of queries, the documents' per-query passes batched with ``vmap`` (or
 looped, on CPU).
 
-:class:`synthq.dp.contrastive.mechanisms.SampleClipping` differentiates each query's loss ``L_i`` through its
+:class:`synthq.dp.contrastive.sample.SampleClipping` differentiates each query's loss ``L_i`` through its
 own embedding *and* every document of the batch (its positive and its negatives), clips it to
 ``C`` and sums; without its encoder it runs ``B`` backward passes one after the other through the
 whole batch graph. :func:`per_query_clipped_sum` computes the same sum, with the same graph and
@@ -38,7 +38,7 @@ pass about ``2F``, a step costs about ``F + 2B·F_d + 2·(chunks)·F_q`` against
 overhead, not flops, and it holds the batched backward's activations: on 2 idle cores (``make
 bench``, MiniLM-L6, B = 16, 2026-11-25) this function took 7.52 s (7.1× the non-private step,
 2.12× its memory) with the documents' passes looped (``vmap_documents=False``, what CPU runs:
-:data:`synthq.dp.contrastive.mechanisms.SAMPLE_VMAP_ON_CPU`), 11.01 s and 2.35× with them vmapped (what
+:data:`synthq.dp.contrastive.sample.SAMPLE_VMAP_ON_CPU`), 11.01 s and 2.35× with them vmapped (what
 accelerators run), and one backward pass per query through the whole batch, queries included,
 8.62 s and 2.07×. Memory grows with ``chunk ×`` the trainable parameters, plus the batched
 backward's activations when the documents are vmapped.
