@@ -58,7 +58,7 @@ def make_step(
     import torch
 
     from synthq.dp.engine import PrivacyPlan
-    from synthq.dp.lm.mechanisms import DPStep
+    from synthq.dp.lm.step import DPStep
     from synthq.dp.noise import SecretRandomness
     from synthq.models.generator import QueryGenerator
     from synthq.models.generator import apply_lora as _apply_lora

@@ -235,7 +235,7 @@ def generator_norms(path: Path, device: str, sizes: Sizes) -> list[dict]:
     import torch
 
     from synthq.dp.clipping import norm
-    from synthq.dp.lm.mechanisms import make_clipper
+    from synthq.dp.lm.clippers import make_clipper
     from synthq.runtime.precision import use_precision
     from tests.dp.test_lm import ground_truth
     from tests.dp.test_lm_hooks import load

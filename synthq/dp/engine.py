@@ -1,6 +1,6 @@
 """The DP engine: the privacy rules of every synthq training run, in one place.
 
-A DP run (the generator's DP-SGD/DP-Adam in :mod:`synthq.dp.lm.mechanisms`, the retriever baselines in
+A DP run (the generator's DP-SGD/DP-Adam in :mod:`synthq.dp.lm.step`, the retriever baselines in
 :mod:`synthq.dp.contrastive`) is the sampled Gaussian mechanism of Abadi et al. (2016), repeated:
 
 1. **Privacy units.** Training pairs are grouped by unit (:class:`~synthq.dp.privacy_units.PrivacyUnits`):
@@ -106,7 +106,8 @@ def register_mechanism(name: str):
 # Modules whose mechanisms register themselves when imported (loaded on first lookup, as
 # plugins: the engine depends on none of them).
 MECHANISM_MODULES = (
-    "synthq.dp.lm.mechanisms",
+    "synthq.dp.lm.per_query",
+    "synthq.dp.lm.per_user",
     "synthq.dp.contrastive.batch",
     "synthq.dp.contrastive.group",
     "synthq.dp.contrastive.sample",

@@ -132,7 +132,7 @@ def _reference_ratio(settings: RouteSettings, num_units: int, epsilon: float, ac
 
 def _unit_sensitivity():
     """σ and q do not depend on the clipping rule; a unit-sensitivity mechanism stands in for it."""
-    from synthq.dp.lm.mechanisms import PerQueryClipping
+    from synthq.dp.lm.per_query import PerQueryClipping
 
     return PerQueryClipping(1.0)
 

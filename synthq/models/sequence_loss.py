@@ -1,6 +1,6 @@
 """The training loss of a query generator, per sequence, and the model inputs it needs.
 
-Every DP clipping engine (:mod:`synthq.dp.lm.mechanisms`, :mod:`synthq.dp.lm.hooks`) and the non-private
+Every DP clipping engine (:mod:`synthq.dp.lm.clippers`, :mod:`synthq.dp.lm.hooks`) and the non-private
 step use these, so the quantity being clipped is the same everywhere: one value per training
 pair, the mean negative log-likelihood of its query tokens.
 """

@@ -2,7 +2,7 @@
 
 The non-private step (ε = ∞) minimises the same per-sequence loss as the DP clipping engines
 (:mod:`synthq.models.sequence_loss`), averaged over the batch, with no clipping and no noise. The
-DP step (:class:`synthq.dp.lm.mechanisms.DPStep`) reports its losses, tokens and gradient norms through the
+DP step (:class:`synthq.dp.lm.step.DPStep`) reports its losses, tokens and gradient norms through the
 same :class:`StepResult`, gathered over every rank of a ``torchrun`` job by :func:`gather_result`.
 """
 

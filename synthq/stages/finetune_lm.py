@@ -6,9 +6,9 @@ model, let the DP engine plan the run (:class:`synthq.dp.engine.PrivacyPlan`: q,
 the target ε with the chosen accountant), train with :class:`synthq.dp.lm.training.GeneratorTraining`,
 write the model. ``--epsilon inf`` trains the same way without clipping or noise (ε = ∞).
 
-Privacy unit: one query with all its pairs (:class:`synthq.dp.lm.mechanisms.PerQueryClipping`), or at
+Privacy unit: one query with all its pairs (:class:`synthq.dp.lm.per_query.PerQueryClipping`), or at
 ``--privacy-unit user`` one user with all their kept queries (at most K; per-user clipping by
-default, :class:`synthq.dp.lm.mechanisms.PerUserClipping`); sensitivity ``C`` either way. A starting model
+default, :class:`synthq.dp.lm.per_user.PerUserClipping`); sensitivity ``C`` either way. A starting model
 that is a synthq artifact composes its own guarantee; any other local or hub model is recorded and
 assumed public (:func:`synthq.ledger.releases.model_input`).
 
@@ -48,7 +48,8 @@ from synthq.data.sources import load_source, qrels_splits
 from synthq.dp.batch_choice import choose_batch_size
 from synthq.dp.engine import PrivacyPlan, planned_steps
 from synthq.dp.lm.learning_check import HELD_OUT_PAIRS, HeldOut, LearningCheck
-from synthq.dp.lm.mechanisms import PerQueryClipping, PerUserClipping
+from synthq.dp.lm.per_query import PerQueryClipping
+from synthq.dp.lm.per_user import PerUserClipping
 from synthq.dp.lm.training import GeneratorTraining
 from synthq.dp.noise import SecretRandomness
 from synthq.dp.privacy_units import (

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from synthq.dp.clipping import clip_and_sum
-from synthq.dp.lm.mechanisms import PerSampleGradients, prepare_model_for_per_sample_gradients
+from synthq.dp.lm.clippers import PerSampleGradients, prepare_model_for_per_sample_gradients
 from synthq.models.generator import QueryGenerator
 from synthq.models.sequence_loss import model_inputs, per_sequence_loss
 

@@ -10,10 +10,11 @@ from opacus.grad_sample import GradSampleModule
 
 from synthq.dp.clipping import clip_and_sum
 from synthq.dp.engine import PrivacyPlan
+from synthq.dp.lm.clippers import choose_grad_sample_mode, make_clipper
 from synthq.dp.lm.ghost import choose_norm_method, tied_parameters, tied_squared_norms
 from synthq.dp.lm.grad_samplers import batch_relative_attention_bias, register_rms_norm_grad_samplers
 from synthq.dp.lm.hooks import GhostClipper, HookClipper
-from synthq.dp.lm.mechanisms import DPStep, choose_grad_sample_mode, make_clipper
+from synthq.dp.lm.step import DPStep
 from synthq.dp.noise import SecretRandomness
 from synthq.models.generator import QueryGenerator
 from tests.dp.test_lm import DOCS, QUERIES, ground_truth

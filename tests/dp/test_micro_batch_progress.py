@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from synthq.dp.engine import PrivacyPlan
-from synthq.dp.lm.mechanisms import DPStep
+from synthq.dp.lm.step import DPStep
 from synthq.dp.noise import SecretRandomness
 from synthq.models.generator import QueryGenerator
 from synthq.models.training_step import non_private_step

@@ -11,7 +11,7 @@ import torch
 from synthq.dp.clipping import norm as _norm
 from synthq.dp.contrastive.sample import SampleClipping
 from synthq.dp.engine import build_mechanism
-from synthq.dp.lm.mechanisms import make_clipper
+from synthq.dp.lm.clippers import make_clipper
 from synthq.dp.noise import SecretRandomness
 from synthq.runtime.precision import (
     PrecisionError,

@@ -20,7 +20,7 @@ from synthq.data.sources import load_source
 from synthq.data.summary import summarize
 from synthq.dp import route_plans
 from synthq.dp.engine import PrivacyPlan, planned_steps
-from synthq.dp.lm.mechanisms import PerQueryClipping
+from synthq.dp.lm.per_query import PerQueryClipping
 from synthq.models.stage_costs import reference_costs
 from synthq.privacy.accounting import default_delta
 from synthq.runtime.errors import PrivacyError

@@ -13,7 +13,8 @@ from synthq.dp.clipping import clip_and_sum
 from synthq.dp.engine import PrivacyPlan
 from synthq.dp.lm.ghost import GroupLayout
 from synthq.dp.lm.hooks import GhostClipper, HookClipper
-from synthq.dp.lm.mechanisms import USER_CLIPPING, DPStep, PerUserClipping, unit_chunks
+from synthq.dp.lm.per_user import USER_CLIPPING, PerUserClipping
+from synthq.dp.lm.step import DPStep, unit_chunks
 from synthq.models.sequence_loss import model_inputs, per_sequence_loss
 from tests.dp.test_lm_hooks import MODELS, load
 

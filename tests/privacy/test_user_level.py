@@ -26,7 +26,7 @@ from synthq.dp.contrastive.examples import Example
 from synthq.dp.contrastive.group import GroupClipping
 from synthq.dp.contrastive.sample import SampleClipping
 from synthq.dp.engine import PrivacyPlan
-from synthq.dp.lm.mechanisms import DPStep
+from synthq.dp.lm.step import DPStep
 from synthq.dp.noise import SecretRandomness
 from synthq.dp.privacy_units import PrivacyUnits, poisson_units, training_units
 from synthq.ledger.releases import ledger_lines

@@ -1,7 +1,11 @@
 """DP fine-tuning of query generators (language models): per-query and per-user clipping.
 
-* :mod:`~synthq.dp.lm.mechanisms` — the registered mechanisms (``per-query``, ``per-user``), the
-  vmap clipper and :class:`DPStep`, one logical step over micro-batches;
+* :mod:`~synthq.dp.lm.per_query`, :mod:`~synthq.dp.lm.per_user` — the registered mechanisms,
+  one a module;
+* :mod:`~synthq.dp.lm.step` — :class:`DPStep`, one logical DP step over micro-batches (Poisson
+  sampling, clipping, noise once);
+* :mod:`~synthq.dp.lm.clippers` — the per-example clipping engines by ``grad_sample_mode``
+  (ghost, hooks, vmap);
 * :mod:`~synthq.dp.lm.hooks` — Opacus' per-example gradients and ghost clipping as clippers;
 * :mod:`~synthq.dp.lm.ghost` — ghost norms (mixed per layer, tied embeddings exact, a unit's
   combined gradient);

@@ -19,7 +19,7 @@ gradients) and the norm of their *sum* is computed exactly, cross terms included
 :func:`unsupported_for_ghost` says when a model shares anything else.
 
 The clipper that drives this module is :class:`synthq.dp.lm.hooks.GhostClipper`; privacy unit
-and sensitivity are those of :mod:`synthq.dp.lm.mechanisms` (one pair; ``C``).
+and sensitivity are those of :mod:`synthq.dp.lm.per_query` (one pair; ``C``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Opacus hook-based per-example clipping for query generators: ``hooks`` and ``ghost`` modes.
 
-Both produce the same thing as :class:`synthq.dp.lm.mechanisms.VmapClipper` — the sum over a micro-batch
+Both produce the same thing as :class:`synthq.dp.lm.clippers.VmapClipper` — the sum over a micro-batch
 of each example's gradient clipped to ``C`` — with less memory or time:
 
 * ``hooks`` (:class:`HookClipper`): Opacus ``GradSampleModule``. One forward and one backward;
@@ -28,7 +28,7 @@ both modes: hooks sum the per-example contributions; ghost keeps each use in fac
 (activations and output gradients) and computes the norm of their *sum*, cross terms included
 (:func:`~synthq.dp.lm.ghost.tied_squared_norms`), where Opacus itself refuses tied parameters.
 
-Privacy unit and sensitivity are those of :mod:`synthq.dp.lm.mechanisms` (one pair; ``C``): the clipped
+Privacy unit and sensitivity are those of :mod:`synthq.dp.lm.per_query` (one pair; ``C``): the clipped
 sum is the same quantity, computed differently.
 """
 

@@ -1,7 +1,7 @@
 """The training loop of a query generator, DP or not: the state ``finetune-lm`` steps, saves and resumes.
 
 With a :class:`~synthq.dp.engine.PrivacyPlan` every step is a DP step
-(:class:`synthq.dp.lm.mechanisms.DPStep`: a Poisson sample of privacy units, clipped per pair,
+(:class:`synthq.dp.lm.step.DPStep`: a Poisson sample of privacy units, clipped per pair,
 noised once); without one it is the non-private step
 (:func:`synthq.models.training_step.non_private_step`) over shuffled epochs of the units.
 Sampling, noise and shuffling all draw from the run's :class:`~synthq.dp.noise.SecretRandomness`,
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from synthq.dp.engine import PrivacyPlan
-from synthq.dp.lm.mechanisms import DPStep
+from synthq.dp.lm.step import DPStep
 from synthq.dp.noise import SecretRandomness
 from synthq.dp.privacy_units import PrivacyUnits
 from synthq.models.generator import QueryGenerator
@@ -33,7 +33,7 @@ class GeneratorTraining:
         batch_size: the (expected) logical batch size in queries.
         plan: the privacy plan, or ``None`` for non-private training (shuffled epochs of rows).
         randomness: the run's secret randomness (sampling, noise, shuffling).
-        physical_batch_size, grad_sample_mode, user_clipping: as for :class:`~synthq.dp.lm.mechanisms.DPStep`.
+        physical_batch_size, grad_sample_mode, user_clipping: as for :class:`~synthq.dp.lm.step.DPStep`.
     """
 
     def __init__(

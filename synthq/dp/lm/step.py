@@ -43,189 +43,21 @@ the optimizer comes from :func:`synthq.runtime.optim.make_optimizer`.
 from __future__ import annotations
 
 import torch
-from torch.func import functional_call, grad_and_value, vmap
 
-from synthq.dp.clipping import clip_and_sum, clip_factors
-from synthq.dp.engine import Mechanism, PrivacyPlan, register_mechanism
+from synthq.dp.clipping import clip_factors
+from synthq.dp.engine import PrivacyPlan
+from synthq.dp.lm.clippers import make_clipper
+from synthq.dp.lm.per_query import PerQueryClipping
+from synthq.dp.lm.per_user import USER_CLIPPING, PerUserClipping
 from synthq.dp.noise import SecretRandomness
 from synthq.models.generator import QueryGenerator
-from synthq.models.sequence_loss import label_window, model_inputs, per_sequence_loss
 from synthq.models.training_step import (
     MakeBatch,
     MicroBatchProgress,
     StepResult,
     gather_result,
-    weighted_loss_gradient,
 )
 from synthq.runtime import distributed
-from synthq.runtime.precision import forward_autocast
-
-
-def prepare_model_for_per_sample_gradients(generator: QueryGenerator) -> None:
-    """Eager attention: the SDPA mask helpers read mask values, which ``vmap`` cannot trace."""
-    if hasattr(generator.model, "set_attn_implementation"):
-        generator.model.set_attn_implementation("eager")
-
-
-class PerSampleGradients:
-    """Exact per-example gradients of the per-sequence loss for a generator's trainable parameters."""
-
-    def __init__(self, generator: QueryGenerator):
-        self.generator = generator
-        self.model = generator.model
-        self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        self.window = 0
-
-    def _loss(self, params: dict, example: dict) -> torch.Tensor:
-        batch = {k: v.unsqueeze(0) for k, v in example.items()}
-        inputs = model_inputs(self.generator.kind, batch, traceable=True, window=self.window)
-        with forward_autocast():
-            logits = functional_call(self.model, params, args=(), kwargs=inputs, strict=False).logits
-        return per_sequence_loss(self.generator.kind, logits, batch["labels"])[0]
-
-    def __call__(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Per-example gradients ``{name: [b, *shape]}`` and the per-example losses ``[b]``."""
-        trainable = set(self.names)
-        params = {n: p.detach() for n, p in self.model.named_parameters() if n in trainable}
-        self.window = label_window(self.generator.kind, batch["labels"])
-        per_example = vmap(grad_and_value(self._loss), in_dims=(None, 0), randomness="different")
-        grads, losses = per_example(params, batch)
-        return grads, losses.detach()
-
-
-class VmapClipper:
-    """Exact per-example gradients from :class:`PerSampleGradients`, clipped and summed
-    (``vmap`` mode: works for any architecture; memory grows with ``b ×`` trainable parameters)."""
-
-    mode = "vmap"
-
-    def __init__(self, generator: QueryGenerator, clip_norm: float):
-        prepare_model_for_per_sample_gradients(generator)
-        self.per_sample = PerSampleGradients(generator)
-        self.names = self.per_sample.names
-        self.clip_norm = clip_norm
-
-    def clipped_sum(
-        self, batch: dict, weights: torch.Tensor | None = None, groups: torch.Tensor | None = None
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        per_example, losses = self.per_sample(batch)
-        summed, norms = clip_and_sum(per_example, self.clip_norm, weights, groups)
-        return summed, norms, losses
-
-    def unclipped_sum(
-        self, batch: dict, weights: torch.Tensor
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """``Σ_i w_i ∇ℓ_i`` by ordinary autograd (part of one unit too large for a micro-batch)."""
-        return weighted_loss_gradient(self.per_sample.generator, batch, weights)
-
-    def close(self) -> None:
-        """Nothing to undo: ``vmap`` leaves no hooks on the model."""
-
-
-GRAD_SAMPLE_MODES = ("auto", "ghost", "hooks", "vmap")
-
-
-def choose_grad_sample_mode(generator: QueryGenerator, requested: str = "auto") -> str:
-    """``auto``: ghost clipping when every shared parameter is a plain Linear/Embedding weight
-    (true for T5 and Llama-style models, tied or not), else exact ``vmap``."""
-    if requested not in GRAD_SAMPLE_MODES:
-        raise ValueError(f"grad_sample_mode must be one of {GRAD_SAMPLE_MODES}, not {requested!r}")
-    if requested != "auto":
-        return requested
-    from synthq.dp.lm.ghost import unsupported_for_ghost
-
-    return "vmap" if unsupported_for_ghost(generator.model) else "ghost"
-
-
-def make_clipper(generator: QueryGenerator, clip_norm: float, mode: str = "auto"):
-    """The per-example clipping engine for ``mode`` (see :func:`choose_grad_sample_mode`)."""
-    mode = choose_grad_sample_mode(generator, mode)
-    if mode == "vmap":
-        return VmapClipper(generator, clip_norm)
-    from synthq.dp.lm.hooks import GhostClipper, HookClipper
-
-    return (GhostClipper if mode == "ghost" else HookClipper)(generator, clip_norm)
-
-
-@register_mechanism("per-query")
-class PerQueryClipping(Mechanism):
-    """DP-SGD / DP-Adam for a query generator: every training pair's gradient clipped, a query's
-    pairs weighted so that the whole query contributes at most ``C``.
-
-    Args:
-        clip_norm: ``C``.
-
-    Requirements:
-        The loss is reduced per sequence (one value per pair) *before* clipping, so each pair's
-        gradient is a function of that pair alone.
-
-    Inputs:
-        A Poisson sample of queries (:class:`~synthq.dp.privacy_units.PrivacyUnits`) expanded to their
-        pairs, each with weight ``1/k`` (``k`` = the query's pair count).
-
-    Privacy unit:
-        One query id with all of its (document, query) pairs, add/remove adjacency; or, under
-        ``--privacy-unit user``, one user with all the pairs of their (at most K) kept queries
-        (:meth:`~synthq.dp.privacy_units.PrivacyUnits.by_user`): the same proof with ``k`` = the user's
-        pair count, since every pair's loss reads only that pair.
-
-    Sensitivity:
-        ``C``. The released sum is ``Σ_i w_i · clip_C(∇ℓ_i)``. Adding or removing a query adds
-        or removes its ``k`` terms, each of norm ≤ ``C/k``, and changes no other term (pair
-        ``j``'s loss reads only pair ``j``): together ≤ ``C``. With one pair per query this is
-        the usual per-example clipping of Abadi et al.
-
-    References:
-        Abadi et al., "Deep learning with differential privacy" (2016); Carranza et al., section 4.
-    """
-
-    sensitivity_rule = "C: a query's k pairs are clipped to C and weighted 1/k, together ≤ C"
-
-    def __init__(self, clip_norm: float):
-        self.clip_norm = clip_norm
-
-    def sensitivity(self, batch_cap: int | None) -> float:
-        return self.clip_norm
-
-
-USER_CLIPPING = ("per-example", "per-user")
-
-
-@register_mechanism("per-user")
-class PerUserClipping(Mechanism):
-    """DP-SGD / DP-Adam for a query generator at the user level, clipping each user's *combined*
-    gradient (user-level sampling with per-user clipping, "ULS" in Charles et al.).
-
-    Args:
-        clip_norm: ``C``.
-
-    Inputs:
-        A Poisson sample of users (:meth:`~synthq.dp.privacy_units.PrivacyUnits.by_user`), each brought
-        whole into one micro-batch with its rows weighted ``1/k``.
-
-    Privacy unit:
-        One user with all the pairs of their (at most K) kept queries, add/remove adjacency.
-
-    Sensitivity:
-        ``C``. The released sum is ``Σ_u min(1, C/‖G_u‖) G_u`` with
-        ``G_u = Σ_{i∈u} w_i ∇ℓ_i``: adding or removing a user adds or removes one term of norm
-        ≤ ``C`` and changes no other (pair ``j``'s loss reads only pair ``j``, and a user's
-        factor reads only their own rows). Unlike per-example clipping weighted ``1/k``
-        (:class:`PerQueryClipping`), a user whose rows agree keeps up to ``C`` of signal instead
-        of ``C/k`` per row, and rows that disagree can cancel before the clip.
-
-    References:
-        Charles et al., "Fine-tuning large language models with user-level differential privacy"
-        (2024); Chua et al., "Mind the privacy unit!" (2024).
-    """
-
-    sensitivity_rule = "C: a user's rows are summed (weighted 1/k) and the sum clipped to C"
-
-    def __init__(self, clip_norm: float):
-        self.clip_norm = clip_norm
-
-    def sensitivity(self, batch_cap: int | None) -> float:
-        return self.clip_norm
 
 
 def unit_chunks(groups: list[int], limit: int) -> list[list[int]]:
