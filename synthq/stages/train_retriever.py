@@ -11,7 +11,7 @@ over a temperature, in-batch negatives (eq. 1). Three ways to train, and what th
   ``q = batch/n`` with secret randomness, the registered mechanism (:mod:`synthq.dp.contrastive`)
   clips, the engine adds noise ``σ × sensitivity``; ε from the same accountant.
 
-The starting encoder is an input too (:func:`synthq.ledger.releases.model_input`): a synthq artifact
+The starting encoder is an input too (:func:`synthq.ledger.inputs.model_input`): a synthq artifact
 composes its guarantee, any other local or hub model is assumed public and the guarantee says so.
 
 Non-private training uses sentence-transformers' ``MultipleNegativesRankingLoss`` (scale 1/T), or
