@@ -10,7 +10,7 @@ Privacy unit: one query with all its pairs (:class:`synthq.dp.lm.per_query.PerQu
 ``--privacy-unit user`` one user with all their kept queries (at most K; per-user clipping by
 default, :class:`synthq.dp.lm.per_user.PerUserClipping`); sensitivity ``C`` either way. A starting model
 that is a synthq artifact composes its own guarantee; any other local or hub model is recorded and
-assumed public (:func:`synthq.ledger.releases.model_input`).
+assumed public (:func:`synthq.ledger.inputs.model_input`).
 
 The artifact is a Hugging Face ``save_pretrained`` directory (LoRA adapters merged). Per-step
 losses and batch sizes, which are computed from private data without noise, go to the private
