@@ -132,5 +132,6 @@ def test_the_mechanism_says_when_its_sensitivity_is_no_better_than_per_query_cli
     temperature its sensitivity reaches per-query clipping's (2B − 1)·C and it says so."""
     cold = LogitClipping(1.0, 0.05, encoder, 64, 64)
     assert cold.sensitivity(8) >= (2 * 8 - 1) * 1.0 and "no better than per-query" in cold.advice(8)
-    warm = LogitClipping(1.0, 1.0, encoder, 64, 64)
+    assert "no better than per-query" in LogitClipping(1.0, 1.0, encoder, 64, 64).advice(8)  # 15.7 ≥ 15
+    warm = LogitClipping(1.0, 5.0, encoder, 64, 64)
     assert warm.sensitivity(8) < (2 * 8 - 1) * 1.0 and warm.advice(8) is None

@@ -154,10 +154,12 @@ class LogitClipping(Mechanism):
 
     def advice(self, batch_cap: int | None) -> str | None:
         """Per-query clipping's sensitivity is (2B − 1)·C: at a low temperature Logit-DP's is no better."""
-        if batch_cap is not None and self.sensitivity(batch_cap) >= (2 * batch_cap - 1) * self.clip_norm:
+        per_query = (2 * batch_cap - 1) * self.clip_norm if batch_cap is not None else None
+        if per_query is not None and self.sensitivity(batch_cap) >= per_query:
             return (
-                f"at temperature {self.temperature} Logit-DP's sensitivity is no better than per-query "
-                "clipping's; it pays off only near --temperature 1"
+                f"at temperature {self.temperature} Logit-DP's sensitivity {self.sensitivity(batch_cap):.4g} "
+                f"is no better than per-query clipping's {per_query:.4g} (batch cap {batch_cap}); it pays "
+                "off only at temperatures of several units (cosine / T with T ≳ 2–5)"
             )
         return None
 
