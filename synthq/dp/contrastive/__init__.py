@@ -31,7 +31,7 @@ itself (``--dp NAME``) and has a neighbouring-batch test of its bound (tests/dp)
   :mod:`~synthq.dp.contrastive.sample`, :mod:`~synthq.dp.contrastive.logit` — one registered
   mechanism each;
 * :mod:`~synthq.dp.contrastive.per_group` — per-group gradients of a batch in one backward pass
-  (a registry of layer rules);
+  (by the layer rules of :mod:`synthq.dp.layer_rules`);
 * :mod:`~synthq.dp.contrastive.sample_vmap` — ``--dp sample``'s per-query clipped sum (the query
   side per chunk, the documents looped or vmapped).
 """

@@ -9,108 +9,27 @@ gradient ``δ``; a layer's weight gradient is a sum over rows (examples) and tok
 exactly. This costs what one ordinary backward pass costs (the weight-gradient products are the
 same flops, split by group) and keeps ``K`` gradient copies, one per group.
 
-Supported layers (a small registry, as in Opacus' ``register_grad_sampler``): ``nn.Linear``,
-``nn.Embedding`` and ``nn.LayerNorm`` — every trainable layer of BERT/MiniLM-style encoders — and
-RMS norms that compute exactly ``F.rms_norm`` (Llama's, checked numerically once per type, as
-:mod:`synthq.dp.lm.grad_samplers` does for Opacus): the encoders cut from SmolLM2. A
+Supported layers: those of the one registry of layer rules (:mod:`synthq.dp.layer_rules`),
+``nn.Linear``, ``nn.Embedding`` and ``nn.LayerNorm`` — every trainable layer of BERT/MiniLM-style
+encoders — and RMS norms that compute exactly ``F.rms_norm`` (the encoders cut from SmolLM2). A
 layer whose output does not carry the examples on dimension 0 (e.g. T5's relative attention bias)
 raises :class:`UnsupportedLayer`; callers then fall back to one backward pass per group.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from synthq.dp.lm.grad_samplers import is_plain_rms_norm
+from synthq.dp.layer_rules import REGISTRY, rule_for
 from synthq.runtime.precision import as_fp32, full_precision
 
 
 class UnsupportedLayer(RuntimeError):
     """The model has a trainable layer the one-pass per-group engine cannot attribute to rows."""
-
-
-GroupGradient = Callable[[nn.Module, torch.Tensor, torch.Tensor, list[torch.Tensor]], dict]
-REGISTRY: dict[type, GroupGradient] = {}
-
-
-def register(layer_type: type) -> Callable[[GroupGradient], GroupGradient]:
-    def decorator(function: GroupGradient) -> GroupGradient:
-        REGISTRY[layer_type] = function
-        return function
-
-    return decorator
-
-
-@register(nn.Linear)
-def _linear(module: nn.Linear, x: torch.Tensor, delta: torch.Tensor, rows: list[torch.Tensor]) -> list[dict]:
-    x = x.reshape(x.shape[0], -1, x.shape[-1])
-    delta = delta.reshape(delta.shape[0], -1, delta.shape[-1])
-    out = []
-    for index in rows:
-        xg = x[index].reshape(-1, x.shape[-1])
-        dg = delta[index].reshape(-1, delta.shape[-1])
-        grads = {"weight": dg.T @ xg}
-        if module.bias is not None:
-            grads["bias"] = dg.sum(0)
-        out.append(grads)
-    return out
-
-
-@register(nn.Embedding)
-def _embedding(
-    module: nn.Embedding, ids: torch.Tensor, delta: torch.Tensor, rows: list[torch.Tensor]
-) -> list[dict]:
-    out = []
-    for index in rows:
-        token_ids = ids[index].reshape(-1)
-        values = delta[index].reshape(-1, delta.shape[-1])
-        if module.padding_idx is not None:  # autograd never updates the padding row
-            keep = token_ids != module.padding_idx
-            token_ids, values = token_ids[keep], values[keep]
-        weight = torch.zeros_like(module.weight)
-        weight.index_add_(0, token_ids, values.to(weight.dtype))
-        out.append({"weight": weight})
-    return out
-
-
-@register(nn.LayerNorm)
-def _layer_norm(
-    module: nn.LayerNorm, x: torch.Tensor, delta: torch.Tensor, rows: list[torch.Tensor]
-) -> list[dict]:
-    normalised = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
-    dims = len(module.normalized_shape)
-    out = []
-    for index in rows:
-        product = (delta[index] * normalised[index]).reshape(-1, *normalised.shape[-dims:])
-        grads = {}
-        if module.weight is not None:
-            grads["weight"] = product.sum(0)
-        if module.bias is not None:
-            grads["bias"] = delta[index].reshape(-1, *normalised.shape[-dims:]).sum(0)
-        out.append(grads)
-    return out
-
-
-def _rms_norm(
-    module: nn.Module, x: torch.Tensor, delta: torch.Tensor, rows: list[torch.Tensor]
-) -> list[dict]:
-    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
-    product = F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(delta.dtype) * delta
-    return [{"weight": product[index].reshape(-1, product.shape[-1]).sum(0)} for index in rows]
-
-
-def rule_for(module: nn.Module) -> GroupGradient | None:
-    """The module's per-group gradient rule; an RMS norm type is registered when its first module
-    passes the numerical check."""
-    rule = REGISTRY.get(type(module))
-    if rule is None and type(module).__name__.lower().endswith("rmsnorm") and is_plain_rms_norm(module):
-        rule = REGISTRY[type(module)] = _rms_norm
-    return rule
 
 
 class PerGroupGradients:

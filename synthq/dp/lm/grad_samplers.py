@@ -28,41 +28,21 @@ from __future__ import annotations
 import types
 
 import torch
-import torch.nn.functional as F
 from opacus.grad_sample import GradSampleModule
 from opacus.grad_sample.utils import register_grad_sampler
 from torch import nn
+
+from synthq.dp.layer_rules import is_plain_rms_norm, rms_norm_rule
 
 
 def rms_norm_grad_sample(
     layer: nn.Module, activations: list[torch.Tensor], backprops: torch.Tensor
 ) -> dict[nn.Parameter, torch.Tensor]:
-    """Per-example gradient of an RMS norm's ``weight``: ``Σ_tokens (x / rms(x)) ⊙ ∂L/∂y``."""
-    inputs = activations[0]
-    eps = getattr(layer, "variance_epsilon", getattr(layer, "eps", 1e-6))
-    normalised = F.rms_norm(inputs.float(), (inputs.shape[-1],), eps=eps).to(backprops.dtype)
-    per_token = normalised * backprops
-    return {layer.weight: per_token.reshape(per_token.shape[0], -1, per_token.shape[-1]).sum(1)}
-
-
-def is_plain_rms_norm(module: nn.Module) -> bool:
-    """True if the module computes exactly ``F.rms_norm(x, weight, eps)`` (checked on random data)."""
-    weight = getattr(module, "weight", None)
-    own = list(module.parameters(recurse=False))
-    if not isinstance(weight, nn.Parameter) or weight.dim() != 1 or len(own) != 1:
-        return False
-    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-    if not isinstance(eps, float):
-        return False
-    generator = torch.Generator().manual_seed(0)
-    probe = torch.randn(2, 3, weight.shape[0], generator=generator).to(weight.device, weight.dtype)
-    with torch.no_grad():
-        try:
-            actual = module(probe)
-        except Exception:  # a norm with another signature is simply not ours to handle
-            return False
-        expected = F.rms_norm(probe, (weight.shape[0],), weight=weight, eps=eps)
-    return actual.shape == expected.shape and torch.allclose(actual, expected, atol=1e-5, rtol=1e-4)
+    """Per-example gradient of an RMS norm's ``weight``, ``Σ_tokens (x / rms(x)) ⊙ ∂L/∂y``: the
+    registered layer rule (:mod:`synthq.dp.layer_rules`) with one example a part."""
+    rows = [torch.tensor([i], device=backprops.device) for i in range(backprops.shape[0])]
+    per_example = rms_norm_rule(layer, activations[0], backprops, rows)
+    return {layer.weight: torch.stack([grads["weight"] for grads in per_example])}
 
 
 def register_rms_norm_grad_samplers(model: nn.Module) -> list[str]:
