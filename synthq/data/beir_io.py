@@ -174,23 +174,33 @@ def _parse_queries(lines: HashingReader, out: Path) -> None:
     _parse_jsonl(lines, out, QUERIES_SCHEMA, values)
 
 
-def _parse_qrels(lines: HashingReader, out: Path) -> None:
-    path = lines.path
-    qrels: dict[str, dict[str, int]] = {}
-    first_line: dict[tuple[str, str], int] = {}
-    for number, raw in enumerate(lines, 1):
+HEADER_FIRST_COLUMNS = ("query-id", "query_id", "qid")
+
+
+def tsv_rows(raw_lines: Iterable[bytes], path: Path) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, tab-separated columns)`` of a query-keyed TSV (qrels, ``users.tsv``): UTF-8
+    (an error names its line), blank lines skipped, a byte-order mark and a header line (first
+    column ``query-id``, ``query_id`` or ``qid``) dropped."""
+    for number, raw in enumerate(raw_lines, 1):
         try:
             line = raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as error:
             raise DataError(f"not valid UTF-8 ({error.reason})", path, number) from None
+        if number == 1:
+            line = line.removeprefix("\ufeff")  # a byte-order mark before the header or first row
         if not line.strip():
             continue
         columns = line.split("\t")
-        if number == 1:
-            line = line.removeprefix("\ufeff")  # a byte-order mark before the header or first row
-            columns = line.split("\t")
-            if columns[0].strip().lower() in ("query-id", "query_id", "qid"):
-                continue
+        if number == 1 and columns[0].strip().lower() in HEADER_FIRST_COLUMNS:
+            continue
+        yield number, columns
+
+
+def _parse_qrels(lines: HashingReader, out: Path) -> None:
+    path = lines.path
+    qrels: dict[str, dict[str, int]] = {}
+    first_line: dict[tuple[str, str], int] = {}
+    for number, columns in tsv_rows(lines, path):
         if len(columns) != 3:
             raise DataError(f"expected 3 tab-separated columns, found {len(columns)}", path, number)
         query_id, doc_id, score = (c.strip() for c in columns)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from synthq.data.arrow_views import Queries
+from synthq.data.beir_io import tsv_rows
 from synthq.runtime.errors import DataError
 
 USERS_FILE = "users.tsv"
@@ -30,16 +31,8 @@ def read_users_file(path: Path) -> dict[str, tuple[str, int]]:
     """``users.tsv`` as ``query id -> (user id, line)``; malformed rows name their line."""
     users: dict[str, tuple[str, int]] = {}
     with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as error:
-                raise DataError(f"not valid UTF-8 ({error.reason})", path, number) from None
-            if not line.strip():
-                continue
-            columns = [c.strip() for c in line.split("\t")]
-            if number == 1 and columns[0].lower() in ("query-id", "query_id", "qid"):
-                continue
+        for number, row in tsv_rows(handle, path):
+            columns = [c.strip() for c in row]
             if len(columns) != 2 or not all(columns):
                 raise DataError("expected 'query-id<TAB>user-id'", path, number)
             query_id, user_id = columns

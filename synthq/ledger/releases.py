@@ -60,8 +60,24 @@ def composition_assumptions(releases: list[dict], compose: str = "units") -> lis
     return [] if compose == "sum" else link_assumptions(releases)
 
 
+class _Composition:
+    """Releases composed as ``compose`` says: per unit (their sharing groups) or summed."""
+
+    releases: list[dict]
+    compose: str
+
+    @property
+    def groups(self) -> list[list[str]]:
+        return composition_groups(self.releases, self.compose)
+
+    def composed(self, assumptions: list[str] | None = None) -> Guarantee:
+        """The composition, with ``assumptions`` before the composition's own."""
+        every = [*(assumptions or []), *composition_assumptions(self.releases, self.compose)]
+        return compose_releases(self.releases, self.groups, every)
+
+
 @dataclass
-class DatasetCost:
+class DatasetCost(_Composition):
     """What the releases in a ledger cost one private dataset."""
 
     name: str
@@ -70,17 +86,12 @@ class DatasetCost:
     compose: str = "units"
 
     @property
-    def groups(self) -> list[list[str]]:
-        return composition_groups(self.releases, self.compose)
-
-    @property
     def total(self) -> Guarantee:
-        assumptions = composition_assumptions(self.releases, self.compose)
-        return compose_releases(self.releases, self.groups, assumptions)
+        return self.composed()
 
 
 @dataclass
-class Ledger:
+class Ledger(_Composition):
     """The releases behind a set of artifacts, per private dataset, and what changed since."""
 
     artifacts: list[Artifact]
@@ -90,16 +101,11 @@ class Ledger:
     compose: str = "units"
 
     @property
-    def groups(self) -> list[list[str]]:
-        return composition_groups(self.releases, self.compose)
-
-    @property
     def total(self) -> Guarantee:
         """Everything composed per unit (across datasets: units are keyed by id, so ids that two
         datasets share are counted as one unit — a bound), or summed (``compose="sum"``)."""
-        assumptions = [a for artifact in self.artifacts for a in artifact_assumptions(artifact, self.compose)]
-        assumptions += composition_assumptions(self.releases, self.compose)
-        return compose_releases(self.releases, self.groups, assumptions)
+        recorded = [a for artifact in self.artifacts for a in artifact_assumptions(artifact, self.compose)]
+        return self.composed(recorded)
 
 
 def _changed_since(artifact: Artifact, seen: set[str]) -> list[str]:
