@@ -77,7 +77,7 @@ canary_audit = _stage_function("canary-audit", "canary_audit")
 
 def ledger(*paths: str | Path):
     """The privacy ledger of these artifacts (their inputs followed), per private dataset and
-    unit: what ``synthq ledger`` prints, as a :class:`synthq.ledger.releases.Ledger`."""
-    from synthq.ledger.releases import ledger as read_ledger
+    unit: what ``synthq ledger`` prints, as a :class:`synthq.bookkeeping.releases.Ledger`."""
+    from synthq.bookkeeping.releases import ledger as read_ledger
 
     return read_ledger([Path(p) for p in paths])

@@ -3,7 +3,7 @@ synthq (lazy ones inside functions included), so a new arrow that runs back up f
 instead of in a review.
 
 The import graph is taken per package: ``privacy/`` (guarantees, the accountant, keys, digests)
-sits below ``artifacts/``, and ``ledger/`` (what composes and reports releases, opening manifests)
+sits below ``artifacts/``, and ``bookkeeping/`` (what composes and reports releases, opening manifests)
 above it, so no package is two layers. No arrow runs back up; :data:`KNOWN_BACK_ARROWS` stays empty.
 """
 
@@ -120,11 +120,11 @@ def test_the_import_graph_has_no_cycle_but_the_known_back_arrows():
     [
         ("runtime", {"config", "data", "models", "dp", "privacy", "artifacts", "retrieval", "audit",
                      "reporting", "stages", "pipeline", "cli", "search"}),
-        ("privacy", {"artifacts", "ledger", "config", "models", "dp", "retrieval", "audit", "reporting",
+        ("privacy", {"artifacts", "bookkeeping", "config", "models", "dp", "retrieval", "audit", "reporting",
                      "stages", "pipeline", "cli", "search"}),
-        ("artifacts", {"ledger", "models", "dp", "retrieval", "audit", "reporting", "stages", "pipeline",
+        ("artifacts", {"bookkeeping", "models", "dp", "retrieval", "audit", "reporting", "stages", "pipeline",
                        "cli", "search"}),
-        ("ledger", {"dp", "retrieval", "audit", "reporting", "stages", "pipeline", "cli", "search"}),
+        ("bookkeeping", {"dp", "retrieval", "audit", "reporting", "stages", "pipeline", "cli", "search"}),
         ("models", {"dp", "stages", "pipeline", "cli"}),
         ("dp", {"stages", "pipeline", "cli", "reporting"}),
         ("data", {"dp", "models", "stages", "pipeline", "cli", "reporting", "retrieval", "audit"}),

@@ -124,7 +124,7 @@ def ledger_command(
     if not statement:
         if out is not None:
             raise SynthqError("--out goes with --statement (the ledger itself is printed)")
-        from synthq.ledger.releases import ledger_lines
+        from synthq.bookkeeping.releases import ledger_lines
 
         for line in ledger_lines(paths, compose):
             result(line, markup=False)
@@ -135,7 +135,7 @@ def ledger_command(
         raise SynthqError(f"--out {out}: is inside an artifact directory; write the statement elsewhere")
     if out is not None and out.exists() and not force:
         raise SynthqError(f"--out {out}: already exists; pass --force to replace it")
-    from synthq.ledger.statement import statement_for
+    from synthq.bookkeeping.statement import statement_for
 
     text = statement_for(paths, compose)
     if out is None:
@@ -195,10 +195,10 @@ def data_info_command(
     as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
 ) -> None:
     """Count documents, queries and judgements per split, and report validation problems."""
+    from synthq.bookkeeping.splits import split_is_private
     from synthq.data.beir_io import load_beir_dir
     from synthq.data.sources import resolve_source
     from synthq.data.summary import summarize
-    from synthq.ledger.splits import split_is_private
 
     root = resolve_source(source)
     summary = summarize(load_beir_dir(root))

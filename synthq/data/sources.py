@@ -17,7 +17,7 @@ judgements are streamed once into a BEIR directory in the cache, whose qrels spl
 
 Which splits are public: those fetched benchmarks are (:func:`public_benchmark`); any directory the
 user gives declares its public splits in ``privacy.json`` (:func:`declared_splits`, strictly
-validated), and every split it does not declare public is private (:mod:`synthq.ledger.splits`).
+validated), and every split it does not declare public is private (:mod:`synthq.bookkeeping.splits`).
 """
 
 from __future__ import annotations

@@ -80,11 +80,16 @@ def _layer_norm(
     return out
 
 
+def rms_norm_products(module: nn.Module, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """An RMS norm's weight gradient before the sum over rows and tokens: ``(x / rms(x)) ⊙ δ``."""
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(delta.dtype) * delta
+
+
 def rms_norm_rule(
     module: nn.Module, x: torch.Tensor, delta: torch.Tensor, rows: list[torch.Tensor]
 ) -> list[dict]:
-    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
-    product = F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(delta.dtype) * delta
+    product = rms_norm_products(module, x, delta)
     return [{"weight": product[index].reshape(-1, product.shape[-1]).sum(0)} for index in rows]
 
 

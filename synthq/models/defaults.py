@@ -111,7 +111,7 @@ def why_corpus_is_public(spec: str, is_artifact: bool = False) -> str:
     In synthq's model they always are: the private data are the queries and which documents they
     judge (``privacy.json`` declares splits of queries, never the corpus), and ``generate`` writes
     queries for every document of the corpus, recorded as a public file
-    (:func:`synthq.ledger.inputs.public_documents_input`). The reason names the case: a synthq
+    (:func:`synthq.bookkeeping.inputs.public_documents_input`). The reason names the case: a synthq
     synthetic set, a published benchmark, or a dataset directory's corpus."""
     from synthq.data.sources import public_benchmark
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from rich.markup import escape
 
 from synthq.artifacts.process_state import owned_by_pipeline
+from synthq.bookkeeping.releases import ledger_lines
 from synthq.config.registry import stage_entry
-from synthq.ledger.releases import ledger_lines
 from synthq.pipeline.plan import Plan, PlannedStage
 from synthq.pipeline.progress import estimate_seconds, minutes, time_by_kind
 from synthq.runtime.console import console, info

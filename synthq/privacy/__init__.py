@@ -1,6 +1,6 @@
 """Privacy, the lower floor: what one release guarantees, the accountants behind its ε, and the
 owner's secrets. Nothing here opens an artifact; ``artifacts/`` is built on it, and what composes
-and reports the releases of many artifacts lives a floor higher, in :mod:`synthq.ledger`.
+and reports the releases of many artifacts lives a floor higher, in :mod:`synthq.bookkeeping`.
 
 * :mod:`~synthq.privacy.guarantee` — the (ε, δ) :class:`Guarantee` type and its composition per
   privacy unit.

@@ -11,7 +11,7 @@ its evaluation's manifest lists, grouped by where they come from), never only a 
   plus the choice's own (report-noisy-max), or the whole dev evaluation's (an unaccounted choice on
   private dev queries is ε = ∞).
 
-:func:`row_privacy` composes them per unit (:func:`synthq.ledger.splits.score_guarantee`) for one
+:func:`row_privacy` composes them per unit (:func:`synthq.bookkeeping.splits.score_guarantee`) for one
 row or for every member of a merged row (seeds, generator replicates, the same model in several
 evaluations): the union of the members' releases, each counted once. It gives two statements:
 **the model's guarantee** — what releasing the retriever costs (model ∪ selection) —
@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from synthq.ledger.splits import score_guarantee
+from synthq.bookkeeping.splits import score_guarantee
 from synthq.privacy.guarantee import Guarantee
 
 PARTS = ("model", "data", "selection")
@@ -110,7 +110,7 @@ class RowPrivacy:
 
 def row_privacy(members: list[dict]) -> RowPrivacy:
     """The guarantees of a row, or of a merged row over ``members``: per-unit composition of the
-    union of their releases (:func:`synthq.ledger.splits.score_guarantee`)."""
+    union of their releases (:func:`synthq.bookkeeping.splits.score_guarantee`)."""
     parts = merged_releases(members)
     assumptions = list(dict.fromkeys(a for m in members for a in m.get("assumptions") or []))
 

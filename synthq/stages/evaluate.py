@@ -31,7 +31,7 @@ Outputs:
 
 Privacy unit and sensitivity:
     Every number is a release about the private data behind it, and every row's ε is recomputed
-    from those releases, per unit (:mod:`synthq.ledger.splits`, which also says which splits
+    from those releases, per unit (:mod:`synthq.bookkeeping.splits`, which also says which splits
     are private):
 
     * the retriever's releases (post-processing); BM25 and untrained public encoders carry none;
@@ -62,6 +62,13 @@ from pathlib import Path
 from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.on_main import artifact_on_main
+from synthq.bookkeeping.inputs import model_input
+from synthq.bookkeeping.splits import (
+    EvalData,
+    eval_data,
+    private_split_guarantee,
+    score_guarantee,
+)
 from synthq.config.evaluation import EvalConfig
 from synthq.data.beir_io import load_beir_dir
 from synthq.data.sources import (
@@ -70,13 +77,6 @@ from synthq.data.sources import (
     default_eval_split,
     resolve_dataset,
     source_name,
-)
-from synthq.ledger.inputs import model_input
-from synthq.ledger.splits import (
-    EvalData,
-    eval_data,
-    private_split_guarantee,
-    score_guarantee,
 )
 from synthq.privacy.guarantee import Guarantee
 from synthq.reporting.eval_files import (
@@ -343,7 +343,7 @@ def _score_dataset(
 
 def _data_releases(writer, spec: str, split: str, data: EvalData, scored: ScoredDataset) -> list[dict]:
     """The releases every row on one dataset carries: a synthetic set's own, and the noiseless
-    read of a private split (ε = ∞, :func:`synthq.ledger.splits.private_split_guarantee`)."""
+    read of a private split (ε = ∞, :func:`synthq.bookkeeping.splits.private_split_guarantee`)."""
     data_releases = list(data.artifact.releases) if data.artifact is not None else []
     if data.artifact is not None:
         writer.inherit(data.artifact)

@@ -34,11 +34,11 @@ from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result, input_location
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.records import current_input_hash
+from synthq.bookkeeping.inputs import model_input
 from synthq.config.generator import FilterConfig
 from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.data.pairs import document_text
-from synthq.ledger.inputs import model_input
 from synthq.runtime import precision
 from synthq.runtime.distributed import resolve_device
 from synthq.runtime.errors import ArtifactError, DataError

@@ -10,7 +10,7 @@ Privacy unit: one query with all its pairs (:class:`synthq.dp.lm.per_query.PerQu
 ``--privacy-unit user`` one user with all their kept queries (at most K; per-user clipping by
 default, :class:`synthq.dp.lm.per_user.PerUserClipping`); sensitivity ``C`` either way. A starting model
 that is a synthq artifact composes its own guarantee; any other local or hub model is recorded and
-assumed public (:func:`synthq.ledger.inputs.model_input`).
+assumed public (:func:`synthq.bookkeeping.inputs.model_input`).
 
 The artifact is a Hugging Face ``save_pretrained`` directory (LoRA adapters merged). Per-step
 losses and batch sizes, which are computed from private data without noise, go to the private
@@ -41,6 +41,8 @@ from synthq.artifacts.checkpoint import load_checkpoint, save_checkpoint
 from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.on_main import artifact_on_main
+from synthq.bookkeeping.inputs import data_input, model_input, public_pairs_input
+from synthq.bookkeeping.splits import split_is_private
 from synthq.config.fields import DEFAULT_TOP_P
 from synthq.config.generator import FinetuneConfig
 from synthq.data.pairs import training_pairs
@@ -60,8 +62,6 @@ from synthq.dp.privacy_units import (
     unit_details,
     unit_diagnostics,
 )
-from synthq.ledger.inputs import data_input, model_input, public_pairs_input
-from synthq.ledger.splits import split_is_private
 from synthq.models.defaults import Chosen, finetune_defaults, why_corpus_is_public
 from synthq.models.generator import QueryGenerator, apply_lora
 from synthq.models.stage_costs import expected_line, generator_training_seconds, parameter_count
@@ -151,7 +151,7 @@ def choose_defaults(config: FinetuneConfig, corpus, data, model_path: Path) -> t
 
 def _public_held_out(config: FinetuneConfig, data) -> HeldOut | None:
     """A few pairs of the first split (in name order) other than the training split that the
-    dataset declares public (:func:`~synthq.ledger.splits.split_is_private`, fail closed), for
+    dataset declares public (:func:`~synthq.bookkeeping.splits.split_is_private`, fail closed), for
     the learning check's held-out loss; None for a synthetic set or when no split is public."""
     if data.artifact is not None:
         return None

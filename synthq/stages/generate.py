@@ -47,6 +47,7 @@ from synthq.artifacts.freshness import (
 from synthq.artifacts.locking import check_output_free
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.process_state import may_replace, owned_by_pipeline
+from synthq.bookkeeping.inputs import model_input, public_documents_input, public_pairs_input
 from synthq.config.generator import GenerateConfig
 from synthq.data.arrow_views import Corpus
 from synthq.data.beir_io import read_corpus, read_qrels, read_queries
@@ -56,7 +57,6 @@ from synthq.data.synthetic import (
     public_documents,
     write_synthetic,
 )
-from synthq.ledger.inputs import model_input, public_documents_input, public_pairs_input
 from synthq.models.defaults import generate_defaults
 from synthq.models.generator import QueryGenerator
 from synthq.models.sampling import Request, length_sorted_batches, sample_with_retries

@@ -32,8 +32,8 @@ import json
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.bookkeeping.releases import ledger_lines
 from synthq.config.evaluation import ReportConfig
-from synthq.ledger.releases import ledger_lines
 from synthq.reporting.eval_files import RESULTS_FILE, SELECTION_FILE
 from synthq.reporting.merge import merge_rows
 from synthq.reporting.plot import privacy_utility_plot

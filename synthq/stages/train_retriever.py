@@ -11,7 +11,7 @@ over a temperature, in-batch negatives (eq. 1). Three ways to train, and what th
   ``q = batch/n`` with secret randomness, the registered mechanism (:mod:`synthq.dp.contrastive`)
   clips, the engine adds noise ``σ × sensitivity``; ε from the same accountant.
 
-The starting encoder is an input too (:func:`synthq.ledger.inputs.model_input`): a synthq artifact
+The starting encoder is an input too (:func:`synthq.bookkeeping.inputs.model_input`): a synthq artifact
 composes its guarantee, any other local or hub model is assumed public and the guarantee says so.
 
 Non-private training uses sentence-transformers' ``MultipleNegativesRankingLoss`` (scale 1/T), or
@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.on_main import artifact_on_main
+from synthq.bookkeeping.inputs import data_input, model_input
 from synthq.config.retriever import TrainRetrieverConfig
 from synthq.data.pairs import Pair, document_text, first_pairs_per_document, training_pairs
 from synthq.data.sources import load_source
@@ -49,7 +50,6 @@ from synthq.dp.privacy_units import (
     unit_details,
     unit_diagnostics,
 )
-from synthq.ledger.inputs import data_input, model_input
 from synthq.models.defaults import Chosen, document_token_length, dp_group_pass_texts, retriever_defaults
 from synthq.models.encoder import (
     embed,

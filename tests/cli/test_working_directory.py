@@ -12,8 +12,8 @@ import pytest
 
 from synthq.artifacts.freshness import check_resumable
 from synthq.artifacts.manifest import MANIFEST, open_artifact, write_manifest
+from synthq.bookkeeping.releases import ledger_lines
 from synthq.config.generator import FinetuneConfig, GenerateConfig
-from synthq.ledger.releases import ledger_lines
 from synthq.runtime.errors import ArtifactError
 from synthq.runtime.hashing import config_to_dict, sha256_file
 from synthq.stages import finetune_lm, generate

@@ -478,8 +478,8 @@ def export_all(world: World) -> None:
 
 def write_ledger(world: World, statement_over: list[Path]) -> None:
     """The ledger of every artifact and the privacy statement of ``statement_over``, as printed."""
-    from synthq.ledger.releases import ledger_lines
-    from synthq.ledger.statement import statement_for
+    from synthq.bookkeeping.releases import ledger_lines
+    from synthq.bookkeeping.statement import statement_for
 
     ledger_dir = world.root / "ledger"
     ledger_dir.mkdir()

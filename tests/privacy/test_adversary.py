@@ -59,8 +59,8 @@ from pathlib import Path
 
 import pytest
 
+from synthq.bookkeeping.releases import ledger
 from synthq.config.registry import STAGES
-from synthq.ledger.releases import ledger
 from tests.privacy import adversary_fixture as af
 
 pytestmark = pytest.mark.slow
@@ -670,8 +670,8 @@ def test_the_ledger_and_statement_print_at_least_the_epsilon_the_noisy_selection
     so), above the candidates' training (2 × TRAIN_EPSILON per training query), so the dataset's
     total in the ledger and in the statement — one dataset for a set of sub-datasets, named by the
     whole — is at least that."""
-    from synthq.ledger.releases import ledger_lines
-    from synthq.ledger.statement import statement_for
+    from synthq.bookkeeping.releases import ledger_lines
+    from synthq.bookkeeping.statement import statement_for
 
     full, _, _ = dev_worlds
     shared = [full.artifacts[name] for name in ("ret-dp-a", "ret-dp-b", "ev-select")]
@@ -728,8 +728,8 @@ def test_a_dev_query_read_through_the_whole_and_through_its_sub_dataset_counts_b
     sub-dataset layout) and one on the part alone (a directory of its own). The same private
     queries: per query, the two releases compose (ε adds up), in the ledger and the statement."""
     from synthq.artifacts.manifest import open_artifact
-    from synthq.ledger.releases import ledger_lines
-    from synthq.ledger.statement import statement_for
+    from synthq.bookkeeping.releases import ledger_lines
+    from synthq.bookkeeping.statement import statement_for
 
     full, _, removed = dev_worlds
     shared = [full.artifacts[name] for name in ("ret-dp-a", "ret-dp-b", "ev-select", "ev-select-part")]
@@ -763,8 +763,8 @@ def _two_disjoint_releases_shown(paths, kind: str):
     is too easy), the sum of their ε, the ledger's lines, its per-dataset totals as printed, and
     every total shown (computed, printed, stated)."""
     from synthq.artifacts.manifest import open_artifact
-    from synthq.ledger.releases import ledger_lines
-    from synthq.ledger.statement import statement_for
+    from synthq.bookkeeping.releases import ledger_lines
+    from synthq.bookkeeping.statement import statement_for
     from synthq.privacy.unit_sets import load_unit_set
 
     releases = [r for path in paths for r in open_artifact(path).releases]

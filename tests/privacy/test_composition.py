@@ -8,9 +8,9 @@ import math
 import pytest
 
 from synthq.artifacts.create import create_artifact
+from synthq.bookkeeping.releases import dataset_totals, ledger, ledger_lines
 from synthq.config.generator import GenerateConfig
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
-from synthq.ledger.releases import dataset_totals, ledger, ledger_lines
 from synthq.privacy.guarantee import Guarantee
 from synthq.stages import generate
 from tests.helpers import finetune, private_copy

@@ -12,10 +12,10 @@ import shutil
 
 import pytest
 
+from synthq.bookkeeping.releases import ledger
+from synthq.bookkeeping.splits import eval_data
 from synthq.config.evaluation import EvalConfig
 from synthq.data.sources import embedded_dir, public_benchmark
-from synthq.ledger.releases import ledger
-from synthq.ledger.splits import eval_data
 from synthq.runtime.errors import DataError
 from synthq.runtime.hashing import sha256_file, sha256_tree
 from synthq.stages import evaluate, train_retriever

@@ -19,11 +19,11 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 from typer.testing import CliRunner
 
+from synthq.bookkeeping.releases import dataset_totals
 from synthq.cli.app import app
 from synthq.dp.engine import PrivacyPlan
 from synthq.dp.evolution import NearestNeighbourVotes
 from synthq.dp.lm.per_query import PerQueryClipping
-from synthq.ledger.releases import dataset_totals
 from synthq.privacy.accounting import check_recorded_epsilon, per_query, validate_budget
 from synthq.privacy.guarantee import Guarantee, compose_all, compose_releases
 from synthq.runtime.errors import PrivacyError

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from synthq.ledger.releases import _merged_datasets
+from synthq.bookkeeping.releases import _merged_datasets
 from synthq.privacy import unit_sets as units_module
 from synthq.privacy.keys import key_id, state_dir, unit_digests
 from synthq.privacy.unit_sets import (

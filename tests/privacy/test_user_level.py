@@ -14,6 +14,7 @@ from opacus.accountants import RDPAccountant
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from synthq.bookkeeping.releases import ledger_lines
 from synthq.cli.app import app
 from synthq.config.evaluation import EvalConfig
 from synthq.config.generator import GenerateConfig
@@ -29,7 +30,6 @@ from synthq.dp.engine import PrivacyPlan
 from synthq.dp.lm.step import DPStep
 from synthq.dp.noise import SecretRandomness
 from synthq.dp.privacy_units import PrivacyUnits, poisson_units, training_units
-from synthq.ledger.releases import ledger_lines
 from synthq.models.encoder import embed
 from synthq.models.generator import QueryGenerator
 from synthq.privacy.accounting import epsilon_for

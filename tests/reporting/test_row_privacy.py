@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from synthq.ledger.splits import score_guarantee
+from synthq.bookkeeping.splits import score_guarantee
 from synthq.privacy.guarantee import Guarantee, compose_releases
 from synthq.privacy.unit_sets import sharing_groups, store_unit_set
 from synthq.reporting.epsilon import epsilon_cell, scores_cell, shown_epsilon

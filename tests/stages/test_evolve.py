@@ -13,6 +13,7 @@ import torch
 from scipy import optimize, stats
 
 from synthq.artifacts.manifest import open_artifact
+from synthq.bookkeeping.releases import dataset_totals, ledger_lines
 from synthq.config.generator import EvolveConfig
 from synthq.data.beir_io import load_beir_dir
 from synthq.dp.engine import PrivacyPlan
@@ -24,7 +25,6 @@ from synthq.dp.evolution import (
     vote_histogram,
 )
 from synthq.dp.privacy_units import PrivacyUnits
-from synthq.ledger.releases import dataset_totals, ledger_lines
 from synthq.stages import evaluate, evolve, train_retriever
 from synthq.stages.evolve.population import Population, best_per_document, ranked_per_document
 from tests.helpers import evolve_config, released_text, retriever_config

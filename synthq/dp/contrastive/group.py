@@ -19,14 +19,18 @@ from synthq.runtime.console import warn
 
 
 def _random_state() -> tuple:
-    """torch's random state (CPU, and every CUDA device when there is one): dropout's masks."""
-    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    """torch's random state (CPU, every CUDA device, MPS where there is one): dropout's masks."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    mps = torch.mps.get_rng_state() if torch.backends.mps.is_available() else None
+    return torch.get_rng_state(), cuda, mps
 
 
 def _set_random_state(state: tuple) -> None:
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state_all(state[1])
+    if state[2] is not None:
+        torch.mps.set_rng_state(state[2])
 
 
 # The one-pass per-group engine vs one backward pass per group, on CPU: with groups of 8 (the

@@ -32,17 +32,16 @@ from opacus.grad_sample import GradSampleModule
 from opacus.grad_sample.utils import register_grad_sampler
 from torch import nn
 
-from synthq.dp.layer_rules import is_plain_rms_norm, rms_norm_rule
+from synthq.dp.layer_rules import is_plain_rms_norm, rms_norm_products
 
 
 def rms_norm_grad_sample(
     layer: nn.Module, activations: list[torch.Tensor], backprops: torch.Tensor
 ) -> dict[nn.Parameter, torch.Tensor]:
     """Per-example gradient of an RMS norm's ``weight``, ``Σ_tokens (x / rms(x)) ⊙ ∂L/∂y``: the
-    registered layer rule (:mod:`synthq.dp.layer_rules`) with one example a part."""
-    rows = [torch.tensor([i], device=backprops.device) for i in range(backprops.shape[0])]
-    per_example = rms_norm_rule(layer, activations[0], backprops, rows)
-    return {layer.weight: torch.stack([grads["weight"] for grads in per_example])}
+    registered layer rule's products (:mod:`synthq.dp.layer_rules`) summed per example."""
+    per_token = rms_norm_products(layer, activations[0], backprops)
+    return {layer.weight: per_token.reshape(per_token.shape[0], -1, per_token.shape[-1]).sum(1)}
 
 
 def register_rms_norm_grad_samplers(model: nn.Module) -> list[str]:

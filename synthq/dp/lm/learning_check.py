@@ -16,7 +16,7 @@ could use, even though it moved.
 Privacy: neither check reads private data. The movement is a function of the released model and
 its initial weights (public: a public starting model and torch's default initialisation), so
 failing or passing is post-processing of the DP release; the held-out pairs belong to a split the
-dataset declares public, read as :func:`synthq.ledger.splits.split_is_private` decides (fail
+dataset declares public, read as :func:`synthq.bookkeeping.splits.split_is_private` decides (fail
 closed). When no split is public, no loss is measured, and the metrics say so.
 """
 

@@ -43,6 +43,7 @@ from synthq.artifacts.checkpoint import load_checkpoint, save_checkpoint
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.bookkeeping.inputs import DataInput, ModelInput, data_input, model_input, public_documents_input
 from synthq.config.generator import EvolveConfig
 from synthq.data.pairs import document_text, training_pairs
 from synthq.data.sources import load_source, resolve_source
@@ -67,7 +68,6 @@ from synthq.dp.privacy_units import (
     unit_details,
     unit_diagnostics,
 )
-from synthq.ledger.inputs import DataInput, ModelInput, data_input, model_input, public_documents_input
 from synthq.models.generator import QueryGenerator
 from synthq.models.stage_costs import expected_line, generation_seconds, parameter_count
 from synthq.privacy.guarantee import Guarantee

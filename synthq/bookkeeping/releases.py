@@ -6,7 +6,7 @@ now: the releases of all the artifacts given, each counted once, composed per pr
 (:func:`synthq.privacy.guarantee.compose_releases`) — per private dataset and over everything.
 Inputs whose content changed since they were read are reported as "changed since"; the record
 still counts. ``synthq ledger DIR...`` and the end of ``synthq run`` print this. Where each input
-came from is :mod:`synthq.ledger.inputs`.
+came from is :mod:`synthq.bookkeeping.inputs`.
 """
 
 from __future__ import annotations

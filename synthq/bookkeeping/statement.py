@@ -1,5 +1,5 @@
 """The privacy statement a reviewer signs: one page of Markdown about the releases behind a set of
-artifacts, rendered from a :class:`~synthq.ledger.releases.Ledger`.
+artifacts, rendered from a :class:`~synthq.bookkeeping.releases.Ledger`.
 
 ``synthq ledger DIR... --statement [--out FILE]`` writes it. Every number is recomputed from the
 sealed release records (``artifact.releases``, which :func:`~synthq.artifacts.manifest.open_artifact`
@@ -12,13 +12,13 @@ config. Per private dataset it states:
 * each release's sampling, q, steps, σ, clip norm, sensitivity (noise std) and n *as its record
   stores them* ("not recorded" where it stores nothing: the sampler is not recorded, the
   subsampled-Gaussian accountant's model — Poisson — is what is stated; "—" where the mechanism
-  has no such parameter); the tables are :mod:`synthq.ledger.statement_tables`;
+  has no such parameter); the tables are :mod:`synthq.bookkeeping.statement_tables`;
 * ε at the run's δ, composed exactly as the ledger composes (:func:`compose_releases` over
   :func:`~synthq.privacy.unit_sets.sharing_groups`), and the same composition with every release's ε
   recomputed by its own accountant (:func:`~synthq.privacy.accounting.epsilon_for`) at δ = 1e-6 and
   at δ = 1/n² (n: the unit count the release's accountant assumed, ``details.num_units``; skipped
   when a δ-dependent release records none); a composed total whose δ is at or above 1/n, or above
-  0.1, is refused — its line states no ε (:func:`~synthq.ledger.releases.delta_warning`) — and a
+  0.1, is refused — its line states no ε (:func:`~synthq.bookkeeping.releases.delta_warning`) — and a
   statement in which every total is refused is not written at all;
 * the Gaussian-DP μ, only where it is exact: ``√T/σ`` for the Gaussian without subsampling
   (Private Evolution's votes, q = 1), composed as ``√(Σ μ²)`` per unit when every release has one;
@@ -40,7 +40,7 @@ import json
 from pathlib import Path
 
 from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact
-from synthq.ledger.reaccounting import (
+from synthq.bookkeeping.reaccounting import (
     NOT_RECORDED,
     REFERENCE_DELTA,
     DatasetStatement,
@@ -49,7 +49,7 @@ from synthq.ledger.reaccounting import (
     dataset_statement,
     unit_count,
 )
-from synthq.ledger.releases import (
+from synthq.bookkeeping.releases import (
     SUM_NOTE,
     Ledger,
     artifact_assumptions,
@@ -59,7 +59,7 @@ from synthq.ledger.releases import (
     recorded_units,
     unrecorded_n_note,
 )
-from synthq.ledger.statement_tables import (
+from synthq.bookkeeping.statement_tables import (
     audit_lines,
     claim,
     eps,
@@ -368,7 +368,7 @@ def render_statement(book: Ledger, audits: list[Artifact] = ()) -> str:
 
 def statement_for(paths: list[str | Path], compose: str = "units") -> str:
     """The statement for the artifacts at ``paths``: ``canary-audit`` artifacts are evidence, the
-    rest are the releases (composed by :func:`synthq.ledger.releases.ledger`)."""
+    rest are the releases (composed by :func:`synthq.bookkeeping.releases.ledger`)."""
     for path in paths:
         if not is_artifact(path):
             raise ArtifactError(f"{path}: not an artifact (no {MANIFEST})")

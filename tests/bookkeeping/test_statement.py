@@ -12,9 +12,9 @@ import pytest
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from synthq.artifacts.create import create_artifact
-from synthq.ledger.reaccounting import dataset_statement
-from synthq.ledger.releases import dataset_totals, ledger, ledger_lines
-from synthq.ledger.statement import statement_for
+from synthq.bookkeeping.reaccounting import dataset_statement
+from synthq.bookkeeping.releases import dataset_totals, ledger, ledger_lines
+from synthq.bookkeeping.statement import statement_for
 from synthq.privacy.accounting import epsilon_for, per_query
 from synthq.privacy.guarantee import Guarantee
 from synthq.reporting.eval_files import PER_QUERY_FILE, SELECTION_FILE
@@ -271,8 +271,8 @@ def test_a_composed_delta_at_or_above_one_over_n_is_refused_in_the_statement_and
 def test_a_statement_whose_every_total_is_refused_is_not_written(tmp_path, private_data, monkeypatch):
     _, data = private_data
     wide = [release(tmp_path / f"r{i}", data, at_delta(0.06, None), ["q1"]) for i in range(2)]
-    import synthq.ledger.reaccounting as reaccounting
-    import synthq.ledger.statement as statement
+    import synthq.bookkeeping.reaccounting as reaccounting
+    import synthq.bookkeeping.statement as statement
 
     for module in (statement, reaccounting):  # the δ = 1e-6 lines at 0.06: refused as well
         monkeypatch.setattr(module, "REFERENCE_DELTA", 0.06)

@@ -10,7 +10,7 @@ import pytest
 
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.manifest import open_artifact
-from synthq.ledger.releases import dataset_totals, ledger, ledger_lines
+from synthq.bookkeeping.releases import dataset_totals, ledger, ledger_lines
 from synthq.privacy.accounting import epsilon_for
 from synthq.privacy.guarantee import Guarantee
 from synthq.privacy.unit_sets import QUERIES_BY_ID

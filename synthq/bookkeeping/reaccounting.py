@@ -1,6 +1,6 @@
 """What a privacy statement says about each release, recomputed: ε at other δ, Gaussian-DP μ.
 
-:mod:`synthq.ledger.statement` renders these numbers; this module computes them from the sealed
+:mod:`synthq.bookkeeping.statement` renders these numbers; this module computes them from the sealed
 release records, before anything is rendered:
 
 * :func:`guarantee_at` — one release's ε recomputed by its own accountant
@@ -24,7 +24,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from synthq.ledger.releases import DatasetCost
+from synthq.bookkeeping.releases import DatasetCost
 from synthq.privacy.accounting import ACCOUNTANTS, epsilon_for, per_query, recomputed_epsilon
 from synthq.privacy.events import gaussian
 from synthq.privacy.guarantee import (

@@ -141,10 +141,10 @@ class PublicPairs:
 
 def public_pairs_input(spec: str, role: str) -> PublicPairs:
     """``SOURCE:SPLIT`` -> the split's pairs, refused unless the source declares the split public
-    (:func:`~synthq.ledger.splits.split_is_private`, fail closed)."""
+    (:func:`~synthq.bookkeeping.splits.split_is_private`, fail closed)."""
+    from synthq.bookkeeping.splits import split_is_private
     from synthq.data.pairs import training_pairs
     from synthq.data.sources import load_source, resolve_source
-    from synthq.ledger.splits import split_is_private
     from synthq.privacy.digests import public_split_record
     from synthq.runtime.errors import DataError, PrivacyError
 

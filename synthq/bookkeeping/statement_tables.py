@@ -1,4 +1,4 @@
-"""The tables of the privacy statement (:mod:`synthq.ledger.statement`): each release as recorded,
+"""The tables of the privacy statement (:mod:`synthq.bookkeeping.statement`): each release as recorded,
 each release recomputed at other δ, the PRV releases' RDP comparison, and a canary audit's lower
 bounds; and the cell formats they share with the statement's prose.
 
@@ -13,7 +13,7 @@ import json
 import math
 
 from synthq.artifacts.manifest import Artifact
-from synthq.ledger.reaccounting import (
+from synthq.bookkeeping.reaccounting import (
     NOT_RECORDED,
     REFERENCE_DELTA,
     DatasetStatement,
