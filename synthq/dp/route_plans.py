@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 
 from synthq.dp.engine import PrivacyPlan, planned_steps
-from synthq.models.stage_costs import reference_costs
+from synthq.models import stage_costs
 from synthq.privacy.accounting import default_delta, noise_multiplier_for
 
 REFERENCE_RUNS = "reference_runs.json"
@@ -320,14 +320,17 @@ def route_minutes(plan: RoutePlan, rows_per_unit: int, documents: int, queries_p
     rows per unit (K at the user unit). Synthetic: the DP generator's steps, generating
     ``queries_per_document`` for each public document, one retriever trained on them. Direct DP:
     the retriever's DP steps."""
-    seconds = reference_costs()
     rows = plan.steps * plan.settings.batch_size * rows_per_unit
+    tokens, encoder = stage_costs.REFERENCE_DOCUMENT_TOKENS, stage_costs.REFERENCE_ENCODER_PARAMETERS
     if plan.settings.route == "direct-dp":
-        return rows * seconds["retriever_dp_group_seconds_per_pair"] / 60
+        return stage_costs.retriever_training_seconds(rows, tokens, encoder, "group") / 60
     synthetic = documents * queries_per_document
+    generator = stage_costs.REFERENCE_GENERATOR_PARAMETERS
     total = (
-        rows * seconds["generator_dp_seconds_per_row"]
-        + synthetic / seconds["generated_queries_per_second"]
-        + synthetic * retriever_epochs * seconds["retriever_seconds_per_pair"]
+        stage_costs.generator_training_seconds(rows, tokens, generator)
+        + stage_costs.generation_seconds(
+            synthetic, stage_costs.REFERENCE_PROMPT_TOKENS, stage_costs.REFERENCE_NEW_TOKENS, generator
+        )
+        + stage_costs.retriever_training_seconds(synthetic * retriever_epochs, tokens, encoder, None)
     )
     return total / 60
