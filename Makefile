@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(PY) -c "from synthq.models.resolve import resolve_model; [resolve_model(m) for m in ('smollm2-135m', 'smollm2-135m-enc-l2', 'minilm-l6')]"
 	touch $(STAMP)
 
-# The paper's question in about 10 minutes on 2 cores (then `synthq run pipelines/demo.yaml --check`).
+# The paper's question in about 8 minutes on 2 cores (then `synthq run pipelines/demo.yaml --check`).
 demo: $(STAMP)
 	$(VENV)/bin/synthq run pipelines/demo.yaml
 
