@@ -314,6 +314,16 @@ def check_recorded_epsilon(guarantee: Guarantee, where: str) -> None:
     """Refuse a guarantee whose ε differs from what its recorded parameters give, and a user-level
     release whose per-query guarantee (``details.per_query``) is not what :func:`per_query` derives."""
     expected = recomputed_epsilon(guarantee)
+    if expected is None and guarantee.is_private:
+        # A finite ε with nothing to recompute it from would be read, not recomputed: an edited
+        # or foreign manifest could claim any ε. synthq writes every private release with its
+        # mechanism's parameters (or its parts'), so such a record is refused, sealed or not.
+        raise PrivacyError(
+            f"{where}: the recorded ε = {guarantee.epsilon:g} ({guarantee.mechanism}) comes with no "
+            "mechanism parameters to recompute it from (σ, sampling rate, steps and a known "
+            "accountant, or its parts'); synthq refuses an ε it cannot recompute: the manifest was "
+            "edited, is corrupt or was not written by synthq"
+        )
     if expected is not None and not _same(expected, guarantee.epsilon):
         raise PrivacyError(
             f"{where}: the recorded ε = {guarantee.epsilon:g} does not match its mechanism's "

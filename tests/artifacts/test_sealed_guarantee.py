@@ -83,3 +83,25 @@ def test_an_edited_accountant_memo_is_recomputed(tmp_path):
     memo.write_text(json.dumps(entries))
     accountant_memo._loaded.clear()
     assert accountant_memo.remembered(compute, 1.0, 1e-5, 0.1, 10, "rdp") == 3.25 and len(calls) == 2
+
+
+def test_a_private_release_with_nothing_to_recompute_is_refused(tmp_path, tiny_beir, tiny_causal_dir):
+    """A foreign manifest whose private release drops its mechanism's parameters and claims a
+    smaller ε, edited consistently everywhere (the release, the composed headline, own_privacy),
+    would be read at face value if an ε without parameters were accepted: it is refused."""
+    from synthq.privacy.guarantee import compose_releases
+    from synthq.runtime.hashing import json_safe
+
+    artifact = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", epsilon=8.0, max_steps=1)
+    manifest = json.loads((artifact.path / "manifest.json").read_text())
+    release = manifest["releases"][0]["guarantee"]
+    release["epsilon"] = 0.5
+    release["details"] = {"clip_norm": release["details"]["clip_norm"]}  # σ, q and steps dropped
+    sharing = manifest["privacy"].get("details", {}).get("sharing", [[r["id"] for r in manifest["releases"]]])
+    composed = compose_releases(manifest["releases"], sharing, manifest.get("assumptions", []))
+    manifest["privacy"] = json_safe(composed.model_dump(mode="json"))
+    manifest["own_privacy"] = release
+    manifest["seal"]["key_id"] = "0" * 16  # pretend another installation wrote it
+    (artifact.path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="no mechanism parameters"):
+        open_artifact(artifact.path)
