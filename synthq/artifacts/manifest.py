@@ -154,20 +154,23 @@ def open_artifact(
                 altered = sha256_file(file_path) != expected
             if altered:
                 raise ArtifactError(f"{file_path}: payload file was altered or truncated (sha256 mismatch)")
-    check_privacy(manifest, path / MANIFEST)
+    check_privacy(manifest, path / MANIFEST, verified)
     return Artifact(path=path, manifest=manifest, verified=verified)
 
 
-def check_privacy(manifest: dict, where: Path) -> None:
+def check_privacy(manifest: dict, where: Path, sealed: bool = True) -> None:
     """A guarantee is recomputed, never read: every recorded release's ε must be what its
     mechanism parameters give, and the headline ``privacy`` (and ``own_privacy``) must be exactly
-    what :func:`synthq.privacy.guarantee.compose_releases` gives for the recorded releases."""
+    what :func:`synthq.privacy.guarantee.compose_releases` gives for the recorded releases. In a
+    manifest whose seal is not verified (``sealed=False``) a private release must also record
+    what its ε is recomputed from."""
     from synthq.runtime.errors import PrivacyError
 
     releases = manifest.get("releases", [])
     try:
         for release in releases:
-            check_recorded_epsilon(Guarantee.from_manifest(release["guarantee"]), f"{where} (release)")
+            guarantee = Guarantee.from_manifest(release["guarantee"])
+            check_recorded_epsilon(guarantee, f"{where} (release)", sealed)
         sharing = manifest.get("privacy", {}).get("details", {}).get("sharing", [[r["id"] for r in releases]])
         covered = {key for group in sharing for key in group}
         if covered != {r["id"] for r in releases}:

@@ -310,19 +310,20 @@ def _same(expected: float, recorded: float) -> bool:
     return expected == recorded or math.isclose(expected, recorded, rel_tol=1e-6, abs_tol=1e-9)
 
 
-def check_recorded_epsilon(guarantee: Guarantee, where: str) -> None:
+def check_recorded_epsilon(guarantee: Guarantee, where: str, sealed: bool = True) -> None:
     """Refuse a guarantee whose ε differs from what its recorded parameters give, and a user-level
-    release whose per-query guarantee (``details.per_query``) is not what :func:`per_query` derives."""
+    release whose per-query guarantee (``details.per_query``) is not what :func:`per_query` derives.
+
+    ``sealed=False`` (a manifest whose seal this installation cannot verify: written elsewhere,
+    or edited without the key) also refuses a private guarantee that records nothing to recompute
+    its ε from: its ε would be read, not recomputed, so such a manifest could claim any ε."""
     expected = recomputed_epsilon(guarantee)
-    if expected is None and guarantee.is_private:
-        # A finite ε with nothing to recompute it from would be read, not recomputed: an edited
-        # or foreign manifest could claim any ε. synthq writes every private release with its
-        # mechanism's parameters (or its parts'), so such a record is refused, sealed or not.
+    if expected is None and guarantee.is_private and not sealed:
         raise PrivacyError(
             f"{where}: the recorded ε = {guarantee.epsilon:g} ({guarantee.mechanism}) comes with no "
             "mechanism parameters to recompute it from (σ, sampling rate, steps and a known "
             "accountant, or its parts'); synthq refuses an ε it cannot recompute: the manifest was "
-            "edited, is corrupt or was not written by synthq"
+            "edited, is corrupt or was not written by synthq, and its seal is not this installation's"
         )
     if expected is not None and not _same(expected, guarantee.epsilon):
         raise PrivacyError(
