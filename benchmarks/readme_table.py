@@ -246,6 +246,25 @@ def rows(results: dict) -> list[tuple[str, str, str, str, str]]:
              measured, "—", f"≤ {aims['total_wall_seconds'] / 60:g} min, ≤ {aims['peak_rss_gb']:g} GB each",
              _load({k: v for k, v in first_hour.items() if k != "steps"}))  # its steps are commands
         )  # fmt: skip
+    for name, bf16 in sorted(benchmarks.items()):
+        if not name.startswith("cpu_precision"):
+            continue
+        work = {
+            "generate": "generate (sampler)",
+            "finetune_dp": "finetune-lm DP step",
+            "retriever": "retriever step",
+        }
+        found = bf16["results"]
+        ratios = [
+            f"{label} {found[f'{row}@bf16']['time_ratio']:.2f}×"
+            for row, label in work.items()
+            if f"{row}@bf16" in found
+        ]
+        flags = ", ".join(bf16.get("cpu_flags", [])) or "no bf16 instructions"
+        out.append(
+            (f"`--precision bf16` on this CPU against fp32 ({flags}), same inputs, one process",
+             "time " + ", ".join(ratios), "—", "< 1× where the CPU has native bf16", _load(bf16))
+        )  # fmt: skip
     evaluation = benchmarks.get("eval_throughput")
     if evaluation and "generated_search_only" in evaluation:
         search = evaluation["generated_search_only"]

@@ -13,7 +13,10 @@ batch of its DP plan, K, the chosen lengths (from the public corpus), the model'
 number of public documents. It never reads how many queries a user actually has: at the user unit
 the rows are counted at K per user (more rows than most users have, which roughly offsets what the
 per-user path costs beyond the benchmark's step: docs/performance.md compares the figures with the
-measured stages).
+measured stages). A stage that autocasts to bf16 on a CPU with bf16 arithmetic (``--precision bf16``)
+scales its figure by the time ratio ``benchmarks/cpu_precision.py`` measured there against fp32
+(:func:`precision_ratio`); bf16 on a CPU without it is slower, by a ratio never measured, so its
+figure stays fp32's.
 
     >>> expected_line(seconds=600.0)
     'expected about 10 min on 2 CPU cores (synthq\\'s reference machine; a GPU takes far less)'
@@ -37,11 +40,26 @@ RETRIEVER_COSTS = {  # --dp (None: in-batch softmax without DP) -> its measured 
 }
 
 
+PRECISION_RATIOS = {  # kind of work -> bf16's measured time ratio against fp32 on a CPU with bf16
+    "generation": "cpu_bf16_generation_ratio",
+    "generator_training": "cpu_bf16_generator_training_ratio",
+    "retriever_training": "cpu_bf16_retriever_training_ratio",
+}
+
+
 @functools.cache
 def reference_costs() -> dict[str, float]:
     """Seconds of each kind of work on the reference machine (2 CPU cores; see the JSON)."""
     table = json.loads(resources.files("synthq.models").joinpath(REFERENCE_COSTS).read_text(encoding="utf-8"))
     return {name: entry["value"] for name, entry in table.items() if name != "about"}
+
+
+def precision_ratio(work: str) -> float:
+    """The running stage's time ratio against fp32 for ``work`` (a key of :data:`PRECISION_RATIOS`):
+    the measured bf16 ratio when it autocasts to bf16 on a CPU with bf16 arithmetic, else 1."""
+    from synthq.runtime.precision import on_native_bf16_cpu
+
+    return reference_costs()[PRECISION_RATIOS[work]] if on_native_bf16_cpu() else 1.0
 
 
 def generator_training_seconds(rows: float, document_tokens: int, parameters: int) -> float:
@@ -51,6 +69,7 @@ def generator_training_seconds(rows: float, document_tokens: int, parameters: in
         * reference_costs()["generator_dp_seconds_per_row"]
         * (document_tokens / REFERENCE_DOCUMENT_TOKENS)
         * (parameters / REFERENCE_GENERATOR_PARAMETERS)
+        * precision_ratio("generator_training")
     )
 
 
@@ -59,7 +78,7 @@ def generation_seconds(queries: int, prompt_tokens: int, new_tokens: int, parame
     length = (prompt_tokens + new_tokens) / (REFERENCE_PROMPT_TOKENS + REFERENCE_NEW_TOKENS)
     return (
         queries / reference_costs()["generated_queries_per_second"] * length
-        * (parameters / REFERENCE_GENERATOR_PARAMETERS)
+        * (parameters / REFERENCE_GENERATOR_PARAMETERS) * precision_ratio("generation")
     )  # fmt: skip
 
 
@@ -78,6 +97,7 @@ def retriever_training_seconds(
         * (costs["retriever_gradcache_factor"] if chunked and dp is None else 1.0)
         * (document_tokens / REFERENCE_DOCUMENT_TOKENS)
         * (parameters / REFERENCE_ENCODER_PARAMETERS)
+        * precision_ratio("retriever_training")
     )
 
 
@@ -86,10 +106,7 @@ def expected_line(seconds: float | None) -> str:
     if seconds is None:
         return "expected time: no measured cost for this mechanism on the reference machine"
     size = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{max(seconds, 1):.0f} s"
-    return (
-        f"expected about {size} on 2 CPU cores "
-        "(synthq's reference machine; a GPU takes far less)"
-    )
+    return f"expected about {size} on 2 CPU cores (synthq's reference machine; a GPU takes far less)"
 
 
 def parameter_count(model) -> int:

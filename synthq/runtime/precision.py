@@ -20,7 +20,7 @@ What bf16 changes, and what it does not:
   different vector from the fp32 one, but the norm that clips it is the norm *of that vector*,
   computed in fp32, and the clipped sum is formed from the same records: each example
   contributes at most ``C`` exactly as in fp32, so the sensitivity, the noise and the
-  accountant's inputs (σ, q, steps) do not change. ``tests/test_precision.py`` checks the norms
+  accountant's inputs (σ, q, steps) do not change. ``tests/dp/test_precision.py`` checks the norms
   against the fp32 micro-batch ground truth and the bound by brute force.
 
 The stage sets the precision once for its run (:func:`use_precision`, or the :func:`stage`
@@ -34,6 +34,7 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -105,6 +106,28 @@ def current() -> str | None:
     """The running stage's resolved precision (``None`` outside a stage that sets one)."""
     state = _CURRENT.get()
     return state[0] if state else None
+
+
+def cpu_flags() -> list[str]:
+    """This CPU's instruction-set flags (Linux's ``/proc/cpuinfo``; none elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    rows = (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags"))
+    return next(rows, [])
+
+
+def native_bf16_cpu() -> bool:
+    """Whether this CPU has bf16 arithmetic (AVX512-BF16 or AMX-BF16): where it does, CPU autocast
+    to bf16 is faster than fp32; elsewhere it converts and is slower."""
+    flags = cpu_flags()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def on_native_bf16_cpu() -> bool:
+    """The running stage autocasts to bf16 on a CPU with bf16 arithmetic (:func:`native_bf16_cpu`)."""
+    return _CURRENT.get() == ("bf16", "cpu") and native_bf16_cpu()
 
 
 def forward_autocast() -> contextlib.AbstractContextManager:

@@ -42,6 +42,30 @@ def test_the_costs_scale_by_rows_parameters_and_document_tokens():
     assert stage_costs.expected_line(None).startswith("expected time: no measured cost")
 
 
+def test_bf16_on_a_cpu_with_bf16_arithmetic_scales_each_figure_by_its_measured_ratio(monkeypatch):
+    from synthq.runtime import precision
+
+    def figures():
+        return (
+            stage_costs.generation_seconds(100, 66, 24, 134_515_008),
+            stage_costs.generator_training_seconds(64, 128, 134_515_008),
+            stage_costs.retriever_training_seconds(32, 128, 22_713_216, None),
+        )
+
+    fp32 = figures()
+    works = ("generation", "generator_training", "retriever_training")
+    ratios = [COSTS[f"cpu_bf16_{work}_ratio"]["value"] for work in works]
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: True)
+    with precision.use_precision("bf16", "cpu"):
+        assert figures() == pytest.approx([f * r for f, r in zip(fp32, ratios, strict=True)])
+    with precision.use_precision("fp32", "cpu"):
+        assert figures() == pytest.approx(fp32)
+    # bf16 without bf16 arithmetic: slower, by a ratio never measured, so fp32's figure
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: False)
+    with precision.use_precision("bf16", "cpu"):
+        assert figures() == pytest.approx(fp32)
+
+
 @pytest.mark.slow
 def test_the_reference_sizes_are_the_shipped_models_sizes():
     """The costs were measured on SmolLM2-135M and MiniLM-L6: a stage on those models scales by 1."""
