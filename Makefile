@@ -73,6 +73,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/retriever_step.py --batch 16 --steps 2 --modes $(RETRIEVER_MODES) --logit-batch 0 && \
 	$(PY) benchmarks/group_phases.py > /dev/null && \
 	$(PY) benchmarks/generate_throughput.py --prompts 8 --batch 8 && \
+	$(PY) benchmarks/cpu_precision.py --steps 2 --no-memory && \
 	$(PY) benchmarks/evolve_prompts.py --repeats 1 && \
 	$(PY) benchmarks/canary_scoring.py && \
 	$(PY) benchmarks/cli_startup.py && \

@@ -2,10 +2,10 @@
 
 ``--precision auto|bf16|fp32`` (every stage that runs a model). ``auto`` is bf16 on a CUDA GPU
 that supports it and fp32 everywhere else; ``bf16`` may also be asked for on a CPU (torch's CPU
-autocast: slower on CPUs without native bf16 arithmetic, faster on those with it — on an AMD EPYC
-with AVX512-BF16 a SmolLM2-135M prefill of 48 × 100 tokens ran about 1.7× faster in bf16,
-alternating with fp32 in one process while other work shared the cores, so a ratio, not a
-benchmark — and how the tests check the bf16 path without a GPU). ``auto`` stays fp32 on a CPU so that
+autocast: slower on CPUs without bf16 arithmetic, faster on those with it — on an AMD EPYC
+with AVX512-BF16, measured alone, generation 0.55× and a DP step of SmolLM2 + LoRA 0.62× fp32's
+time, MiniLM's retriever step 1.04×: ``benchmarks/cpu_precision.py``, docs/performance.md — and how
+the tests check the bf16 path without a GPU). ``auto`` stays fp32 on a CPU so that
 a run's figures do not depend on which CPU ran it.
 
 What bf16 changes, and what it does not:
