@@ -154,27 +154,35 @@ def open_artifact(
                 altered = sha256_file(file_path) != expected
             if altered:
                 raise ArtifactError(f"{file_path}: payload file was altered or truncated (sha256 mismatch)")
-    check_privacy(manifest, path / MANIFEST, verified)
+    check_privacy(manifest, path / MANIFEST, sealed=verified)
     return Artifact(path=path, manifest=manifest, verified=verified)
 
 
-def check_privacy(manifest: dict, where: Path, sealed: bool = True) -> None:
+def check_privacy(manifest: dict, where: Path, *, sealed: bool) -> None:
     """A guarantee is recomputed, never read: every recorded release's ε must be what its
     mechanism parameters give, and the headline ``privacy`` (and ``own_privacy``) must be exactly
     what :func:`synthq.privacy.guarantee.compose_releases` gives for the recorded releases. In a
     manifest whose seal is not verified (``sealed=False``) a private release must also record
-    what its ε is recomputed from."""
+    what its ε is recomputed from, and its releases must be composed in one group: which releases
+    share no units is read from unit sets only the sealing installation can check, so a foreign
+    manifest that splits them (each group's ε counted once, not summed) is refused."""
     from synthq.runtime.errors import PrivacyError
 
     releases = manifest.get("releases", [])
     try:
         for release in releases:
             guarantee = Guarantee.from_manifest(release["guarantee"])
-            check_recorded_epsilon(guarantee, f"{where} (release)", sealed)
+            check_recorded_epsilon(guarantee, f"{where} (release)", sealed=sealed)
         sharing = manifest.get("privacy", {}).get("details", {}).get("sharing", [[r["id"] for r in releases]])
         covered = {key for group in sharing for key in group}
         if covered != {r["id"] for r in releases}:
             raise PrivacyError(f"{where}: the releases and the groups they are composed in disagree")
+        if not sealed and len(sharing) > 1:
+            raise PrivacyError(
+                f"{where}: its releases are composed in {len(sharing)} groups that share no units, which "
+                "only the installation that sealed it can check, and its seal is not this installation's; "
+                "open it where it was written, or have it re-released there"
+            )
         expected = compose_releases(releases, sharing, manifest.get("assumptions", []))
         if json_safe(expected.model_dump(mode="json")) != manifest.get("privacy"):
             raise PrivacyError(

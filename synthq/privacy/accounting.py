@@ -306,17 +306,49 @@ def _accountant_epsilon(
     return epsilon_for(noise_multiplier, delta, sample_rate, steps, accountant).epsilon
 
 
+def _check_ranges(guarantee: Guarantee, where: str, *, sealed: bool) -> None:
+    """The ranges :func:`check_recorded_epsilon` requires, of ``guarantee`` and of its parts."""
+
+    def refuse(why: str) -> None:
+        raise PrivacyError(f"{where}: {why}; the manifest was edited or is corrupt")
+
+    if guarantee.epsilon < 0:  # NaN passes here and reads as not private (fails closed)
+        refuse(f"ε = {guarantee.epsilon:g} is negative")
+    if not 0 <= guarantee.delta <= 1:
+        refuse(f"δ = {guarantee.delta:g} is not in [0, 1]")
+    details = guarantee.details or {}
+    event = release_event(guarantee)
+    if isinstance(event, Public) and not sealed:
+        refuse("a release recorded as public in a manifest whose seal is not this installation's")
+    if isinstance(event, NoisyMaxSelections) and (event.epsilon_per_selection < 0 or event.selections < 0):
+        refuse("a noisy-max release with a negative ε per selection or count")
+    computed_at = float(details.get("accountant_delta", guarantee.delta))
+    if isinstance(event, SampledGaussian) and not _same(computed_at, guarantee.delta):
+        refuse(f"δ = {guarantee.delta:g} is not the δ its ε was computed at ({computed_at:g})")
+    for part in details.get("components", []) if isinstance(event, Composed) else []:
+        _check_ranges(Guarantee.from_manifest(part), f"{where} (a composed part)", sealed=sealed)
+
+
 def _same(expected: float, recorded: float) -> bool:
     return expected == recorded or math.isclose(expected, recorded, rel_tol=1e-6, abs_tol=1e-9)
 
 
-def check_recorded_epsilon(guarantee: Guarantee, where: str, sealed: bool = True) -> None:
+def check_recorded_epsilon(guarantee: Guarantee, where: str, *, sealed: bool) -> None:
     """Refuse a guarantee whose ε differs from what its recorded parameters give, and a user-level
     release whose per-query guarantee (``details.per_query``) is not what :func:`per_query` derives.
 
+    Every guarantee, and each of its composed parts, must also be in range: ε ≥ 0, 0 ≤ δ ≤ 1, a
+    noisy-max release's per-selection ε and count ≥ 0, and a Gaussian release's accountant δ equal
+    to its δ (synthq writes them equal; an edited δ beside an ε computed at another one would print
+    a guarantee nobody computed).
+
     ``sealed=False`` (a manifest whose seal this installation cannot verify: written elsewhere,
     or edited without the key) also refuses a private guarantee that records nothing to recompute
-    its ε from: its ε would be read, not recomputed, so such a manifest could claim any ε."""
+    its ε from (its ε would be read, not recomputed, so such a manifest could claim any ε), and a
+    release recorded as public (synthq records a public input as an assumption, never as a
+    release: a release relabelled public would open at ε = 0). ``sealed`` has no default: a
+    caller says which check it wants."""
+    _check_ranges(guarantee, where, sealed=sealed)
     expected = recomputed_epsilon(guarantee)
     if expected is None and guarantee.is_private and not sealed:
         raise PrivacyError(

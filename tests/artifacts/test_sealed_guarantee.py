@@ -105,3 +105,23 @@ def test_a_private_release_with_nothing_to_recompute_is_refused(tmp_path, tiny_b
     (artifact.path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="no mechanism parameters"):
         open_artifact(artifact.path)
+
+
+def test_a_foreign_manifest_whose_releases_are_composed_in_separate_groups_is_refused(tmp_path):
+    """Which releases share no units is read from unit sets only the sealing installation can
+    check: split into groups, two ε = e releases would count e, not 2e."""
+    from synthq.artifacts.manifest import check_privacy
+    from synthq.privacy.guarantee import compose_releases
+    from synthq.runtime.hashing import json_safe
+    from tests.privacy.test_accounting import dp_guarantee
+
+    releases = [
+        {"id": key, "guarantee": json_safe(dp_guarantee(1.0, 0.01, 100, 1e-5).model_dump(mode="json"))}
+        for key in ("gen", "ret")
+    ]
+    sharing = [["gen"], ["ret"]]
+    privacy = json_safe(compose_releases(releases, sharing, []).model_dump(mode="json"))
+    manifest = {"releases": releases, "privacy": privacy, "own_release": None, "own_privacy": None}
+    check_privacy(manifest, tmp_path / "manifest.json", sealed=True)  # this installation's: its unit sets
+    with pytest.raises(ArtifactError, match="2 groups that share no units"):
+        check_privacy(manifest, tmp_path / "manifest.json", sealed=False)

@@ -213,10 +213,10 @@ def dp_guarantee(sigma: float, sample_rate: float, steps: int, delta: float, **c
 def test_a_recorded_epsilon_is_recomputed_from_its_parameters():
     recorded = dp_guarantee(1.0, 0.01, 1000, 1e-5)
     assert recomputed_epsilon(recorded) == pytest.approx(2.1013652716430564, rel=1e-6)
-    check_recorded_epsilon(recorded, "a manifest")  # consistent: accepted
+    check_recorded_epsilon(recorded, "a manifest", sealed=True)  # consistent: accepted
     edited = recorded.model_copy(update={"epsilon": 1.0})
     with pytest.raises(PrivacyError, match="recorded ε = 1 does not match"):
-        check_recorded_epsilon(edited, "a manifest")
+        check_recorded_epsilon(edited, "a manifest", sealed=True)
     # the accountant's δ is the one recorded in the details when the headline δ differs
     at_other_delta = recorded.model_copy(
         update={"delta": 1e-3, "details": {**recorded.details, "accountant_delta": 1e-5}}
@@ -228,9 +228,10 @@ def test_recomputation_of_composed_selected_public_and_non_private_guarantees():
     first, second = dp_guarantee(1.0, 0.01, 100, 1e-5), dp_guarantee(2.0, 0.1, 500, 1e-5)
     composed = compose_all([first, second], "two runs")
     assert recomputed_epsilon(composed) == pytest.approx(first.epsilon + second.epsilon, rel=1e-9)
-    check_recorded_epsilon(composed, "composed")
+    check_recorded_epsilon(composed, "composed", sealed=True)
     with pytest.raises(PrivacyError, match="does not match"):
-        check_recorded_epsilon(composed.model_copy(update={"epsilon": first.epsilon}), "composed")
+        edited = composed.model_copy(update={"epsilon": first.epsilon})
+        check_recorded_epsilon(edited, "composed", sealed=True)
     selection = Guarantee(
         epsilon=1.5, mechanism="report-noisy-max", details={"epsilon_per_selection": 0.5, "selections": 3}
     )
@@ -240,3 +241,42 @@ def test_recomputation_of_composed_selected_public_and_non_private_guarantees():
     # nothing to recompute from: accepted as recorded (no parameters, or an unknown accountant)
     assert recomputed_epsilon(Guarantee(epsilon=3.0, mechanism="dp-adam")) is None
     assert recomputed_epsilon(dp_guarantee(1.0, 0.01, 100, 1e-5, accountant="gdp")) is None
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"delta": -1e-5, "details_delta": -1e-5}, "not in \\[0, 1\\]"),  # δ < 0 cancels δ in a sum
+        ({"delta": 1e-12}, "not the δ its ε was computed at"),  # ε at 1e-5 printed beside 1e-12
+        ({"delta": 0.0}, "not the δ its ε was computed at"),
+    ],
+)
+def test_a_guarantee_out_of_range_or_at_another_delta_is_refused_sealed_or_not(edit, message):
+    recorded = dp_guarantee(1.0, 0.01, 100, 1e-5)
+    details = {**recorded.details, "accountant_delta": edit.pop("details_delta", 1e-5)}
+    edited = recorded.model_copy(update={**edit, "details": details})
+    for sealed in (True, False):
+        with pytest.raises(PrivacyError, match=message):
+            check_recorded_epsilon(edited, "a manifest", sealed=sealed)
+
+
+def test_a_negative_noisy_max_release_is_refused_even_inside_a_composition():
+    negative = Guarantee(
+        epsilon=-7.5, mechanism="report-noisy-max", details={"epsilon_per_selection": -7.5, "selections": 1}
+    )
+    with pytest.raises(PrivacyError, match="negative"):
+        check_recorded_epsilon(negative, "a manifest", sealed=True)
+    real = dp_guarantee(1.0, 0.01, 100, 1e-5)
+    composed = compose_all([real, negative], "cancelling")  # its sum recomputes consistently
+    assert recomputed_epsilon(composed) == pytest.approx(composed.epsilon)
+    with pytest.raises(PrivacyError, match="negative"):
+        check_recorded_epsilon(composed, "a manifest", sealed=True)
+
+
+def test_a_release_recorded_as_public_is_refused_only_where_the_seal_is_foreign():
+    """synthq records a public input as an assumption, never as a release: a foreign release
+    relabelled public would otherwise recompute to ε = 0 and open."""
+    public = Guarantee.public()
+    check_recorded_epsilon(public, "a manifest", sealed=True)
+    with pytest.raises(PrivacyError, match="recorded as public"):
+        check_recorded_epsilon(public, "a manifest", sealed=False)

@@ -123,7 +123,7 @@ def test_a_release_recorded_under_group_privacy_of_two_still_opens():
     earlier = guarantee.model_copy(
         update={"details": {**guarantee.details, "per_query": per_query(guarantee, "group-of-2")}}
     )
-    check_recorded_epsilon(earlier, "an artifact written before the replace-pair rule")
+    check_recorded_epsilon(earlier, "an artifact written before the replace-pair rule", sealed=True)
 
 
 def test_a_tampered_per_query_epsilon_is_refused():
@@ -131,7 +131,7 @@ def test_a_tampered_per_query_epsilon_is_refused():
 
     plan = _plan(PerQueryClipping(1.0), units=20, batch=4, steps=5, epsilon=4.0)
     guarantee = plan.guarantee(mechanism="dp-adam")
-    check_recorded_epsilon(guarantee, "g")  # as recorded: fine
+    check_recorded_epsilon(guarantee, "g", sealed=True)  # as recorded: fine
     details = guarantee.details
     for change in (
         {"epsilon": details["per_query"]["epsilon"] - 1},
@@ -143,7 +143,7 @@ def test_a_tampered_per_query_epsilon_is_refused():
             update={"details": {**details, "per_query": {**details["per_query"], **change}}}
         )
         with pytest.raises(PrivacyError, match="per-query ε"):
-            check_recorded_epsilon(edited, "g")
+            check_recorded_epsilon(edited, "g", sealed=True)
     assert per_query(guarantee.model_copy(update={"unit": "query"}), "group-of-2") is None
 
 
@@ -180,13 +180,13 @@ def test_compose_all_counts_a_user_level_part_per_query_and_recomputes_it():
     total = compose_all([user, query], "a table row of both")
     assert total.unit == "query"
     assert total.epsilon == pytest.approx(user.details["per_query"]["epsilon"] + query.epsilon)
-    check_recorded_epsilon(total, "row")  # recomputed from the parts, the user part per query
+    check_recorded_epsilon(total, "row", sealed=True)  # recomputed from the parts, the user part per query
     face_value = total.model_copy(update={"epsilon": user.epsilon + query.epsilon})
     with pytest.raises(PrivacyError, match="does not match"):
-        check_recorded_epsilon(face_value, "row")
+        check_recorded_epsilon(face_value, "row", sealed=True)
     per_user = compose_all([user, user], "two user-level releases")
     assert per_user.unit == "user" and per_user.epsilon == pytest.approx(2 * user.epsilon)
-    check_recorded_epsilon(per_user, "row")
+    check_recorded_epsilon(per_user, "row", sealed=True)
 
 
 # Through the stages and the ledger --------------------------------------------------------------
