@@ -198,6 +198,25 @@ def check_privacy(manifest: dict, where: Path, *, sealed: bool) -> None:
         raise ArtifactError(f"{where}: malformed privacy record ({type(error).__name__}: {error})") from error
 
 
+def merged_releases(known: list[dict], artifact: Artifact) -> list[dict]:
+    """``known`` release records with ``artifact``'s added, each id once. Release ids are public, so
+    a manifest sealed elsewhere could carry one of this installation's ids with another record (a
+    larger σ, a public label) and replace the real release in a ledger or a downstream artifact:
+    such a collision is refused. Between manifests this installation sealed, the later record of an
+    id is kept (it is the same release, recorded again)."""
+    by_id = {r["id"]: r for r in known}
+    for release in artifact.releases:
+        earlier = by_id.get(release["id"])
+        if earlier is not None and earlier != release and not artifact.verified:
+            raise ArtifactError(
+                f"{artifact.path}: records release {release['id']} differently from another artifact, "
+                "and its seal is not this installation's: the manifest was edited"
+            )
+        if earlier is None or artifact.verified:
+            by_id[release["id"]] = release
+    return list(by_id.values())
+
+
 def is_artifact(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 

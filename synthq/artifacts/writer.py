@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from synthq.artifacts.manifest import Artifact
+from synthq.artifacts.manifest import Artifact, merged_releases
 from synthq.privacy.guarantee import Guarantee, compose_releases
 from synthq.runtime.hashing import json_safe
 from synthq.runtime.paths import recorded_path
@@ -65,7 +65,8 @@ class ArtifactWriter:
         """``source``'s content flows into this artifact (post-processing, a starting model, a
         dataset that is an artifact): its releases and assumptions come along."""
         known = {r["id"] for r in self.releases}
-        self.releases += [r for r in source.releases if r["id"] not in known]
+        merged = {r["id"]: r for r in merged_releases(self.releases, source)}  # refuses a foreign collision
+        self.releases += [merged[r["id"]] for r in source.releases if r["id"] not in known]
         self.assume(*source.privacy.assumptions)
 
     def assume(self, *assumptions: str | None) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from synthq.artifacts.freshness import input_location
-from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, open_artifact
+from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, merged_releases, open_artifact
 from synthq.artifacts.records import current_input_hash
 from synthq.privacy.accounting import MAX_DELTA
 from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
@@ -153,7 +153,9 @@ def ledger(paths: list[str | Path], compose: str = "units") -> Ledger:
         if not is_artifact(path):
             raise ArtifactError(f"{path}: not an artifact (no {MANIFEST})")
     artifacts = [open_artifact(path) for path in paths]
-    releases = list({r["id"]: r for a in artifacts for r in a.releases}.values())
+    releases: list[dict] = []
+    for artifact in sorted(artifacts, key=lambda a: not a.verified):  # this installation's records first
+        releases = merged_releases(releases, artifact)
     datasets: dict[str, DatasetCost] = {}
     keys = map(_dataset_key, releases)
     same = _merged_datasets(releases) if compose == "units" else dict.fromkeys(keys, SUM_KEY)

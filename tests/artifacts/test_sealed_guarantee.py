@@ -125,3 +125,20 @@ def test_a_foreign_manifest_whose_releases_are_composed_in_separate_groups_is_re
     check_privacy(manifest, tmp_path / "manifest.json", sealed=True)  # this installation's: its unit sets
     with pytest.raises(ArtifactError, match="2 groups that share no units"):
         check_privacy(manifest, tmp_path / "manifest.json", sealed=False)
+
+
+def test_a_foreign_record_of_a_known_release_id_is_refused_not_swapped_in(tmp_path):
+    """Release ids are public: a foreign manifest carrying this installation's id with another
+    record (here relabelled public) must not replace the real release in a ledger or an input."""
+    from synthq.artifacts.manifest import Artifact, merged_releases
+
+    mine = {"id": "gen", "guarantee": {"epsilon": 8.0, "delta": 1e-5, "mechanism": "dp-adam"}}
+    swapped = {"id": "gen", "guarantee": {"epsilon": 0.0, "delta": 0.0, "mechanism": "public"}}
+    other = {"id": "ret", "guarantee": {"epsilon": 1.0, "delta": 1e-5, "mechanism": "dp-sgd"}}
+    foreign = Artifact(path=tmp_path, manifest={"releases": [swapped, other]}, verified=False)
+    with pytest.raises(ArtifactError, match="records release gen differently"):
+        merged_releases([mine], foreign)
+    same = Artifact(path=tmp_path, manifest={"releases": [mine, other]}, verified=False)
+    assert merged_releases([mine], same) == [mine, other]  # the same record: nothing to refuse
+    local = Artifact(path=tmp_path, manifest={"releases": [swapped]}, verified=True)
+    assert merged_releases([mine], local) == [swapped]  # sealed here: recorded again, the later kept
