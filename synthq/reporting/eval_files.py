@@ -17,6 +17,7 @@ from synthq.retrieval.metrics import mean_metrics, query_means
 from synthq.runtime.errors import ArtifactError
 
 if TYPE_CHECKING:
+    from synthq.artifacts.manifest import Artifact
     from synthq.privacy.guarantee import Guarantee
 
 # The files an eval writes that other stages read (report, eval --select-on): one name each.
@@ -101,3 +102,30 @@ def by_metric(parts: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[s
             for metric, value in metrics.items():
                 table.setdefault(metric, {})[f"{part}/{query_id}" if part else query_id] = value
     return table
+
+
+def read_checked_rows(artifact: Artifact) -> list[dict]:
+    """An evaluation's rows (:func:`read_rows`); where its seal is not this installation's, only
+    if each row's releases are records of its manifest, which opening it recomputed. A row's ε is
+    composed from those releases (:func:`synthq.reporting.row_privacy.row_privacy`), and
+    ``results.json`` is a payload whose digest a foreign manifest's editor can rewrite: a release
+    that is only in the row, or a row without releases (its ε read as written), would be an ε
+    nobody recomputed."""
+    rows = read_rows(artifact.path)
+    if artifact.verified:
+        return rows
+    recorded = {release["id"]: release for release in artifact.manifest.get("releases", [])}
+    for row in rows:
+        parts = row.get("releases")
+        if not isinstance(parts, dict):
+            raise ArtifactError(
+                f"{artifact.path}: a row ({row.get('retriever')}) records no releases, and the seal is "
+                "not this installation's: its ε would be read, not recomputed"
+            )
+        for release in (r for records in parts.values() for r in records or []):
+            if recorded.get(release.get("id")) != release:
+                raise ArtifactError(
+                    f"{artifact.path}: a row ({row.get('retriever')}) carries a release that is not "
+                    "its manifest's, and the seal is not this installation's: the results were edited"
+                )
+    return rows

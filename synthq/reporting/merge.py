@@ -11,15 +11,14 @@ from pathlib import Path
 
 from synthq.artifacts.manifest import Artifact
 from synthq.privacy.guarantee import Guarantee, compose_all
-from synthq.reporting.eval_files import read_rows
+from synthq.reporting.eval_files import read_checked_rows
 from synthq.reporting.row_privacy import merged_releases, row_privacy
-from synthq.runtime.errors import ArtifactError
 
 
 def merge_rows(evals: list[Artifact]) -> tuple[list[dict], list[tuple[str, Guarantee]]]:
     """The rows of all evaluations, each (dataset, split, model) once (:func:`merge_row_lists`),
     and the (hash, guarantee) of every model whose results they publish."""
-    row_lists = _distinct_datasets(evals, [_checked_rows(artifact) for artifact in evals])
+    row_lists = _distinct_datasets(evals, [read_checked_rows(artifact) for artifact in evals])
     sources = []
     for artifact, rows in zip(evals, row_lists, strict=True):
         for row in rows:
@@ -29,32 +28,6 @@ def merge_rows(evals: list[Artifact]) -> tuple[list[dict], list[tuple[str, Guara
             else:  # results written before rows carried their guarantee: the eval's own
                 sources.append((artifact.manifest_hash, artifact.privacy))
     return merge_row_lists(row_lists), sources
-
-
-def _checked_rows(artifact: Artifact) -> list[dict]:
-    """An evaluation's rows, where its seal is not this installation's only if each row's releases
-    are records of its manifest, which opening it recomputed: a row's ε is composed from those
-    releases (:func:`synthq.reporting.row_privacy.row_privacy`), and ``results.json`` is a payload
-    whose digest a foreign manifest's editor can rewrite, so a release that is only in the row, or
-    a row without releases (its ε read as written), would be an ε nobody recomputed."""
-    rows = read_rows(artifact.path)
-    if artifact.verified:
-        return rows
-    recorded = {release["id"]: release for release in artifact.manifest.get("releases", [])}
-    for row in rows:
-        parts = row.get("releases")
-        if not isinstance(parts, dict):
-            raise ArtifactError(
-                f"{artifact.path}: a row ({row.get('retriever')}) records no releases, and the seal is "
-                "not this installation's: its ε would be read, not recomputed"
-            )
-        for release in (r for records in parts.values() for r in records or []):
-            if recorded.get(release.get("id")) != release:
-                raise ArtifactError(
-                    f"{artifact.path}: a row ({row.get('retriever')}) carries a release that is not "
-                    "its manifest's, and the seal is not this installation's: the results were edited"
-                )
-    return rows
 
 
 def _dataset_reads(artifact: Artifact) -> dict[str, tuple[str, str]]:

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from synthq.privacy.guarantee import format_epsilon
+from synthq.privacy.guarantee import compose_releases, format_epsilon
 from synthq.reporting.epsilon import (
     epsilon_cell,
     epsilon_value,
@@ -233,6 +233,18 @@ def paper_comparison(rows: list[dict], paper: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _synthetic_epsilon(artifact: Artifact) -> float:
+    """The synthetic set's ε of a similarity artifact: its recorded metric where this installation
+    sealed it; elsewhere recomputed from the releases its manifest records (every release but the
+    similarity's own read, composed as if all shared units: the unit sets that would show
+    otherwise are only the sealing installation's), never read from an editable metric."""
+    if artifact.verified:
+        return float(artifact.metrics.get("synthetic_epsilon", "inf"))
+    own = artifact.manifest.get("own_release")
+    others = [r for r in artifact.releases if r["id"] != own]
+    return compose_releases(others, [[r["id"] for r in others]], []).epsilon
+
+
 def similarity_table(artifacts: list[Artifact]) -> str:
     """BLEU, MAUVE, distinct-2 and verbatim copies of each ``similarity`` artifact, beside its
     synthetic set's ε. The scores compare the synthetic queries with the private ones without
@@ -246,7 +258,7 @@ def similarity_table(artifacts: list[Artifact]) -> str:
     ]
     for artifact in artifacts:
         m = artifact.metrics
-        synthetic_epsilon = float(m.get("synthetic_epsilon", "inf"))
+        synthetic_epsilon = _synthetic_epsilon(artifact)
         has_mauve = m.get("mauve_mean") is not None
         mauve = f"{m['mauve_mean']:.3f} ± {m['mauve_std']:.3f}" if has_mauve else "—"
         lines.append(

@@ -85,7 +85,7 @@ from synthq.reporting.eval_files import (
     SELECTION_FILE,
     attach_per_query,
     by_metric,
-    read_rows,
+    read_checked_rows,
     result_row,
     row_metrics,
 )
@@ -153,7 +153,7 @@ def _check_request(config: EvalConfig) -> None:
 def _select_on_dev(config: EvalConfig, retrievers: list[Artifact]) -> Selection:
     """``--select-on``: the retrievers the dev evaluation chooses, and what choosing cost."""
     dev = open_artifact(config.select_on, stage="eval")
-    rows = read_rows(dev.path)  # with each query's score: report-noisy-max's utility sums them
+    rows = read_checked_rows(dev)  # with each query's score: report-noisy-max's utility sums them
     scored = {(row.get("dataset"), row.get("split")) for row in rows}
     for spec in config.datasets:
         if (source_name(spec), _split(config, spec)) in scored:
