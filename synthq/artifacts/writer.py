@@ -65,8 +65,8 @@ class ArtifactWriter:
         """``source``'s content flows into this artifact (post-processing, a starting model, a
         dataset that is an artifact): its releases and assumptions come along."""
         known = {r["id"] for r in self.releases}
-        merged = {r["id"]: r for r in merged_releases(self.releases, source)}  # refuses a foreign collision
-        self.releases += [merged[r["id"]] for r in source.releases if r["id"] not in known]
+        merged_releases(self.releases, source)  # refuses a foreign record of a known id
+        self.releases += [r for r in source.releases if r["id"] not in known]
         self.assume(*source.privacy.assumptions)
 
     def assume(self, *assumptions: str | None) -> None:

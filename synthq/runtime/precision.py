@@ -108,6 +108,7 @@ def current() -> str | None:
     return state[0] if state else None
 
 
+@functools.cache
 def cpu_flags() -> list[str]:
     """This CPU's instruction-set flags (Linux's ``/proc/cpuinfo``; none elsewhere)."""
     try:
