@@ -165,7 +165,9 @@ def check_privacy(manifest: dict, where: Path, *, sealed: bool) -> None:
     manifest whose seal is not verified (``sealed=False``) a private release must also record
     what its ε is recomputed from, and its releases must be composed in one group: which releases
     share no units is read from unit sets only the sealing installation can check, so a foreign
-    manifest that splits them (each group's ε counted once, not summed) is refused."""
+    manifest that splits them (each group's ε counted once, not summed) is refused, as is a
+    release of another unit that records a bound on each user's queries: a
+    user-level release relabelled ``query`` would compose at its user ε, not its per-query one."""
     from synthq.runtime.errors import PrivacyError
 
     releases = manifest.get("releases", [])
@@ -173,6 +175,12 @@ def check_privacy(manifest: dict, where: Path, *, sealed: bool) -> None:
         for release in releases:
             guarantee = Guarantee.from_manifest(release["guarantee"])
             check_recorded_epsilon(guarantee, f"{where} (release)", sealed=sealed)
+            if not sealed and guarantee.unit != "user" and _records_user_bound(guarantee):
+                raise PrivacyError(
+                    f"{where}: a release of unit {guarantee.unit!r} records a bound on each user's queries, "
+                    "which only user-level releases carry, and its seal is not this "
+                    "installation's: a user-level release relabelled would compose at its user ε"
+                )
         sharing = manifest.get("privacy", {}).get("details", {}).get("sharing", [[r["id"] for r in releases]])
         covered = {key for group in sharing for key in group}
         if covered != {r["id"] for r in releases}:
@@ -196,6 +204,13 @@ def check_privacy(manifest: dict, where: Path, *, sealed: bool) -> None:
         if isinstance(error, PrivacyError):
             raise ArtifactError(str(error)) from error
         raise ArtifactError(f"{where}: malformed privacy record ({type(error).__name__}: {error})") from error
+
+
+def _records_user_bound(guarantee: Guarantee) -> bool:
+    """The guarantee records the bound K on each user's queries, which only a user-level release
+    carries (a derived per-query view on another unit is refused by
+    :func:`~synthq.privacy.accounting.check_recorded_epsilon` already)."""
+    return (guarantee.details or {}).get("max_queries_per_user") is not None
 
 
 def merged_releases(known: list[dict], artifact: Artifact) -> list[dict]:

@@ -106,26 +106,32 @@ def by_metric(parts: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[s
 
 def read_checked_rows(artifact: Artifact) -> list[dict]:
     """An evaluation's rows (:func:`read_rows`); where its seal is not this installation's, only
-    if each row's releases are records of its manifest, which opening it recomputed. A row's ε is
-    composed from those releases (:func:`synthq.reporting.row_privacy.row_privacy`), and
+    if each row's releases are records of its manifest, which opening it recomputed, and each row
+    then published at the composition of *all* of them (the evaluation's headline guarantee). A
+    row's ε is composed from its releases (:func:`synthq.reporting.row_privacy.row_privacy`), and
     ``results.json`` is a payload whose digest a foreign manifest's editor can rewrite: a release
-    that is only in the row, or a row without releases (its ε read as written), would be an ε
-    nobody recomputed."""
+    that is only in the row, a row without releases (its ε read as written), or a row whose
+    releases were thinned out (composing to a smaller ε) would be an ε nobody recomputed."""
     rows = read_rows(artifact.path)
     if artifact.verified:
         return rows
-    recorded = {release["id"]: release for release in artifact.manifest.get("releases", [])}
+    releases = artifact.manifest.get("releases", [])
+    recorded = {release["id"]: release for release in releases}
     for row in rows:
         parts = row.get("releases")
-        if not isinstance(parts, dict):
+        well_formed = isinstance(parts, dict) and all(
+            isinstance(part, list) and all(isinstance(r, dict) for r in part) for part in parts.values()
+        )
+        if not well_formed:
             raise ArtifactError(
-                f"{artifact.path}: a row ({row.get('retriever')}) records no releases, and the seal is "
-                "not this installation's: its ε would be read, not recomputed"
+                f"{artifact.path}: a row ({row.get('retriever')}) records no releases (or malformed ones), "
+                "and the seal is not this installation's: its ε would be read, not recomputed"
             )
-        for release in (r for records in parts.values() for r in records or []):
+        for release in (r for records in parts.values() for r in records):
             if recorded.get(release.get("id")) != release:
                 raise ArtifactError(
                     f"{artifact.path}: a row ({row.get('retriever')}) carries a release that is not "
                     "its manifest's, and the seal is not this installation's: the results were edited"
                 )
+        row["releases"] = {"model": list(releases), "data": [], "selection": []}
     return rows

@@ -280,8 +280,7 @@ def _declare_inputs(
         dev_release = next(
             r for r in selection.dev.releases if r["id"] == selection.dev.manifest["own_release"]
         )
-        known = {r["id"] for r in writer.releases}
-        writer.releases += [r for r in selection.candidates if r["id"] not in known]
+        writer.take_releases(selection.candidates, selection.dev)
         writer.assume(*selection.dev.privacy.assumptions)  # the candidates' (starting models, ...)
         noisy = writer.release(selection.guarantee, dev_release["data"], units=dev_release["units"])
         return [noisy, *selection.candidates]

@@ -142,3 +142,61 @@ def test_a_foreign_record_of_a_known_release_id_is_refused_not_swapped_in(tmp_pa
     assert merged_releases([mine], same) == [mine, other]  # the same record: nothing to refuse
     local = Artifact(path=tmp_path, manifest={"releases": [swapped]}, verified=True)
     assert merged_releases([mine], local) == [swapped]  # sealed here: recorded again, the later kept
+
+
+def test_a_foreign_record_is_refused_in_whichever_order_the_inputs_arrive(tmp_path):
+    """A stage inheriting a foreign artifact first and the real one later must refuse the
+    disagreement too, not keep the foreign record it saw first."""
+    from synthq.artifacts.manifest import Artifact
+    from synthq.artifacts.writer import ArtifactWriter
+
+    mine = {"id": "gen", "guarantee": {"epsilon": 8.0, "delta": 1e-5, "mechanism": "dp-adam"}}
+    swapped = {"id": "gen", "guarantee": {"epsilon": 0.0, "delta": 0.0, "mechanism": "public"}}
+    from synthq.privacy.guarantee import Guarantee
+
+    public = Guarantee.public().model_dump(mode="json")  # what the inputs assume: nothing here
+
+    def artifact(name: str, record: dict, verified: bool) -> Artifact:
+        manifest = {"releases": [record], "privacy": public}
+        return Artifact(path=tmp_path / name, manifest=manifest, verified=verified)
+
+    local = artifact("local", mine, True)
+    foreign = artifact("foreign", swapped, False)
+
+    def writer() -> ArtifactWriter:
+        return ArtifactWriter(tmp_path, tmp_path, "eval", {}, [], "f")
+
+    for order in ([foreign, local], [local, foreign]):
+        taking = writer()
+        taking.inherit(order[0])
+        with pytest.raises(ArtifactError, match="records release gen differently"):
+            taking.inherit(order[1])
+    again = artifact("again", swapped, True)
+    both_local = writer()
+    both_local.inherit(local)
+    both_local.inherit(again)  # sealed here both times: the same release recorded again
+    assert both_local.releases == [mine]
+    same = writer()
+    same.inherit(artifact("copy", mine, False))
+    same.inherit(local)  # a foreign copy of the very same record: nothing to refuse
+    assert same.releases == [mine]
+
+
+@pytest.mark.parametrize("bound", [{"max_queries_per_user": 1}, {"per_query": {"rule": "group-of-2"}}])
+def test_a_foreign_user_level_release_relabelled_query_is_refused(tmp_path, bound):
+    """Composed beside releases of the query unit, a user-level release counts at its derived
+    per-query ε; relabelled ``query`` it would count at its (smaller) user ε."""
+    from synthq.artifacts.manifest import check_privacy
+    from synthq.privacy.guarantee import compose_releases
+    from synthq.runtime.hashing import json_safe
+    from tests.privacy.test_accounting import dp_guarantee
+
+    plain = dp_guarantee(1.0, 0.01, 100, 1e-5)
+    relabelled = plain.model_copy(update={"details": {**plain.details, **bound}})
+    releases = [{"id": "gen", "guarantee": json_safe(relabelled.model_dump(mode="json"))}]
+    privacy = json_safe(compose_releases(releases, [["gen"]], []).model_dump(mode="json"))
+    manifest = {"releases": releases, "privacy": privacy, "own_release": None, "own_privacy": None}
+    if "per_query" not in bound:
+        check_privacy(manifest, tmp_path / "manifest.json", sealed=True)  # this installation's own
+    with pytest.raises(ArtifactError, match="relabelled" if "per_query" not in bound else "edited"):
+        check_privacy(manifest, tmp_path / "manifest.json", sealed=False)

@@ -42,3 +42,20 @@ def test_a_foreign_evaluation_whose_rows_carry_other_releases_is_refused(tmp_pat
 def test_a_foreign_evaluation_whose_rows_carry_its_manifests_releases_is_read(tmp_path):
     rows, _ = merge_rows([_eval(tmp_path, [_row()], verified=False)])
     assert [r["retriever"] for r in rows] == ["ret"]
+
+
+def test_a_foreign_row_with_thinned_releases_is_published_at_the_whole_evaluations_guarantee(tmp_path):
+    """Emptied parts would compose to a smaller ε than the row rests on: a foreign row carries
+    every release its evaluation's manifest records."""
+    from synthq.reporting.eval_files import read_checked_rows
+
+    thinned = _row(releases={"model": [], "data": [], "selection": []})
+    (row,) = read_checked_rows(_eval(tmp_path, [thinned], verified=False))
+    assert row["releases"] == {"model": [RELEASE], "data": [], "selection": []}
+    (own,) = read_checked_rows(_eval(tmp_path, [thinned], verified=True))
+    assert own["releases"]["model"] == []  # this installation's own rows are read as written
+
+
+def test_a_foreign_row_with_a_malformed_part_is_refused(tmp_path):
+    with pytest.raises(ArtifactError, match="malformed"):
+        merge_rows([_eval(tmp_path, [_row(releases={"model": ["r1"]})], verified=False)])
