@@ -81,6 +81,43 @@ class Artifact:
         """Every read of private data behind this artifact, as recorded when it was written."""
         return self.manifest.get("releases", [])
 
+    def vouched_releases(self) -> list[dict]:
+        """What composes into an artifact this installation seals or publishes: its own records
+        where this installation sealed it; where the seal is foreign and it records reads of
+        private data, one stand-in for all of them (:meth:`foreign_stand_in`). A foreign
+        manifest's records, unit sets and labels are fields its editor controls: its release ids
+        could replace real ones, its unit sets make its releases look disjoint from others."""
+        if self.verified or not self.releases:
+            return self.releases
+        return [self.foreign_stand_in()]
+
+    def foreign_stand_in(self) -> dict:
+        """The release record standing for every read of private data a foreign manifest records:
+        its guarantee is the artifact's headline, recomputed on open from those records composed
+        in one group (:func:`check_privacy`), under the assumption that the manifest is unedited;
+        it has no unit set (it composes with every other release, never beside it) and an id of
+        its own (it can never replace, or be replaced by, a release recorded here)."""
+        identity = f"foreign:{self.manifest_hash}"
+        return {
+            "id": identity,
+            "stage": self.stage,
+            "path": recorded_path(self.path),
+            "data": {"name": f"the private data behind {self.path} (sealed elsewhere)", "identity": identity},
+            "unit": self.privacy.unit,
+            "units": None,
+            "guarantee": json_safe(self.privacy.model_dump(mode="json")),
+        }
+
+    def require_sealed_here(self, use: str) -> None:
+        """Refuse ``use`` of a foreign artifact that records reads of private data, where a stand-in
+        cannot serve (a new release over its private data needs its unit sets)."""
+        if self.releases and not self.verified:
+            raise ArtifactError(
+                f"{self.path}: {self.unverified_reason}, and it records reads of private data, so it "
+                f"cannot be {use} here; do it where it was made, or share that installation's key "
+                "(`synthq key import`)"
+            )
+
     @property
     def metrics(self) -> dict:
         return self.manifest.get("metrics", {})
@@ -217,8 +254,10 @@ def merged_releases(known: list[dict], artifact: Artifact) -> list[dict]:
     """``known`` release records with ``artifact``'s added, each id once. Release ids are public, so
     a manifest sealed elsewhere could carry one of this installation's ids with another record (a
     larger σ, a public label) and replace the real release in a ledger or a downstream artifact:
-    such a collision is refused. Between manifests this installation sealed, the later record of an
-    id is kept (it is the same release, recorded again)."""
+    such a collision is refused. A foreign record's unit set is dropped (a set its editor forged
+    could make its release look disjoint from the others): it counts as sharing units with every
+    release. Between manifests this installation sealed, the later record of an id is kept (it is
+    the same release, recorded again)."""
     by_id = {r["id"]: r for r in known}
     for release in artifact.releases:
         earlier = by_id.get(release["id"])
@@ -227,7 +266,9 @@ def merged_releases(known: list[dict], artifact: Artifact) -> list[dict]:
                 f"{artifact.path}: records release {release['id']} differently from another artifact, "
                 "and its seal is not this installation's: the manifest was edited"
             )
-        if earlier is None or artifact.verified:
+        if earlier is None and not artifact.verified:  # its unit set is its editor's: unknown here
+            by_id[release["id"]] = {**release, "units": None}
+        elif earlier is None or artifact.verified:
             by_id[release["id"]] = release
     return list(by_id.values())
 

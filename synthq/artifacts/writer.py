@@ -16,7 +16,6 @@ from pathlib import Path
 
 from synthq.artifacts.manifest import Artifact
 from synthq.privacy.guarantee import Guarantee, compose_releases
-from synthq.runtime.errors import ArtifactError
 from synthq.runtime.hashing import json_safe
 from synthq.runtime.paths import recorded_path
 
@@ -56,8 +55,6 @@ class ArtifactWriter:
     assumptions: list[str] = field(default_factory=list)
     own_release: dict | None = None
     accounted: bool = False
-    # Ids of the records in ``releases`` taken from artifacts whose seal is not this installation's.
-    foreign_ids: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         # Paths recorded absolute and resolved, so that the ledger and the freshness checks are
@@ -66,29 +63,19 @@ class ArtifactWriter:
 
     def inherit(self, source: Artifact) -> None:
         """``source``'s content flows into this artifact (post-processing, a starting model, a
-        dataset that is an artifact): its releases and assumptions come along."""
-        self.take_releases(source.releases, source)
+        dataset that is an artifact): its releases (a foreign one's as one stand-in,
+        :meth:`~synthq.artifacts.manifest.Artifact.vouched_releases`) and assumptions come along."""
+        self.take_releases(source.vouched_releases())
         self.assume(*source.privacy.assumptions)
 
-    def take_releases(self, records: Sequence[dict], source: Artifact) -> None:
-        """``records`` (``source``'s) flow into this artifact, each id once. Release ids are public:
-        a record that disagrees with the one already here for its id is refused when either of
-        the two comes from a manifest whose seal is not this installation's, in whichever order
-        they arrive (:func:`~synthq.artifacts.manifest.merged_releases`); between records sealed
-        here, the first is kept (the same release, recorded again)."""
-        by_id = {r["id"]: r for r in self.releases}
+    def take_releases(self, records: Sequence[dict]) -> None:
+        """``records`` flow into this artifact, each id once (a release recorded again keeps its
+        first record); only records this installation sealed, or a foreign artifact's stand-in."""
+        known = {r["id"] for r in self.releases}
         for record in records:
-            earlier = by_id.get(record["id"])
-            if earlier is None:
+            if record["id"] not in known:
                 self.releases.append(record)
-                by_id[record["id"]] = record
-                if not source.verified:
-                    self.foreign_ids.add(record["id"])
-            elif earlier != record and (not source.verified or record["id"] in self.foreign_ids):
-                raise ArtifactError(
-                    f"{source.path}: records release {record['id']} differently from another input, and "
-                    "one of the two manifests was not sealed by this installation: it was edited"
-                )
+                known.add(record["id"])
 
     def assume(self, *assumptions: str | None) -> None:
         """Facts the guarantee relies on that synthq cannot check (printed beside every ε)."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from synthq.artifacts.writer import DIAGNOSTICS
+from synthq.reporting.row_privacy import row_privacy
 from synthq.retrieval.metrics import mean_metrics, query_means
 from synthq.runtime.errors import ArtifactError
 
@@ -87,10 +88,11 @@ def read_rows(directory: Path) -> list[dict]:
     path = Path(directory) / RESULTS_FILE
     try:
         rows = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise ArtifactError(f"{path}: unreadable evaluation results ({error})") from error
-    rows = attach_per_query(rows, read_per_query(directory))
-    return [{**r, "epsilon": float(r["epsilon"])} for r in rows]
+        rows = attach_per_query(rows, read_per_query(directory))
+        return [{**r, "epsilon": float(r["epsilon"])} for r in rows]
+    except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as error:
+        why = f"{type(error).__name__}: {error}"
+        raise ArtifactError(f"{path}: unreadable evaluation results ({why})") from error
 
 
 def by_metric(parts: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -105,33 +107,21 @@ def by_metric(parts: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[s
 
 
 def read_checked_rows(artifact: Artifact) -> list[dict]:
-    """An evaluation's rows (:func:`read_rows`); where its seal is not this installation's, only
-    if each row's releases are records of its manifest, which opening it recomputed, and each row
-    then published at the composition of *all* of them (the evaluation's headline guarantee). A
-    row's ε is composed from its releases (:func:`synthq.reporting.row_privacy.row_privacy`), and
-    ``results.json`` is a payload whose digest a foreign manifest's editor can rewrite: a release
-    that is only in the row, a row without releases (its ε read as written), or a row whose
-    releases were thinned out (composing to a smaller ε) would be an ε nobody recomputed."""
+    """An evaluation's rows (:func:`read_rows`); where its seal is not this installation's, each
+    published at the evaluation's whole guarantee, under the assumption that its manifest is
+    unedited. ``results.json`` is a payload whose digest a foreign manifest's editor can rewrite,
+    and the releases, unit sets and ε a row carries are fields they control: every foreign row
+    carries the one stand-in for all of the evaluation's releases
+    (:meth:`~synthq.artifacts.manifest.Artifact.vouched_releases`), and its ε is recomputed
+    from it, never read."""
     rows = read_rows(artifact.path)
     if artifact.verified:
         return rows
-    releases = artifact.manifest.get("releases", [])
-    recorded = {release["id"]: release for release in releases}
+    releases = {"model": artifact.vouched_releases(), "data": [], "selection": []}
+    checked = []
     for row in rows:
-        parts = row.get("releases")
-        well_formed = isinstance(parts, dict) and all(
-            isinstance(part, list) and all(isinstance(r, dict) for r in part) for part in parts.values()
-        )
-        if not well_formed:
-            raise ArtifactError(
-                f"{artifact.path}: a row ({row.get('retriever')}) records no releases (or malformed ones), "
-                "and the seal is not this installation's: its ε would be read, not recomputed"
-            )
-        for release in (r for records in parts.values() for r in records):
-            if recorded.get(release.get("id")) != release:
-                raise ArtifactError(
-                    f"{artifact.path}: a row ({row.get('retriever')}) carries a release that is not "
-                    "its manifest's, and the seal is not this installation's: the results were edited"
-                )
-        row["releases"] = {"model": list(releases), "data": [], "selection": []}
-    return rows
+        assumptions = [*(row.get("assumptions") or []), artifact.unverified_assumption]
+        stood_in = {**row, "releases": releases, "assumptions": list(dict.fromkeys(assumptions))}
+        scores = row_privacy([stood_in]).scores
+        checked.append({**stood_in, "privacy": scores.model_dump(mode="json"), "epsilon": scores.epsilon})
+    return checked

@@ -280,7 +280,8 @@ def _declare_inputs(
         dev_release = next(
             r for r in selection.dev.releases if r["id"] == selection.dev.manifest["own_release"]
         )
-        writer.take_releases(selection.candidates, selection.dev)
+        selection.dev.require_sealed_here("selected on with report-noisy-max")  # its units, its records
+        writer.take_releases(selection.candidates)
         writer.assume(*selection.dev.privacy.assumptions)  # the candidates' (starting models, ...)
         noisy = writer.release(selection.guarantee, dev_release["data"], units=dev_release["units"])
         return [noisy, *selection.candidates]

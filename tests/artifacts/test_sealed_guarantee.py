@@ -139,47 +139,51 @@ def test_a_foreign_record_of_a_known_release_id_is_refused_not_swapped_in(tmp_pa
     with pytest.raises(ArtifactError, match="records release gen differently"):
         merged_releases([mine], foreign)
     same = Artifact(path=tmp_path, manifest={"releases": [mine, other]}, verified=False)
-    assert merged_releases([mine], same) == [mine, other]  # the same record: nothing to refuse
+    # the same record: nothing to refuse; a new foreign record keeps no unit set (its editor's)
+    assert merged_releases([mine], same) == [mine, {**other, "units": None}]
     local = Artifact(path=tmp_path, manifest={"releases": [swapped]}, verified=True)
     assert merged_releases([mine], local) == [swapped]  # sealed here: recorded again, the later kept
 
 
-def test_a_foreign_record_is_refused_in_whichever_order_the_inputs_arrive(tmp_path):
-    """A stage inheriting a foreign artifact first and the real one later must refuse the
-    disagreement too, not keep the foreign record it saw first."""
+def test_a_foreign_artifact_flows_in_as_one_stand_in_that_composes_with_everything(tmp_path):
+    """A foreign manifest's release ids, unit sets and labels are its editor's: an artifact sealed
+    here takes none of its records, only one stand-in at its recomputed headline, with no unit
+    set (it composes with every release here) and an id no real release can have."""
     from synthq.artifacts.manifest import Artifact
     from synthq.artifacts.writer import ArtifactWriter
+    from synthq.privacy.guarantee import compose_releases
+    from synthq.privacy.unit_sets import store_unit_set
+    from synthq.runtime.hashing import json_safe
+    from tests.privacy.test_accounting import dp_guarantee
 
-    mine = {"id": "gen", "guarantee": {"epsilon": 8.0, "delta": 1e-5, "mechanism": "dp-adam"}}
-    swapped = {"id": "gen", "guarantee": {"epsilon": 0.0, "delta": 0.0, "mechanism": "public"}}
-    from synthq.privacy.guarantee import Guarantee
+    def record(key: str, queries: list[str]) -> dict:
+        guarantee = json_safe(dp_guarantee(1.0, 0.01, 100, 1e-5).model_dump(mode="json"))
+        return {"id": key, "unit": "query", "units": store_unit_set("query", queries), "guarantee": guarantee}
 
-    public = Guarantee.public().model_dump(mode="json")  # what the inputs assume: nothing here
-
-    def artifact(name: str, record: dict, verified: bool) -> Artifact:
-        manifest = {"releases": [record], "privacy": public}
-        return Artifact(path=tmp_path / name, manifest=manifest, verified=verified)
-
-    local = artifact("local", mine, True)
-    foreign = artifact("foreign", swapped, False)
-
-    def writer() -> ArtifactWriter:
-        return ArtifactWriter(tmp_path, tmp_path, "eval", {}, [], "f")
-
-    for order in ([foreign, local], [local, foreign]):
-        taking = writer()
-        taking.inherit(order[0])
-        with pytest.raises(ArtifactError, match="records release gen differently"):
-            taking.inherit(order[1])
-    again = artifact("again", swapped, True)
-    both_local = writer()
-    both_local.inherit(local)
-    both_local.inherit(again)  # sealed here both times: the same release recorded again
-    assert both_local.releases == [mine]
-    same = writer()
-    same.inherit(artifact("copy", mine, False))
-    same.inherit(local)  # a foreign copy of the very same record: nothing to refuse
-    assert same.releases == [mine]
+    mine = record("gen", ["q1"])
+    swapped = {**record("gen", ["q7"]), "guarantee": {**mine["guarantee"], "epsilon": 0.0}}
+    disjoint = record("theirs", ["q9"])  # a unit set that says it shares nothing with mine
+    (tmp_path / "foreign").mkdir()
+    privacy = compose_releases([swapped, disjoint], [["gen", "theirs"]], [])
+    releases = [swapped, disjoint]
+    manifest = {"stage": "generate", "releases": releases, "privacy": privacy.model_dump(mode="json")}
+    (tmp_path / "foreign" / "manifest.json").write_text(json.dumps(json_safe(manifest)))
+    foreign = Artifact(path=tmp_path / "foreign", manifest=manifest, verified=False)
+    local = Artifact(path=tmp_path / "local", manifest={"releases": [mine], "privacy": manifest["privacy"]})
+    writer = ArtifactWriter(tmp_path, tmp_path, "eval", {}, [], "f")
+    writer.inherit(local)
+    writer.inherit(foreign)
+    (stand_in,) = [r for r in writer.releases if r["id"] != "gen"]
+    assert [r["id"] for r in writer.releases] == ["gen", f"foreign:{foreign.manifest_hash}"]
+    assert writer.releases[0] == mine and stand_in["units"] is None
+    assert stand_in["guarantee"]["epsilon"] == pytest.approx(privacy.epsilon)
+    composed = compose_releases(writer.releases, [[r["id"] for r in writer.releases]], [])
+    apart = compose_releases(writer.releases, [["gen"], [stand_in["id"]]], [])
+    assert writer.privacy.epsilon == pytest.approx(composed.epsilon)  # summed with mine, never apart
+    assert composed.epsilon > apart.epsilon
+    with pytest.raises(ArtifactError, match="cannot be selected on"):
+        foreign.require_sealed_here("selected on")
+    local.require_sealed_here("selected on")
 
 
 @pytest.mark.parametrize("bound", [{"max_queries_per_user": 1}, {"per_query": {"rule": "group-of-2"}}])

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from synthq.artifacts.manifest import Artifact
+from synthq.reporting.eval_files import read_checked_rows
 from synthq.reporting.merge import merge_rows
 from synthq.runtime.errors import ArtifactError
 
@@ -26,36 +27,32 @@ def _row(**changes) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("row", "message"),
+    "row",
     [
-        (_row(releases={"model": [{**RELEASE, "guarantee": {"epsilon": 0.1}}]}), "not its manifest's"),
-        (_row(releases={"model": [{**RELEASE, "id": "r2"}]}), "not its manifest's"),
-        ({k: v for k, v in _row(epsilon=0.1).items() if k != "releases"}, "records no releases"),
+        _row(releases={"model": [{**RELEASE, "guarantee": {"epsilon": 0.1}}]}),  # an edited record
+        _row(releases={"model": [{**RELEASE, "id": "r2"}]}),  # a record the manifest lacks
+        {k: v for k, v in _row(epsilon=0.1).items() if k != "releases"},  # none, an edited ε
+        _row(releases={"model": [], "data": [], "selection": []}),  # thinned out
+        _row(releases={"model": ["r1"]}),  # malformed
     ],
 )
-def test_a_foreign_evaluation_whose_rows_carry_other_releases_is_refused(tmp_path, row, message):
-    with pytest.raises(ArtifactError, match=message):
-        merge_rows([_eval(tmp_path, [row], verified=False)])
-    merge_rows([_eval(tmp_path, [row], verified=True)])  # this installation's: its own results
+def test_a_foreign_evaluations_row_is_published_at_its_whole_guarantee_whatever_it_carries(tmp_path, row):
+    """A foreign results.json row's releases and ε are fields its editor controls: every row
+    carries the one stand-in for the evaluation's releases, and its ε is recomputed from it."""
+    evaluation = _eval(tmp_path, [row], verified=False)
+    (published,) = read_checked_rows(evaluation)
+    assert published["releases"]["model"] == [evaluation.foreign_stand_in()]
+    assert published["epsilon"] == published["privacy"]["epsilon"] == pytest.approx(8.0)
+    assert evaluation.unverified_assumption in published["assumptions"]
+    (merged,), _ = merge_rows([evaluation])
+    assert merged["epsilon"] == pytest.approx(8.0)  # what report writes to its results.json
 
 
-def test_a_foreign_evaluation_whose_rows_carry_its_manifests_releases_is_read(tmp_path):
-    rows, _ = merge_rows([_eval(tmp_path, [_row()], verified=False)])
-    assert [r["retriever"] for r in rows] == ["ret"]
+def test_this_installations_rows_are_read_as_written(tmp_path):
+    (own,) = read_checked_rows(_eval(tmp_path, [_row()], verified=True))
+    assert own["releases"]["model"] == [RELEASE] and own["epsilon"] == 8.0
 
 
-def test_a_foreign_row_with_thinned_releases_is_published_at_the_whole_evaluations_guarantee(tmp_path):
-    """Emptied parts would compose to a smaller ε than the row rests on: a foreign row carries
-    every release its evaluation's manifest records."""
-    from synthq.reporting.eval_files import read_checked_rows
-
-    thinned = _row(releases={"model": [], "data": [], "selection": []})
-    (row,) = read_checked_rows(_eval(tmp_path, [thinned], verified=False))
-    assert row["releases"] == {"model": [RELEASE], "data": [], "selection": []}
-    (own,) = read_checked_rows(_eval(tmp_path, [thinned], verified=True))
-    assert own["releases"]["model"] == []  # this installation's own rows are read as written
-
-
-def test_a_foreign_row_with_a_malformed_part_is_refused(tmp_path):
-    with pytest.raises(ArtifactError, match="malformed"):
-        merge_rows([_eval(tmp_path, [_row(releases={"model": ["r1"]})], verified=False)])
+def test_an_unreadable_row_is_an_artifact_error(tmp_path):
+    with pytest.raises(ArtifactError, match="unreadable evaluation results"):
+        read_checked_rows(_eval(tmp_path, [{"dataset": "d"}], verified=True))
