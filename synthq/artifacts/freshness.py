@@ -122,13 +122,16 @@ def check_resumable(path: Path, state: dict, config: Any, inputs: list[dict]) ->
 
 
 def _verified_artifact(out: str | Path, stage: str) -> Artifact | None:
-    """The ``stage`` artifact at ``out`` if there is one and it verifies; otherwise ``None``."""
+    """The ``stage`` artifact at ``out`` if there is one and it verifies, its seal this
+    installation's (an edited copy of one of its own artifacts opens as foreign: never reused);
+    otherwise ``None``."""
     if not is_artifact(out):
         return None
     try:
-        return open_artifact(Path(out), stage=stage)
+        artifact = open_artifact(Path(out), stage=stage)
     except ArtifactError:
         return None
+    return artifact if artifact.verified else None
 
 
 def find_up_to_date(out: str | Path, stage: str, config: Any, inputs: list[dict]) -> Artifact | None:

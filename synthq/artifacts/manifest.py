@@ -17,7 +17,7 @@ from pathlib import Path
 from synthq.config.registry import STAGES as STAGE_REGISTRY
 from synthq.privacy.accounting import check_recorded_epsilon
 from synthq.privacy.digests import is_keyed
-from synthq.privacy.guarantee import Guarantee, compose_releases
+from synthq.privacy.guarantee import Guarantee, compose_all, compose_releases
 from synthq.privacy.keys import check_seal, key_id, private_data_digest, seal
 from synthq.runtime.errors import ArtifactError
 from synthq.runtime.hashing import json_default, json_safe, sha256_file
@@ -93,19 +93,24 @@ class Artifact:
 
     def foreign_stand_in(self) -> dict:
         """The release record standing for every read of private data a foreign manifest records:
-        its guarantee is the artifact's headline, recomputed on open from those records composed
-        in one group (:func:`check_privacy`), under the assumption that the manifest is unedited;
-        it has no unit set (it composes with every other release, never beside it) and an id of
-        its own (it can never replace, or be replaced by, a release recorded here)."""
+        their guarantees composed as if all read the same data (:func:`compose_all`, the parts
+        kept so that any installation recomputes the sum), under the assumption that the manifest
+        is unedited; no unit set (it composes with every other release, never beside it) and an id
+        of its own (it can never replace, or be replaced by, a release recorded here)."""
+        parts = [Guarantee.from_manifest(r["guarantee"]) for r in self.releases]
+        composed = compose_all(
+            parts, mechanism=f"the {len(parts)} release(s) of an artifact sealed elsewhere"
+        )
+        guarantee = composed.assuming(*self.privacy.assumptions)
         identity = f"foreign:{self.manifest_hash}"
         return {
             "id": identity,
             "stage": self.stage,
             "path": recorded_path(self.path),
             "data": {"name": f"the private data behind {self.path} (sealed elsewhere)", "identity": identity},
-            "unit": self.privacy.unit,
+            "unit": guarantee.unit,
             "units": None,
-            "guarantee": json_safe(self.privacy.model_dump(mode="json")),
+            "guarantee": json_safe(guarantee.model_dump(mode="json")),
         }
 
     def require_sealed_here(self, use: str) -> None:

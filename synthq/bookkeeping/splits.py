@@ -35,6 +35,7 @@ from synthq.data.sources import SPLIT_DECLARATION, dataset_parts, declared_split
 from synthq.privacy.digests import data_record, public_split_record
 from synthq.privacy.guarantee import Guarantee, compose_releases
 from synthq.privacy.unit_sets import link_assumptions, sharing_groups
+from synthq.runtime.errors import ArtifactError
 
 
 @dataclass
@@ -102,9 +103,19 @@ def private_split_guarantee(spec: str, split: str) -> Guarantee:
     return Guarantee.non_private(reason, unit="query")
 
 
+def distinct_records(releases: list[dict]) -> dict[str, dict]:
+    """``releases`` by id, each once; two different records of one id are an ``ArtifactError``."""
+    by_id: dict[str, dict] = {}
+    for release in releases:
+        if by_id.setdefault(release["id"], release) != release:
+            raise ArtifactError(f"two different records of release {release['id']}: one was edited")
+    return by_id
+
+
 def score_guarantee(releases: list[dict], assumptions: list[str]) -> Guarantee:
     """The guarantee of a score computed from ``releases`` (each counted once, by id): their
-    composition per unit, under ``assumptions``."""
-    unique = list({r["id"]: r for r in releases}.values())
+    composition per unit, under ``assumptions``. Two different records of one id are refused:
+    ids are public, and keeping either would let a forged one stand for the real release."""
+    unique = list(distinct_records(releases).values())
     assumptions = list(dict.fromkeys([*assumptions, *link_assumptions(unique)]))
     return compose_releases(unique, sharing_groups(unique), assumptions)

@@ -151,8 +151,10 @@ def _dataset_section(statement: DatasetStatement) -> list[str]:
         lines.append(f"- **n** (units the accountants assumed): {NOT_RECORDED} by any release.")
     if note := unrecorded_n_note(cost.releases):
         lines.append(f"- **δ against 1/n**: {note}.")
-    how = "summed, as `synthq ledger --compose sum` sums them" if cost.compose == "sum" else (
-        "composed per unit exactly as `synthq ledger` composes them"
+    how = (
+        "summed, as `synthq ledger --compose sum` sums them"
+        if cost.compose == "sum"
+        else ("composed per unit exactly as `synthq ledger` composes them")
     )
     lines += ["", f"Releases (as recorded; {how}):", ""]
     lines += release_table(statement)

@@ -112,8 +112,9 @@ def read_checked_rows(artifact: Artifact) -> list[dict]:
     unedited. ``results.json`` is a payload whose digest a foreign manifest's editor can rewrite,
     and the releases, unit sets and ε a row carries are fields they control: every foreign row
     carries the one stand-in for all of the evaluation's releases
-    (:meth:`~synthq.artifacts.manifest.Artifact.vouched_releases`), and its ε is recomputed
-    from it, never read."""
+    (:meth:`~synthq.artifacts.manifest.Artifact.vouched_releases`), its ε (of the scores and of
+    the model) is recomputed from it, never read, and the row keeps no account of how it was
+    chosen."""
     rows = read_rows(artifact.path)
     if artifact.verified:
         return rows
@@ -122,6 +123,13 @@ def read_checked_rows(artifact: Artifact) -> list[dict]:
     for row in rows:
         assumptions = [*(row.get("assumptions") or []), artifact.unverified_assumption]
         stood_in = {**row, "releases": releases, "assumptions": list(dict.fromkeys(assumptions))}
-        scores = row_privacy([stood_in]).scores
-        checked.append({**stood_in, "privacy": scores.model_dump(mode="json"), "epsilon": scores.epsilon})
+        stood_in.pop("selection", None)  # how it was chosen: the editor's words, with their ε
+        privacy = row_privacy([stood_in])
+        recomputed = {
+            "privacy": privacy.scores.model_dump(mode="json"),
+            "epsilon": privacy.scores.epsilon,
+            "delta": privacy.scores.delta,
+            "model_epsilon": privacy.model.epsilon,
+        }
+        checked.append({**stood_in, **recomputed})
     return checked

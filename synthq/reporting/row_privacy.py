@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from synthq.bookkeeping.splits import score_guarantee
+from synthq.bookkeeping.splits import distinct_records, score_guarantee
 from synthq.privacy.guarantee import Guarantee
 
 PARTS = ("model", "data", "selection")
@@ -36,7 +36,8 @@ PARTS = ("model", "data", "selection")
 def release_lists(model: list[dict], data: list[dict], selection: list[dict]) -> dict[str, list[dict]]:
     """The ``releases`` field of a row: each part's records, each record once per part."""
     parts = {"model": model, "data": data, "selection": selection}
-    return {part: list({r["id"]: r for r in records}.values()) for part, records in parts.items()}
+    distinct_records([*model, *data, *selection])  # one record per id across the parts
+    return {part: list(distinct_records(records).values()) for part, records in parts.items()}
 
 
 def _stand_in(row: dict, part: str, guarantee: Guarantee) -> dict:

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from synthq.privacy.guarantee import compose_releases, format_epsilon
+from synthq.privacy.guarantee import format_epsilon
 from synthq.reporting.epsilon import (
     epsilon_cell,
     epsilon_value,
@@ -235,14 +235,13 @@ def paper_comparison(rows: list[dict], paper: list[dict]) -> str:
 
 def _synthetic_epsilon(artifact: Artifact) -> float:
     """The synthetic set's ε of a similarity artifact: its recorded metric where this installation
-    sealed it; elsewhere recomputed from the releases its manifest records (every release but the
-    similarity's own read, composed as if all shared units: the unit sets that would show
-    otherwise are only the sealing installation's), never read from an editable metric."""
+    sealed it; elsewhere the ε of everything its manifest records, its own noiseless read of the
+    private queries included (∞: which of its releases is "its own" is a field the editor
+    chooses), never read from an editable metric."""
     if artifact.verified:
         return float(artifact.metrics.get("synthetic_epsilon", "inf"))
-    own = artifact.manifest.get("own_release")
-    others = [r for r in artifact.releases if r["id"] != own]
-    return compose_releases(others, [[r["id"] for r in others]], []).epsilon
+    (stand_in,) = artifact.vouched_releases() or [{"guarantee": {"epsilon": 0.0}}]
+    return float(stand_in["guarantee"]["epsilon"])
 
 
 def similarity_table(artifacts: list[Artifact]) -> str:

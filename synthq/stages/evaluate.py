@@ -208,7 +208,7 @@ def _dense_models(retrievers: list[Artifact], untrained: dict, device: str) -> l
             identity=f"artifact:{r.manifest_hash}",
             privacy=r.privacy,
             load=lambda r=r: SentenceTransformer(str(r.path), device=device),
-            releases=r.releases,
+            releases=r.vouched_releases(),
             training=training_fields(r),
         )
         for r in retrievers
@@ -225,7 +225,7 @@ def _dense_models(retrievers: list[Artifact], untrained: dict, device: str) -> l
                 identity=f"encoder:{start.record['sha256']}",
                 privacy=start.guarantee,
                 load=lambda path=start.path: load_encoder(path, device=device),
-                releases=start.artifact.releases if start.artifact is not None else [],
+                releases=start.artifact.vouched_releases() if start.artifact is not None else [],
             )
         )
     labels = [m.label for m in models]
@@ -277,16 +277,16 @@ def _declare_inputs(
         # Report-noisy-max replaces the noiseless read of the dev queries; the choice is still a
         # function of every candidate, so every candidate's releases come along (not only the
         # chosen one's): the rows it picks carry them all, composed per unit.
+        selection.dev.require_sealed_here("selected on with report-noisy-max")  # its units, its records
         dev_release = next(
             r for r in selection.dev.releases if r["id"] == selection.dev.manifest["own_release"]
         )
-        selection.dev.require_sealed_here("selected on with report-noisy-max")  # its units, its records
         writer.take_releases(selection.candidates)
         writer.assume(*selection.dev.privacy.assumptions)  # the candidates' (starting models, ...)
         noisy = writer.release(selection.guarantee, dev_release["data"], units=dev_release["units"])
         return [noisy, *selection.candidates]
     writer.inherit(selection.dev)
-    return selection.dev.releases
+    return selection.dev.vouched_releases()
 
 
 def _score_dataset(
@@ -344,7 +344,7 @@ def _score_dataset(
 def _data_releases(writer, spec: str, split: str, data: EvalData, scored: ScoredDataset) -> list[dict]:
     """The releases every row on one dataset carries: a synthetic set's own, and the noiseless
     read of a private split (ε = ∞, :func:`synthq.bookkeeping.splits.private_split_guarantee`)."""
-    data_releases = list(data.artifact.releases) if data.artifact is not None else []
+    data_releases = list(data.artifact.vouched_releases()) if data.artifact is not None else []
     if data.artifact is not None:
         writer.inherit(data.artifact)
     writer.assume(data.assumption)

@@ -63,8 +63,8 @@ def run(config: ReportConfig) -> Artifact:
             results_markdown(rows, title=config.title, found=found),
             "![privacy-utility](privacy_utility.png)\n",
         ]
-        for artifact in evals:
-            if (artifact.path / SELECTION_FILE).is_file():
+        for artifact in evals:  # a foreign evaluation's account of its choice is its editor's words
+            if artifact.verified and (artifact.path / SELECTION_FILE).is_file():
                 sections += [
                     f"## Hyper-parameters chosen on dev ({artifact.path.name})\n",
                     (artifact.path / SELECTION_FILE).read_text(encoding="utf-8"),

@@ -204,3 +204,62 @@ def test_a_foreign_user_level_release_relabelled_query_is_refused(tmp_path, boun
         check_privacy(manifest, tmp_path / "manifest.json", sealed=True)  # this installation's own
     with pytest.raises(ArtifactError, match="relabelled" if "per_query" not in bound else "edited"):
         check_privacy(manifest, tmp_path / "manifest.json", sealed=False)
+
+
+def test_a_stand_in_is_recomputed_wherever_it_is_opened(tmp_path):
+    """A stand-in for releases of mixed units is a composition that keeps its parts: it passes
+    the checks of this installation and of any other, and its ε is the recomputed sum."""
+    from synthq.artifacts.manifest import Artifact
+    from synthq.privacy.accounting import check_recorded_epsilon, per_query, recomputed_epsilon
+    from synthq.privacy.guarantee import Guarantee, compose_releases
+    from synthq.runtime.hashing import json_safe
+    from tests.privacy.test_accounting import dp_guarantee
+
+    user = dp_guarantee(1.0, 0.01, 100, 1e-5, unit="user")
+    user = user.model_copy(update={"details": {**user.details, "per_query": per_query(user, "group-of-2")}})
+    query = dp_guarantee(2.0, 0.01, 100, 1e-5)
+    releases = [
+        {"id": k, "guarantee": json_safe(g.model_dump(mode="json"))} for k, g in [("u", user), ("q", query)]
+    ]
+    privacy = compose_releases(releases, [["u", "q"]], [])
+    manifest = {"stage": "eval", "releases": releases, "privacy": json_safe(privacy.model_dump(mode="json"))}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    stand_in = Artifact(path=tmp_path, manifest=manifest, verified=False).foreign_stand_in()
+    guarantee = Guarantee.from_manifest(stand_in["guarantee"])
+    for sealed in (True, False):
+        check_recorded_epsilon(guarantee, "stand-in", sealed=sealed)
+    assert recomputed_epsilon(guarantee) == pytest.approx(guarantee.epsilon) == pytest.approx(privacy.epsilon)
+    assert guarantee.unit == "query" and any("unedited" in a for a in guarantee.assumptions)
+
+
+def test_two_records_of_one_release_id_are_refused_in_a_score(tmp_path):
+    """Ids are public: a results row holding a forged record beside the real one of the same id
+    must not compose either silently."""
+    from synthq.bookkeeping.splits import score_guarantee
+    from synthq.reporting.row_privacy import release_lists
+
+    real = {"id": "g", "guarantee": {"epsilon": 8.0, "delta": 1e-5, "mechanism": "dp-adam"}}
+    forged = {"id": "g", "guarantee": {"epsilon": 0.05, "delta": 1e-5, "mechanism": "dp-adam"}}
+    with pytest.raises(ArtifactError, match="two different records of release g"):
+        score_guarantee([real, forged], [])
+    with pytest.raises(ArtifactError, match="two different records of release g"):
+        release_lists([real], [forged], [])
+    assert release_lists([real], [real], []) == {"model": [real], "data": [real], "selection": []}
+
+
+def test_an_edited_copy_of_an_own_artifact_is_never_reused(tmp_path, tiny_beir, tiny_causal_dir):
+    """An in-place edit breaks the seal: the artifact then opens as foreign, and the stage asked
+    for the same output must not take it as up to date (its edited record would flow on)."""
+    options = dict(epsilon=8.0, max_steps=1)
+    artifact = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **options)
+    again = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **options)
+    assert again.manifest_hash == artifact.manifest_hash  # up to date: reused
+    manifest = json.loads((artifact.path / "manifest.json").read_text())
+    manifest["seal"]["key_id"] = "0" * 16  # looks written elsewhere
+    (artifact.path / "manifest.json").write_text(json.dumps(manifest))
+    assert not open_artifact(artifact.path).verified
+    try:
+        rerun = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", **options)
+    except ArtifactError:
+        return  # refused to overwrite without --force: not reused either
+    assert rerun.verified and rerun.manifest_hash != artifact.manifest_hash

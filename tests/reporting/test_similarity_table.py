@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from synthq.artifacts.manifest import Artifact
 from synthq.reporting.tables import similarity_table
 
@@ -20,11 +22,14 @@ def _similarity(tmp_path, verified: bool) -> Artifact:
         "own_release": "sim",
         "privacy": OWN["guarantee"],
     }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     return Artifact(path=tmp_path, manifest=manifest, verified=verified)
 
 
-def test_a_foreign_similarity_shows_the_epsilon_of_its_recorded_releases_not_its_metric(tmp_path):
+def test_a_foreign_similarity_shows_the_epsilon_of_all_its_recorded_releases_not_its_metric(tmp_path):
+    """Which release is the similarity's own read (excluded from the synthetic set's ε) is a field
+    a foreign manifest's editor chooses: all of them count, its ∞ read included."""
     row = similarity_table([_similarity(tmp_path, verified=False)]).splitlines()[-1]
-    assert row.startswith("| syn | 8") and "0.1" not in row.split("|")[2]
+    assert row.startswith("| syn | ∞") and "0.1" not in row.split("|")[2]
     mine = similarity_table([_similarity(tmp_path, verified=True)]).splitlines()[-1]
     assert mine.split("|")[2].strip() == "0.10"  # this installation's metric, as it wrote it
