@@ -33,7 +33,12 @@ VOLATILE_CONFIG_KEYS = frozenset({"out", "force", "resume"})
 # here.
 # ``precision: auto`` is fp32 on a CPU, where every earlier artifact was written; on a GPU it is
 # bf16, which is recorded in the manifest's environment (like ``device: auto``).
-ADDED_FIELD_DEFAULTS = {"user_clipping": "per-example", "hard_negatives": 0, "precision": "auto"}
+ADDED_FIELD_DEFAULTS = {
+    "user_clipping": "per-example",
+    "hard_negatives": 0,
+    "precision": "auto",
+    "corpus": None,
+}
 
 
 def without_added_defaults(config: dict) -> dict:

@@ -302,6 +302,13 @@ class FilterConfig(StageConfig):
         "artifact, or bm25).",
     )
     top_k: int = Field(3, ge=1, description="consistency: how high the query's own document must rank.")
+    corpus: PublicCorpus | None = Field(
+        None,
+        description="consistency: rank each query among the documents of this public corpus (a BEIR "
+        "directory or source name holding every document of the set) instead of the set's own. A set "
+        "written for a subset (generate --documents) is otherwise ranked among that subset only: a "
+        "far easier test than among the whole corpus.",
+    )
     keep: int = Field(1, ge=1, description="likelihood: queries kept per document.")
     holdout_documents: int = Field(
         0, ge=0, description="Move the queries of N documents (public hash of their ids) to a dev split."

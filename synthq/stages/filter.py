@@ -14,6 +14,11 @@ own releases, which compose). Methods:
   keeps its ``--keep`` most likely queries (generate several with ``generate --num-queries N``).
 * ``none``: keep every query (to only hold documents out).
 
+``--corpus SPEC`` (consistency) ranks each query among the documents of a public corpus that
+holds the set's, instead of the set's own: a set written for a subset (``generate --documents``)
+is otherwise ranked among that subset only, a far easier test than among the whole corpus
+(measured on pylibs: 65 % of a 1,000-document set kept, 39 % of the whole corpus's set).
+
 ``--holdout-documents N`` moves the queries of N documents, chosen by a public hash of their ids
 (never by their queries), to a ``dev`` split: a synthetic dev set for ``eval --select-on`` that
 costs no private query and no ε. Training reads the ``train`` split, so the held-out documents'
@@ -33,15 +38,16 @@ from pathlib import Path
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result, input_location
 from synthq.artifacts.manifest import Artifact, open_artifact
-from synthq.artifacts.records import current_input_hash
+from synthq.artifacts.records import current_input_hash, public_file_record
 from synthq.bookkeeping.inputs import model_input
 from synthq.config.generator import FilterConfig
 from synthq.config.registry import SYNTHETIC_STAGES
-from synthq.data.beir_io import load_beir_dir, write_beir_dir
+from synthq.data.beir_io import load_beir_dir, read_corpus, write_beir_dir
 from synthq.data.pairs import document_text
+from synthq.data.sources import resolve_source
 from synthq.runtime import precision
 from synthq.runtime.distributed import resolve_device
-from synthq.runtime.errors import ArtifactError, DataError
+from synthq.runtime.errors import ArtifactError, DataError, SettingError
 
 STAGE = "filter"
 HOLDOUT_SPLIT = "dev"
@@ -90,6 +96,20 @@ def _dense_ranking(retriever, corpus, queries: dict[str, str], config: FilterCon
         model = load_encoder(retriever.path, device=device)
         key = f"encoder:{retriever.record['sha256']}"
     return search_corpus(model, key, corpus, queries, config.top_k, config.encode_batch_size, device)
+
+
+def _ranking_corpus(root: Path, own_document: dict[str, str]):
+    """The public corpus at ``root`` that ``--corpus`` ranks the queries in: it must hold every
+    document the set wrote a query for (else a query could never find its own)."""
+    corpus = read_corpus(root / "corpus.jsonl")
+    missing = sorted({doc_id for doc_id in own_document.values() if doc_id not in corpus})
+    if missing:
+        raise DataError(
+            f"--corpus lacks {len(missing)} of the set's documents (first: {missing[0]!r}); give the "
+            "corpus the set was written from",
+            root / "corpus.jsonl",
+        )
+    return corpus
 
 
 def _mean_log_likelihoods(generator_path: Path, corpus, queries, own_document, config, device) -> dict:
@@ -148,6 +168,14 @@ def run(config: FilterConfig) -> Artifact:
     if config.method == "likelihood":
         generator_record = _generator_record(synthetic)
         inputs.append({**generator_record, "role": "model"})
+    ranking_root = None
+    if config.corpus is not None:
+        if config.method != "consistency":
+            raise SettingError(
+                "--corpus applies to --method consistency (the corpus its queries are ranked in)"
+            )
+        ranking_root = resolve_source(config.corpus)
+        inputs.append({**public_file_record(ranking_root / "corpus.jsonl", config.corpus), "role": "corpus"})
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done
     started = time.perf_counter()  # the scoring runs before the artifact is opened
@@ -160,12 +188,13 @@ def run(config: FilterConfig) -> Artifact:
         raise DataError("the synthetic set holds no queries", synthetic.path)
     device = resolve_device(config.device)
     if config.method == "consistency":
+        searched = corpus if ranking_root is None else _ranking_corpus(ranking_root, own_document)
         if retriever is None:
             from synthq.retrieval.bm25 import bm25_search
 
-            ranked = bm25_search(corpus, queries, config.top_k)
+            ranked = bm25_search(searched, queries, config.top_k)
         else:
-            ranked = _dense_ranking(retriever, corpus, queries, config, device)
+            ranked = _dense_ranking(retriever, searched, queries, config, device)
         kept = round_trip_kept(ranked, own_document, config.top_k)
     elif config.method == "likelihood":
         scores = _mean_log_likelihoods(

@@ -12,7 +12,7 @@ from synthq.artifacts.manifest import open_artifact
 from synthq.config.evaluation import EvalConfig
 from synthq.config.generator import FilterConfig, GenerateConfig
 from synthq.data.beir_io import load_beir_dir
-from synthq.runtime.errors import ArtifactError, DataError
+from synthq.runtime.errors import ArtifactError, DataError, SettingError
 from synthq.stages import evaluate, generate, train_retriever
 from synthq.stages import filter as filter_stage
 from tests.helpers import finetune, retriever_config
@@ -213,3 +213,64 @@ def test_a_private_filter_model_composes(tmp_path, synthetic, tiny_beir, tiny_en
         FilterConfig(synthetic=synthetic.path, out=tmp_path / "g", retriever=str(dp.path), top_k=12)
     )
     assert both.privacy.epsilon == pytest.approx(synthetic.privacy.epsilon + dp.privacy.epsilon, rel=1e-6)
+
+
+def test_consistency_ranks_in_a_larger_public_corpus_when_given_one(tmp_path, synthetic):
+    """--corpus ranks each query among a corpus that holds the set's documents and more: the kept
+    set is what an independent BM25 over that corpus finds, the written set keeps its own corpus,
+    and distractors that repeat a kept query's words push its document out."""
+    import shutil
+
+    from synthq.retrieval.bm25 import bm25_search
+
+    data = load_beir_dir(synthetic.path)
+    top_k = 3
+    own = filter_stage.run(
+        FilterConfig(synthetic=synthetic.path, out=tmp_path / "own", retriever="bm25", top_k=top_k)
+    )
+    larger = tmp_path / "larger"
+    shutil.copytree(synthetic.path, larger, ignore=shutil.ignore_patterns("manifest.json", "diagnostics"))
+    lines = (synthetic.path / "corpus.jsonl").read_text().splitlines()
+
+    def corpus_with(extra: list[dict]) -> None:
+        (larger / "corpus.jsonl").write_text("\n".join([*lines, *map(json.dumps, extra)]) + "\n")
+
+    corpus_with([{"_id": f"unrelated-{i}", "title": "", "text": "zyxw vutsr"} for i in range(20)])
+    kept = filter_stage.run(
+        FilterConfig(
+            synthetic=synthetic.path, out=tmp_path / "f", retriever="bm25", top_k=top_k, corpus=str(larger)
+        )
+    )
+    queries = {q: data.queries[q] for q in data.qrels["train"]}
+    ranked = bm25_search(load_beir_dir(larger).corpus, queries, top_k)
+    expected = {q for q, found in ranked.items() if next(iter(data.qrels["train"][q])) in found}
+    assert set(_pairs(kept)) == expected == set(_pairs(own)) and expected
+    assert sorted(load_beir_dir(kept.path).corpus) == sorted(data.corpus)
+    assert any(record.get("role") == "corpus" for record in kept.inputs)
+    crowd = [
+        {"_id": f"d-{q}-{i}", "title": "", "text": " ".join([queries[q]] * 3)}
+        for q in expected
+        for i in range(top_k)
+    ]
+    corpus_with(crowd)
+    with pytest.raises(DataError, match="kept no query"):  # in the set's own corpus they were kept
+        filter_stage.run(
+            FilterConfig(
+                synthetic=synthetic.path,
+                out=tmp_path / "c",
+                retriever="bm25",
+                top_k=top_k,
+                corpus=str(larger),
+            )
+        )
+    (larger / "corpus.jsonl").write_text(
+        "\n".join(map(json.dumps, crowd)) + "\n"
+    )  # none of the set's documents
+    with pytest.raises(DataError, match="--corpus lacks"):
+        filter_stage.run(
+            FilterConfig(synthetic=synthetic.path, out=tmp_path / "g", retriever="bm25", corpus=str(larger))
+        )
+    with pytest.raises(SettingError, match="--corpus applies to --method consistency"):
+        filter_stage.run(
+            FilterConfig(synthetic=synthetic.path, out=tmp_path / "h", method="none", corpus=str(larger))
+        )
