@@ -38,6 +38,7 @@ ADDED_FIELD_DEFAULTS = {
     "hard_negatives": 0,
     "precision": "auto",
     "corpus": None,
+    "lora_targets": "all-linear",
 }
 
 

@@ -115,6 +115,14 @@ class FinetuneConfig(StageConfig):
     )
     lora_rank: int = Field(0, ge=0, description="0 = full fine-tuning; >0 trains LoRA adapters of this rank.")
     lora_alpha: float | None = Field(None, gt=0, description="LoRA alpha (default 2 × rank).")
+    lora_targets: str = Field(
+        "all-linear",
+        pattern=r"^(all-linear|[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*)$",
+        description="Layers that get LoRA adapters: all-linear, or comma-separated module names "
+        "(q_proj,v_proj for SmolLM2/Llama; q,v for T5). Under DP the noise on the averaged "
+        "gradient grows with the square root of the trainable coordinates while the clipped signal "
+        "stays ≤ C, so fewer adapted layers or a lower rank mean less noise per unit of signal.",
+    )
     checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every N logical steps.")
     privacy_unit: PrivacyUnitName = DEFAULT_PRIVACY_UNIT
     max_queries_per_user: MaxQueriesPerUser = DEFAULT_MAX_QUERIES_PER_USER

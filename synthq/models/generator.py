@@ -27,7 +27,7 @@ from transformers import (
 )
 
 from synthq.models.resolve import resolve_model
-from synthq.runtime.errors import ModelResolutionError
+from synthq.runtime.errors import ModelResolutionError, SettingError
 from synthq.runtime.precision import autocast_forward
 
 SEQ2SEQ_PREFIX = "generate_query: "
@@ -308,16 +308,34 @@ def _label_log_likelihood(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     return (picked * mask).sum(dim=-1)
 
 
-def apply_lora(generator: QueryGenerator, rank: int, alpha: float | None = None) -> None:
-    """Replace the generator's model by a peft LoRA model (rank ``rank`` on all linear layers,
-    ``alpha`` default ``2 · rank``); only the adapters are trainable."""
+def apply_lora(
+    generator: QueryGenerator, rank: int, alpha: float | None = None, targets: str = "all-linear"
+) -> None:
+    """Replace the generator's model by a peft LoRA model: adapters of rank ``rank`` (``alpha``
+    default ``2 · rank``) on every linear layer, or with ``targets`` a comma-separated list of
+    module names (``q_proj,v_proj``) on the linear layers of those names only; only the adapters
+    are trainable. A name that matches no linear layer is refused, naming those the model has."""
     from peft import LoraConfig, get_peft_model
 
+    target_modules: str | list[str] = "all-linear"
+    if targets != "all-linear":
+        target_modules = [name.strip() for name in targets.split(",") if name.strip()]
+        linear_names = {
+            name.rsplit(".", 1)[-1]
+            for name, module in generator.model.named_modules()
+            if isinstance(module, torch.nn.Linear) and name
+        }
+        missing = [name for name in target_modules if name not in linear_names]
+        if missing:
+            raise SettingError(
+                f"--lora-targets {targets}: no linear layer named {', '.join(missing)} in this model; "
+                f"its linear layers are named {', '.join(sorted(linear_names))}"
+            )
     lora = LoraConfig(
         r=rank,
         lora_alpha=alpha or 2 * rank,
         lora_dropout=0.0,
-        target_modules="all-linear",
+        target_modules=target_modules,
         task_type="SEQ_2_SEQ_LM" if generator.kind == "seq2seq" else "CAUSAL_LM",
     )
     generator.model = get_peft_model(generator.model, lora)

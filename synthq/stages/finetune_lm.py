@@ -124,7 +124,7 @@ def _load_generator(config: FinetuneConfig, path: Path, rank: int) -> QueryGener
         torch.manual_seed(config.seed)
     generator = QueryGenerator.load(path, device="cpu", max_source_length=config.max_source_length)
     if config.lora_rank > 0:
-        apply_lora(generator, config.lora_rank, config.lora_alpha)
+        apply_lora(generator, config.lora_rank, config.lora_alpha, config.lora_targets)
     generator.model.to(distributed.device_for(config.device))
     distributed.broadcast_parameters(generator.model)  # identical replicas from the first step
     if config.seed is not None:
