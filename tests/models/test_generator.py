@@ -88,3 +88,40 @@ def test_shared_prefix_scoring_equals_scoring_each_pair(generator):
     torch.testing.assert_close(shared, expected, rtol=1e-4, atol=1e-4)
     only_secrets = generator.candidate_log_likelihoods(document, candidates[:3], batch_size=3)
     torch.testing.assert_close(only_secrets, expected[:3], rtol=1e-4, atol=1e-4)
+
+
+def _trainable(generator) -> dict[str, torch.Tensor]:
+    return {name: p for name, p in generator.model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize(("kind", "targets"), [("causal", "q_proj,v_proj"), ("seq2seq", "q,v")])
+def test_lora_targets_put_adapters_on_the_named_layers_only(tiny_t5_dir, tiny_causal_dir, kind, targets):
+    """--lora-targets: adapters on the named linear layers and nowhere else, as many trainable
+    coordinates as rank × (in + out) summed over those layers of the base model."""
+    from synthq.models.generator import apply_lora
+
+    path = tiny_t5_dir if kind == "seq2seq" else tiny_causal_dir
+    names = targets.split(",")
+    base = QueryGenerator.load(path, max_source_length=64)
+    expected = sum(
+        3 * (module.in_features + module.out_features)
+        for name, module in base.model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in names
+    )
+    apply_lora(base, rank=3, targets=targets)
+    trainable = _trainable(base)
+    assert sum(p.numel() for p in trainable.values()) == expected > 0
+    for name in trainable:  # ...model.layers.0.self_attn.q_proj.lora_A.default.weight
+        assert "lora_" in name and name.split(".lora_")[0].rsplit(".", 1)[-1] in names
+    everywhere = QueryGenerator.load(path, max_source_length=64)
+    apply_lora(everywhere, rank=3)
+    assert sum(p.numel() for p in _trainable(everywhere).values()) > expected  # all-linear adapts more
+
+
+def test_lora_targets_naming_no_layer_are_refused_with_the_names_the_model_has(tiny_causal_dir):
+    from synthq.models.generator import apply_lora
+    from synthq.runtime.errors import SettingError
+
+    generator = QueryGenerator.load(tiny_causal_dir, max_source_length=64)
+    with pytest.raises(SettingError, match=r"no linear layer named query, value .*q_proj.*v_proj"):
+        apply_lora(generator, rank=2, targets="q_proj,query,value")

@@ -260,3 +260,31 @@ def test_batch_size_auto_trains_at_the_batch_it_prints_and_the_manifest_records(
     assert again.manifest_hash == artifact.manifest_hash  # up to date: nothing retrained
     with pytest.raises(ValueError, match="--batch-size auto chooses the batch for a DP budget"):
         config(tmp_path, tiny_beir, tiny_causal_dir, "auto-inf", epsilon="inf", batch_size="auto")
+
+
+def test_lora_targets_train_only_the_named_layers_and_the_saved_model_differs_there_only(
+    tmp_path, tiny_beir, tiny_causal_dir
+):
+    """A DP run with --lora-targets q_proj,v_proj: the shipped (merged) generator equals its base
+    everywhere but in the attention query and value projections, which moved; the config records
+    the targets; a target the model lacks is refused before any training."""
+    from synthq.runtime.errors import SettingError
+
+    out = config(tmp_path, tiny_beir, tiny_causal_dir, epsilon=8, lora_rank=2, lora_targets="q_proj,v_proj")
+    artifact = finetune_lm.run(out)
+    assert artifact.config["lora_targets"] == "q_proj,v_proj"
+    moved = artifact.metrics["weights_moved"]
+    assert moved["tensors"] == 2 * 2 * 2  # 2 layers × (q, v) × (A, B)
+    base = QueryGenerator.load(tiny_causal_dir).model.state_dict()
+    trained = QueryGenerator.load(artifact.path).model.state_dict()
+    changed = {name for name in base if not torch.equal(base[name], trained[name])}
+    assert changed and all(name.endswith(("q_proj.weight", "v_proj.weight")) for name in changed)
+    with pytest.raises(SettingError, match="no linear layer named wq"):
+        finetune_lm.run(
+            config(tmp_path, tiny_beir, tiny_causal_dir, "bad", epsilon=8, lora_rank=2, lora_targets="wq")
+        )
+    assert not (tmp_path / "bad" / "manifest.json").exists()
+    with pytest.raises(ValueError, match="lora_targets"):
+        FinetuneConfig(
+            data=str(tiny_beir), model=str(tiny_causal_dir), out=tmp_path / "x", lora_targets="q_proj;rm"
+        )
