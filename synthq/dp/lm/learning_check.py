@@ -82,6 +82,14 @@ def require_movement(found: Movement, steps: int, what: str) -> None:
 def held_out_loss(generator, documents: list[str], queries: list[str], max_target_length: int) -> float:
     """The generator's mean per-sequence loss on (document, query) pairs, without gradients and
     with dropout off (the model's training mode is restored)."""
+    return float(held_out_losses(generator, documents, queries, max_target_length).mean())
+
+
+@torch.no_grad()
+def held_out_losses(
+    generator, documents: list[str], queries: list[str], max_target_length: int
+) -> torch.Tensor:
+    """Each (document, query) pair's loss (:func:`held_out_loss` before the mean), one batch."""
     model = generator.model
     training = model.training
     model.eval()
@@ -90,7 +98,7 @@ def held_out_loss(generator, documents: list[str], queries: list[str], max_targe
         batch = generator.training_batch(documents, queries, max_target_length)
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = model(**model_inputs(generator.kind, batch)).logits
-        return float(per_sequence_loss(generator.kind, logits, batch["labels"]).mean())
+        return per_sequence_loss(generator.kind, logits, batch["labels"]).float().cpu()
     finally:
         model.train(training)
 
