@@ -119,9 +119,9 @@ class FinetuneConfig(StageConfig):
         "all-linear",
         pattern=r"^(all-linear|[A-Za-z_][A-Za-z0-9_]*(,[A-Za-z_][A-Za-z0-9_]*)*)$",
         description="Layers that get LoRA adapters: all-linear, or comma-separated module names "
-        "(q_proj,v_proj for SmolLM2/Llama; q,v for T5). Under DP the noise on the averaged "
-        "gradient grows with the square root of the trainable coordinates while the clipped signal "
-        "stays ≤ C, so fewer adapted layers or a lower rank mean less noise per unit of signal.",
+        "(q_proj,v_proj for SmolLM2/Llama; q,v for T5). Under DP fewer coordinates carry less noise, "
+        "yet on pylibs at ε = 8 a generator moved further the more it adapted (docs: results): keep "
+        "all-linear and raise --lora-rank if a DP generator moves too little.",
     )
     checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every N logical steps.")
     privacy_unit: PrivacyUnitName = DEFAULT_PRIVACY_UNIT
