@@ -7,7 +7,8 @@
 two DP generators apart. This reads the first ``--pairs`` (document, query) pairs of a split the
 dataset declares public (refused otherwise: a loss on private queries printed without noise would
 be ε = ∞) and scores every generator on the same pairs, one forward pass per batch without
-gradients. It prints one JSON object: each generator's mean loss and, against the first one
+gradients. It prints one JSON object: each generator's ε (a loss of a generator trained without
+DP is a number about its private data too: ε = ∞), its mean loss and, against the first one
 (the reference, e.g. the warm start before any DP step), the mean paired difference with a
 bootstrap interval over pairs (2,000 resamples, seed 0). Generators are scored in turn in one
 process at the given precision; the figures are losses, not times, so a busy CPU changes nothing
@@ -23,9 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from synthq.bookkeeping.splits import split_is_private
-from synthq.data.pairs import training_pairs
-from synthq.data.sources import load_source, resolve_source
+from synthq.artifacts.manifest import is_artifact, open_artifact
+from synthq.bookkeeping.inputs import public_pairs_input
 from synthq.dp.lm.learning_check import held_out_losses
 from synthq.models.generator import QueryGenerator
 
@@ -50,18 +50,29 @@ def paired_interval(difference: np.ndarray) -> list[float]:
     return [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]
 
 
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
+def _epsilon(path: str) -> float | str:
+    """The generator's own guarantee (ε = ∞ for one trained without DP: its loss is then a number
+    about private data too), or ``public model`` for a model that is not a synthq artifact."""
+    return open_artifact(Path(path)).privacy.epsilon if is_artifact(Path(path)) else "public model"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("generators", nargs="+", help="generator directories; the first is the reference")
     parser.add_argument("--data", required=True, help="a dataset spec (pylibs, a BEIR directory)")
     parser.add_argument("--split", default="test", help="a split the dataset declares public")
-    parser.add_argument("--pairs", type=int, default=320, help="the first N pairs of the split")
+    parser.add_argument("--pairs", type=_positive, default=320, help="the first N pairs of the split")
     parser.add_argument("--max-source-length", type=int, default=128)
     parser.add_argument("--max-target-length", type=int, default=32)
     args = parser.parse_args()
-    if split_is_private(args.data, Path(resolve_source(args.data)), args.split):
-        parser.error(f"{args.data}:{args.split} is not declared public; its queries' losses would be ε = ∞")
-    pairs = training_pairs(load_source(args.data, splits=[args.split]), args.split)[: args.pairs]
+    pairs = public_pairs_input(f"{args.data}:{args.split}", "--data").pairs[: args.pairs]
     documents, queries = [p.document for p in pairs], [p.query for p in pairs]
     losses = {
         path: pair_losses(path, documents, queries, args.max_source_length, args.max_target_length)
@@ -74,6 +85,7 @@ def main() -> None:
         "reference": args.generators[0],
         "generators": {
             path: {
+                "epsilon": _epsilon(path),
                 "mean_loss": float(values.mean()),
                 "minus_reference": float((values - reference).mean()),
                 "interval_95": paired_interval(values - reference),

@@ -140,8 +140,18 @@ class FinetuneConfig(StageConfig):
     limit: Limit = None
     resume: Resume = False
 
+    @field_validator("lora_targets")
+    @classmethod
+    def _canonical_targets(cls, value: str) -> str:
+        """One spelling per set of layers (sorted, each once), so equal runs share a fingerprint."""
+        return value if value == "all-linear" else ",".join(sorted(set(value.split(","))))
+
     @model_validator(mode="after")
     def _limit_without_dp(self) -> FinetuneConfig:
+        if self.lora_targets != "all-linear" and self.lora_rank == 0:
+            raise ValueError(
+                f"--lora-targets {self.lora_targets} needs --lora-rank > 0 (at 0 every weight is trained)"
+            )
         refuse_limit_with_dp(self.limit, math.isfinite(self.epsilon))
         refuse_user_options_at_the_query_unit(self)
         return self

@@ -308,34 +308,55 @@ def _label_log_likelihood(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     return (picked * mask).sum(dim=-1)
 
 
+def lora_target_modules(model: torch.nn.Module, targets: str) -> str | list[str]:
+    """``targets`` as peft's ``target_modules``: ``all-linear``, or the comma-separated names, each
+    the last name of at least one linear layer (never the output layer, which shares its weight
+    with the input embeddings in tied models: merging an adapter there would change both). A name
+    that matches none is refused, naming those the model has."""
+    if targets == "all-linear":
+        return targets
+    names = [name.strip() for name in targets.split(",") if name.strip()]
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linear_names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name and module is not output
+    }
+    missing = [name for name in names if name not in linear_names]
+    if missing:
+        raise SettingError(
+            f"--lora-targets {targets}: no linear layer named {', '.join(missing)} in this model "
+            f"(the output layer excluded); its linear layers are named {', '.join(sorted(linear_names))}"
+        )
+    return names
+
+
+def check_lora_targets(spec: str | Path, targets: str) -> None:
+    """Refuse ``targets`` that name no linear layer of the model at ``spec``, from its config alone
+    (a model of empty tensors on the meta device: no weights read), before a stage reads any data."""
+    if targets == "all-linear":
+        return
+    config = AutoConfig.from_pretrained(resolve_model(str(spec)))
+    model_class = AutoModelForSeq2SeqLM if detect_kind(config) == "seq2seq" else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = model_class.from_config(config)
+    lora_target_modules(model, targets)
+
+
 def apply_lora(
     generator: QueryGenerator, rank: int, alpha: float | None = None, targets: str = "all-linear"
 ) -> None:
     """Replace the generator's model by a peft LoRA model: adapters of rank ``rank`` (``alpha``
     default ``2 · rank``) on every linear layer, or with ``targets`` a comma-separated list of
-    module names (``q_proj,v_proj``) on the linear layers of those names only; only the adapters
-    are trainable. A name that matches no linear layer is refused, naming those the model has."""
+    module names (``q_proj,v_proj``) on the linear layers of those names only
+    (:func:`lora_target_modules`); only the adapters are trainable."""
     from peft import LoraConfig, get_peft_model
 
-    target_modules: str | list[str] = "all-linear"
-    if targets != "all-linear":
-        target_modules = [name.strip() for name in targets.split(",") if name.strip()]
-        linear_names = {
-            name.rsplit(".", 1)[-1]
-            for name, module in generator.model.named_modules()
-            if isinstance(module, torch.nn.Linear) and name
-        }
-        missing = [name for name in target_modules if name not in linear_names]
-        if missing:
-            raise SettingError(
-                f"--lora-targets {targets}: no linear layer named {', '.join(missing)} in this model; "
-                f"its linear layers are named {', '.join(sorted(linear_names))}"
-            )
     lora = LoraConfig(
         r=rank,
         lora_alpha=alpha or 2 * rank,
         lora_dropout=0.0,
-        target_modules=target_modules,
+        target_modules=lora_target_modules(generator.model, targets),
         task_type="SEQ_2_SEQ_LM" if generator.kind == "seq2seq" else "CAUSAL_LM",
     )
     generator.model = get_peft_model(generator.model, lora)

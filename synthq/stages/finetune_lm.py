@@ -63,7 +63,7 @@ from synthq.dp.privacy_units import (
     unit_diagnostics,
 )
 from synthq.models.defaults import Chosen, finetune_defaults, why_corpus_is_public
-from synthq.models.generator import QueryGenerator, apply_lora
+from synthq.models.generator import QueryGenerator, apply_lora, check_lora_targets
 from synthq.models.stage_costs import expected_line, generator_training_seconds, parameter_count
 from synthq.models.training_step import non_private_step, training_statistics
 from synthq.privacy.accounting import default_delta
@@ -305,6 +305,8 @@ def run(config: FinetuneConfig) -> Artifact:
     checkpoint), then write the generator and the release of the private pairs."""
     place = distributed.setup(config.device)
     start = model_input(config.model, stage=STAGE)
+    if config.lora_rank > 0:
+        check_lora_targets(start.path, config.lora_targets)  # before any data is read
     if config.max_steps == 0:
         return _warm_start_only(config, place, start)
     sources = _resolve_sources(config, start)

@@ -28,10 +28,16 @@ def _old(config) -> dict:
         TrainRetrieverConfig(data="embedded", out="o"),
     ],
 )
-def test_the_old_behaviour_value_keeps_the_fingerprint_and_other_values_change_it(config):
+@pytest.mark.parametrize("added", ["user_clipping", "hard_negatives", "lora_targets"])
+def test_the_old_behaviour_value_keeps_the_fingerprint_and_other_values_change_it(config, added):
     assert config_fingerprint(config, INPUTS) == config_fingerprint(_old(config), INPUTS)
-    field = next(k for k in ADDED_FIELD_DEFAULTS if k in type(config).model_fields)
-    changed = config.model_copy(update={field: "per-user" if field == "user_clipping" else 2})
+    if added not in type(config).model_fields:
+        return
+    if added == "lora_targets":  # targets need adapters: compare at one rank
+        config = config.model_copy(update={"lora_rank": 8})
+        assert config_fingerprint(config, INPUTS) == config_fingerprint(_old(config), INPUTS)
+    other = {"user_clipping": "per-user", "hard_negatives": 2, "lora_targets": "q_proj,v_proj"}[added]
+    changed = config.model_copy(update={added: other})
     assert config_fingerprint(changed, INPUTS) != config_fingerprint(config, INPUTS)
 
 

@@ -12,6 +12,7 @@ from synthq.data.pairs import training_pairs
 from synthq.data.sources import load_source
 from synthq.dp.lm.learning_check import held_out_loss
 from synthq.models.generator import QueryGenerator, apply_lora
+from synthq.runtime.errors import PrivacyError
 from tests import helpers
 
 
@@ -35,7 +36,7 @@ def test_losses_are_per_pair_paired_against_the_first_generator_and_private_spli
     assert result["pairs"] == 3 and result["reference"] == str(tiny_causal_dir)
     first, second = (result["generators"][str(path)] for path in (tiny_causal_dir, tmp_path / "moved"))
     assert first["minus_reference"] == 0 and first["interval_95"] == [0, 0]
-    # independent: the learning check's own mean over the same three pairs, one batch
+    # the learning check's mean over the same three pairs, in one batch: the slicing and the mean
     pairs = training_pairs(load_source(str(data), splits=["test"]), "test")[:3]
     for path, row in ((tiny_causal_dir, first), (tmp_path / "moved", second)):
         generator = QueryGenerator.load(path, max_source_length=32)
@@ -44,7 +45,15 @@ def test_losses_are_per_pair_paired_against_the_first_generator_and_private_spli
     assert second["minus_reference"] == pytest.approx(second["mean_loss"] - first["mean_loss"], abs=1e-5)
     low, high = second["interval_95"]
     assert low <= second["minus_reference"] <= high and low < high
-    monkeypatch.setattr(sys, "argv", ["generator_held_out.py", *argv[:-1], "train"])
-    with pytest.raises(SystemExit):
-        generator_held_out.main()
-    assert "not declared public" in capsys.readouterr().err
+    assert first["epsilon"] == second["epsilon"] == "public model"  # neither is a synthq artifact
+    # a split declared private, and one of a dataset that declares nothing (fail closed): refused,
+    # nothing printed
+    undeclared = helpers.private_copy(tmp_path, tiny_beir, "undeclared")
+    (undeclared / "privacy.json").unlink()
+    for root, split in ((data, "train"), (undeclared, "test")):
+        monkeypatch.setattr(
+            sys, "argv", ["generator_held_out.py", *argv[:2], "--data", str(root), "--split", split]
+        )
+        with pytest.raises(PrivacyError, match="not declared public"):
+            generator_held_out.main()
+        assert capsys.readouterr().out == ""

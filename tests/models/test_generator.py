@@ -125,3 +125,18 @@ def test_lora_targets_naming_no_layer_are_refused_with_the_names_the_model_has(t
     generator = QueryGenerator.load(tiny_causal_dir, max_source_length=64)
     with pytest.raises(SettingError, match=r"no linear layer named query, value .*q_proj.*v_proj"):
         apply_lora(generator, rank=2, targets="q_proj,query,value")
+
+
+def test_the_tied_output_layer_is_never_a_lora_target(tiny_causal_dir, tiny_t5_dir):
+    """Merging an adapter into lm_head would change the input embeddings it shares its weight
+    with: the shipped generator would not be the one trained. Refused, for both kinds."""
+    from synthq.models.generator import apply_lora, check_lora_targets
+    from synthq.runtime.errors import SettingError
+
+    for path in (tiny_causal_dir, tiny_t5_dir):
+        with pytest.raises(SettingError, match="no linear layer named lm_head"):
+            apply_lora(QueryGenerator.load(path, max_source_length=64), rank=2, targets="lm_head")
+        with pytest.raises(SettingError, match="no linear layer named lm_head"):
+            check_lora_targets(path, "lm_head")  # from the config alone, no weights
+    check_lora_targets(tiny_causal_dir, "q_proj,v_proj")
+    check_lora_targets(tiny_t5_dir, "q,v")

@@ -263,7 +263,7 @@ def test_batch_size_auto_trains_at_the_batch_it_prints_and_the_manifest_records(
 
 
 def test_lora_targets_train_only_the_named_layers_and_the_saved_model_differs_there_only(
-    tmp_path, tiny_beir, tiny_causal_dir
+    tmp_path, tiny_beir, tiny_causal_dir, monkeypatch
 ):
     """A DP run with --lora-targets q_proj,v_proj: the shipped (merged) generator equals its base
     everywhere but in the attention query and value projections, which moved; the config records
@@ -279,12 +279,19 @@ def test_lora_targets_train_only_the_named_layers_and_the_saved_model_differs_th
     trained = QueryGenerator.load(artifact.path).model.state_dict()
     changed = {name for name in base if not torch.equal(base[name], trained[name])}
     assert changed and all(name.endswith(("q_proj.weight", "v_proj.weight")) for name in changed)
+    # a bad name is refused from the model's config before the data is read or a directory made
+    monkeypatch.setattr(finetune_lm, "load_source", lambda *_a, **_k: pytest.fail("read the data"))
+    monkeypatch.setattr(finetune_lm, "_resolve_sources", lambda *_a, **_k: pytest.fail("resolved the data"))
+    bad = config(tmp_path, tiny_beir, tiny_causal_dir, "bad", epsilon=8, lora_rank=2, lora_targets="wq")
     with pytest.raises(SettingError, match="no linear layer named wq"):
-        finetune_lm.run(
-            config(tmp_path, tiny_beir, tiny_causal_dir, "bad", epsilon=8, lora_rank=2, lora_targets="wq")
-        )
-    assert not (tmp_path / "bad" / "manifest.json").exists()
+        finetune_lm.run(bad)
+    assert not bad.out.exists() and not partial_dir(bad.out).exists()
     with pytest.raises(ValueError, match="lora_targets"):
         FinetuneConfig(
             data=str(tiny_beir), model=str(tiny_causal_dir), out=tmp_path / "x", lora_targets="q_proj;rm"
         )
+    # one spelling per set of layers; targets without LoRA (every weight trained) are refused
+    same = dict(data=str(tiny_beir), model=str(tiny_causal_dir), out=tmp_path / "x", lora_rank=2)
+    assert FinetuneConfig(**same, lora_targets="v_proj,q_proj,v_proj").lora_targets == "q_proj,v_proj"
+    with pytest.raises(ValueError, match="needs --lora-rank > 0"):
+        FinetuneConfig(**{**same, "lora_rank": 0}, lora_targets="q_proj")
