@@ -40,6 +40,11 @@ def detect_kind(config) -> Kind:
     return "seq2seq" if getattr(config, "is_encoder_decoder", False) else "causal"
 
 
+def _model_class(config):
+    """The transformers auto class that loads a generator of ``config``'s kind."""
+    return AutoModelForSeq2SeqLM if detect_kind(config) == "seq2seq" else AutoModelForCausalLM
+
+
 def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, kind: Kind) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token is None:
         # Causal LMs often ship without a pad token; EOS is safe because padding is masked out.
@@ -78,10 +83,7 @@ class QueryGenerator:
         saved = {}
         if (path / GENERATOR_FILE).is_file():
             saved = json.loads((path / GENERATOR_FILE).read_text(encoding="utf-8"))
-        config = AutoConfig.from_pretrained(path)
-        kind = detect_kind(config)
-        model_class = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForCausalLM
-        model = model_class.from_pretrained(path, dtype=torch.float32)
+        model = _model_class(AutoConfig.from_pretrained(path)).from_pretrained(path, dtype=torch.float32)
         if (path / "adapter_config.json").is_file() and not hasattr(model, "peft_config"):
             from peft import PeftModel
 
@@ -337,9 +339,8 @@ def check_lora_targets(spec: str | Path, targets: str) -> None:
     if targets == "all-linear":
         return
     config = AutoConfig.from_pretrained(resolve_model(str(spec)))
-    model_class = AutoModelForSeq2SeqLM if detect_kind(config) == "seq2seq" else AutoModelForCausalLM
     with torch.device("meta"):
-        model = model_class.from_config(config)
+        model = _model_class(config).from_config(config)
     lora_target_modules(model, targets)
 
 
