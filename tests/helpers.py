@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -13,6 +15,8 @@ from pathlib import Path
 from synthq.cli.errors import main
 from synthq.config.generator import EvolveConfig, FinetuneConfig
 from synthq.config.retriever import TrainRetrieverConfig
+from synthq.privacy.accounting import epsilon_for
+from synthq.privacy.guarantee import Guarantee
 from synthq.stages import finetune_lm
 
 TOPICS = {
@@ -210,6 +214,42 @@ def tiny_sentence_encoder(directory: Path, dropout: float = 0.1) -> Path:
     pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
     SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(directory))
     return directory
+
+
+@functools.lru_cache(maxsize=64)
+def _gaussian_noise_for(epsilon: float, delta: float) -> float | None:
+    """σ at which one unsampled Gaussian step costs ``epsilon`` at ``delta`` under Opacus' RDP
+    accountant, to a relative 1e-10 (bisection on log σ; ε falls as σ grows); ``None`` below the
+    smallest ε the accountant gives one step (about 0.1 at δ = 1e-5)."""
+    low, high = math.log(1e-2), math.log(1e4)
+    if epsilon_for(math.exp(high), delta, 1.0, 1, "rdp").epsilon > epsilon:
+        return None
+    while high - low > 1e-12:
+        middle = (low + high) / 2
+        if epsilon_for(math.exp(middle), delta, 1.0, 1, "rdp").epsilon > epsilon:
+            low = middle
+        else:
+            high = middle
+    return math.exp(high)
+
+
+def accounted(epsilon: float, delta: float = 1e-5, **fields) -> Guarantee:
+    """A private guarantee of ``epsilon`` that records the mechanism behind it, as every release a
+    writer accepts must: the test's exact ε, and parameters
+    :func:`~synthq.privacy.accounting.check_recorded_epsilon` recomputes it from — one Gaussian
+    step whose σ the accountant turns back into ``epsilon``, or below what one step can give, one
+    report-noisy-max selection of pure ``epsilon``. ``fields`` are the other :class:`Guarantee`
+    fields (``details`` merged)."""
+    extra = fields.pop("details", {})
+    fields.pop("accountant", None)  # the one that computed it: RDP (or pure ε for noisy max)
+    sigma = _gaussian_noise_for(float(epsilon), float(delta))
+    if sigma is None:
+        details = {"epsilon_per_selection": epsilon, "selections": 1, **extra}
+        fields["mechanism"] = "report-noisy-max"
+        return Guarantee(epsilon=epsilon, delta=delta, details=details, **fields)
+    fields.setdefault("mechanism", "dp-test")
+    details = {"noise_multiplier": sigma, "sample_rate": 1.0, "steps": 1, **extra}
+    return Guarantee(epsilon=epsilon, delta=delta, accountant="rdp", details=details, **fields)
 
 
 def tiny_retriever_artifact(out: Path, encoder_dir: Path, privacy, config: dict | None = None):

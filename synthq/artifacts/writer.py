@@ -97,8 +97,17 @@ class ArtifactWriter:
         (``unit_ids``, or ``units``: the record of a set another release already stored; a
         user-level release passes its ``links``, :func:`synthq.privacy.unit_sets.store_unit_set`;
         a query-level read passes the queries' ``texts``, in the order of ``unit_ids``, which
-        link its queries by id and text, :func:`synthq.privacy.unit_sets.query_links`)."""
+        link its queries by id and text, :func:`synthq.privacy.unit_sets.query_links`).
+
+        The guarantee must be one synthq can recompute: a private ε with no mechanism parameters
+        (σ, sampling rate, steps and a known accountant, or its parts'), an ε its parameters do
+        not give, or a release labelled public is refused here, before it is sealed into a
+        manifest (:func:`synthq.privacy.accounting.check_recorded_epsilon`, the check an
+        unsealed manifest gets when it is opened)."""
+        from synthq.privacy.accounting import check_recorded_epsilon
         from synthq.privacy.unit_sets import query_links, store_unit_set
+
+        check_recorded_epsilon(guarantee, f"{self.stage}: the release about {data.get('name')}", sealed=False)
 
         if texts is not None:
             links = query_links(list(unit_ids), list(texts))

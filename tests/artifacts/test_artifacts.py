@@ -18,9 +18,10 @@ from synthq.artifacts.manifest import open_artifact, partial_dir
 from synthq.artifacts.records import data_input_record
 from synthq.config.generator import GenerateConfig
 from synthq.privacy.guarantee import Guarantee
-from synthq.runtime.errors import ArtifactError
+from synthq.runtime.errors import ArtifactError, PrivacyError
+from tests.helpers import accounted
 
-PRIVATE = Guarantee(epsilon=3.0, delta=1e-5, mechanism="dp-adam", accountant="rdp")
+PRIVATE = accounted(epsilon=3.0, delta=1e-5, mechanism="dp-adam", accountant="rdp")
 
 
 def make(out, payload="hello", config=None, inputs=()):
@@ -60,6 +61,30 @@ def test_missing_guarantee_is_an_error(tmp_path):
     with pytest.raises(ArtifactError, match="privacy"), create_artifact(out, "generate", {}) as writer:
         (writer.dir / "x").write_text("x")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("guarantee", "refusal"),
+    [
+        (
+            Guarantee(epsilon=3.0, delta=1e-5, mechanism="dp-adam", accountant="rdp"),
+            "no mechanism parameters",
+        ),
+        (PRIVATE.model_copy(update={"epsilon": 1.0}), "does not match its mechanism's parameters"),
+        (Guarantee.public(), "recorded as public"),
+        (PRIVATE.model_copy(update={"epsilon": -1.0}), "negative"),
+    ],
+    ids=["unaccounted", "edited-epsilon", "public-release", "negative"],
+)
+def test_a_release_whose_epsilon_cannot_be_recomputed_is_refused_before_it_is_sealed(
+    tmp_path, guarantee, refusal
+):
+    out = tmp_path / "art"
+    data = {"name": "private", "sha256": "hmac:x", "kind": "data"}
+    with pytest.raises(PrivacyError, match=refusal), create_artifact(out, "generate", {}) as writer:
+        (writer.dir / "x").write_text("x")
+        writer.release(guarantee, data, ["q1"])
+    assert not out.exists() and not partial_dir(out).exists()
 
 
 def test_keep_partial_for_resume(tmp_path):

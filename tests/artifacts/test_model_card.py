@@ -4,20 +4,23 @@ from __future__ import annotations
 
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.manifest import open_artifact
+from synthq.privacy.accounting import epsilon_for
 from synthq.privacy.guarantee import Guarantee
 
 
 def test_model_artifacts_carry_a_model_card(tmp_path):
     guarantee = Guarantee(
-        epsilon=7.93, delta=1e-5, unit="query", mechanism="dp-adam", accountant="rdp",
-        details={"noise_multiplier": 0.91}, derived_from=["ab" * 32],
+        epsilon=epsilon_for(0.91, 1e-5, 0.05, 300).epsilon, delta=1e-5, unit="query", mechanism="dp-adam",
+        accountant="rdp", details={"noise_multiplier": 0.91, "sample_rate": 0.05, "steps": 300},
+        derived_from=["ab" * 32],
     )  # fmt: skip
     with create_artifact(tmp_path / "gen", "finetune-lm", {"epsilon": 8}) as writer:
         (writer.dir / "model.safetensors").write_bytes(b"w")
         writer.privacy = guarantee
     card = (tmp_path / "gen" / "README.md").read_text()
-    for fact in ("| ε | 7.93 |", "| δ | 1e-05 |", "query", "dp-adam", "| accountant | rdp |",
-                 "noise_multiplier | 0.91", "abababab"):  # fmt: skip
+    facts = (f"| ε | {guarantee.epsilon:.4g} |", "| δ | 1e-05 |", "query", "dp-adam", "| accountant | rdp |",
+             "noise_multiplier | 0.91", "abababab")  # fmt: skip
+    for fact in facts:
         assert fact in card
     assert "run in this directory `synthq ledger . --statement`" in card  # the reviewer's statement
     assert open_artifact(tmp_path / "gen").manifest["files"]["README.md"]  # hashed and verified

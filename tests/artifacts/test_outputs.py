@@ -15,7 +15,7 @@ from synthq.privacy.guarantee import Guarantee
 from synthq.runtime import hashing
 from synthq.runtime.errors import ArtifactError
 from synthq.runtime.hashing import sha256_tree
-from tests.helpers import eval_argv, one_line, output_held_by_another_process, run_main
+from tests.helpers import accounted, eval_argv, one_line, output_held_by_another_process, run_main
 
 
 def tree(path: Path) -> dict[str, bytes]:
@@ -50,7 +50,7 @@ def test_force_never_replaces_an_input(tmp_path, tiny_encoder_dir, tiny_beir, ca
     source = tmp_path / "ret"
     with create_artifact(source, "train-retriever", {"x": 1}) as writer:
         shutil.copytree(tiny_encoder_dir, writer.dir, dirs_exist_ok=True)
-        writer.privacy = Guarantee(epsilon=8.0, delta=1e-5, mechanism="dp-adam")
+        writer.privacy = accounted(epsilon=8.0, delta=1e-5, mechanism="dp-adam")
     before = tree(source)
     argv = ["eval", "--retriever", str(source), "--datasets", str(tiny_beir), "--out", str(source), "--force"]
     status, output = run_main(argv, capsys, monkeypatch)

@@ -20,7 +20,7 @@ from synthq.privacy.guarantee import Guarantee
 from synthq.reporting.eval_files import PER_QUERY_FILE, SELECTION_FILE
 from synthq.runtime.errors import PrivacyError
 from synthq.stages import train_retriever
-from tests.helpers import one_line, retriever_config, run_main
+from tests.helpers import accounted, one_line, retriever_config, run_main
 
 DELTA = 1e-5
 NOT_STATED = "not stated: the CLT approximation for the subsampled Gaussian is not a guarantee"
@@ -392,7 +392,7 @@ def test_the_assumption_that_unlinked_user_level_releases_hold_different_people_
     from synthq.privacy.unit_sets import DIFFERENT_PEOPLE
 
     _, data = private_data
-    user_level = Guarantee(epsilon=2.0, delta=1e-5, unit="user", mechanism="dp-adam", accountant="rdp")
+    user_level = accounted(epsilon=2.0, delta=1e-5, unit="user", mechanism="dp-adam", accountant="rdp")
     paths = [
         release(
             tmp_path / name,
@@ -427,7 +427,7 @@ def test_a_plain_sum_is_one_line_that_bounds_every_unit(tmp_path, private_data):
     per-dataset line of a plain sum would not bound a unit another dataset also holds) — and
     nothing reads which releases share queries."""
     _, data = private_data
-    query_level = Guarantee(epsilon=2.0, delta=1e-5, unit="query", mechanism="dp-adam", accountant="rdp")
+    query_level = accounted(epsilon=2.0, delta=1e-5, unit="query", mechanism="dp-adam", accountant="rdp")
     paths = [
         release(
             tmp_path / name,
@@ -465,8 +465,8 @@ def test_datasets_on_separate_lines_print_that_they_hold_different_people_and_qu
     from synthq.privacy.unit_sets import SEPARATE_DATASETS
 
     _, data = private_data
-    user_level = Guarantee(epsilon=2.0, delta=1e-5, unit="user", mechanism="dp-adam", accountant="rdp")
-    query_level = Guarantee(epsilon=2.0, delta=1e-5, unit="query", mechanism="dp-adam", accountant="rdp")
+    user_level = accounted(epsilon=2.0, delta=1e-5, unit="user", mechanism="dp-adam", accountant="rdp")
+    query_level = accounted(epsilon=2.0, delta=1e-5, unit="query", mechanism="dp-adam", accountant="rdp")
     people = release(tmp_path / "log", {**data, "identity": "hmac:log"}, user_level, ["alice"],
                      unit_kind="user", links={"query": ["a1"], "text": ["boil an egg"]})  # fmt: skip
     other = release(tmp_path / "other", {**data, "identity": "hmac:other"}, query_level, ["z1"],

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from synthq.artifacts.create import create_artifact
 from synthq.cli.app import app
+from synthq.privacy.accounting import epsilon_for
 from synthq.privacy.guarantee import Guarantee
 
 runner = CliRunner()
@@ -40,17 +41,19 @@ def test_info_prints_guarantee_and_lineage(tmp_path, tiny_beir):
     out = tmp_path / "gen"
     with create_artifact(out, "finetune-lm", {"epsilon": 8}, [data_input_record(tiny_beir)]) as writer:
         (writer.dir / "x.txt").write_text("x")
+        epsilon = epsilon_for(0.9, 1e-5, 0.05, 300).epsilon
         writer.privacy = Guarantee(
-            epsilon=7.93, delta=1e-5, mechanism="dp-adam", accountant="rdp", details={"noise_multiplier": 0.9}
-        )
+            epsilon=epsilon, delta=1e-5, mechanism="dp-adam", accountant="rdp",
+            details={"noise_multiplier": 0.9, "sample_rate": 0.05, "steps": 300},
+        )  # fmt: skip
         writer.metrics["final_loss"] = 1.25
     result = runner.invoke(app, ["info", str(out)])
     assert result.exit_code == 0, result.output
-    assert "ε = 7.93" in result.output and "rdp" in result.output
+    assert f"ε = {epsilon:.2f}" in result.output and "rdp" in result.output
     assert "noise_multiplier: 0.9" in result.output and "final_loss: 1.25" in result.output
     assert str(tiny_beir) in result.output
     as_json = runner.invoke(app, ["info", str(out), "--json"])
-    assert json.loads(as_json.output)["privacy"]["epsilon"] == 7.93
+    assert json.loads(as_json.output)["privacy"]["epsilon"] == epsilon
 
 
 def test_data_info(tiny_beir, tmp_path):

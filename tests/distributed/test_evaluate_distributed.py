@@ -9,17 +9,16 @@ import pytest
 
 from synthq.artifacts.manifest import open_artifact
 from synthq.config.evaluation import EvalConfig
-from synthq.privacy.guarantee import Guarantee
 from synthq.stages import evaluate
 from tests import helpers
 from tests.distributed.launch import torchrun
-from tests.helpers import tiny_retriever_artifact
+from tests.helpers import accounted, tiny_retriever_artifact
 
 
 @pytest.mark.slow
 def test_two_ranks_give_the_single_process_metrics(tmp_path, tiny_beir, tiny_encoder_dir, monkeypatch):
     retriever = tiny_retriever_artifact(
-        tmp_path / "ret", tiny_encoder_dir, Guarantee(epsilon=8.0, delta=1e-5, mechanism="dp-group")
+        tmp_path / "ret", tiny_encoder_dir, accounted(epsilon=8.0, delta=1e-5, mechanism="dp-group")
     )
     options = dict(retrievers=[str(retriever.path)], datasets=[str(tiny_beir)], split="test", device="cpu")
     single = evaluate.run(EvalConfig(out=tmp_path / "one", **options))

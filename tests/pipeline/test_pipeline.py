@@ -15,8 +15,8 @@ from synthq.config.fields import StageConfig
 from synthq.pipeline.plan import plan_pipeline
 from synthq.pipeline.progress import describe_plan, time_by_kind
 from synthq.pipeline.run import run_plan
-from synthq.privacy.guarantee import Guarantee
 from synthq.runtime.errors import SynthqError
+from tests.helpers import accounted
 
 CALLS: list[str] = []
 REAL_GENERATE = registry.STAGES["generate"]
@@ -41,7 +41,7 @@ def run(config: FakeConfig):
     with create_artifact(config.out, "generate", config, inputs) as writer:
         (writer.dir / "value.txt").write_text(str(config.value))
         writer.metrics["scores"] = {"value": config.value, "double": 2 * config.value}
-        writer.privacy = Guarantee(epsilon=config.value, delta=1e-5, mechanism="fake")
+        writer.privacy = accounted(epsilon=config.value, delta=1e-5, mechanism="fake")
     return open_artifact(config.out)
 
 

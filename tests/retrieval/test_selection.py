@@ -13,7 +13,7 @@ from synthq.config.evaluation import EvalConfig
 from synthq.privacy.guarantee import Guarantee
 from synthq.retrieval.selection import select_best, selection_markdown, varying_settings
 from synthq.runtime.errors import DataError
-from tests.helpers import tiny_retriever_artifact
+from tests.helpers import accounted, tiny_retriever_artifact
 
 
 def _row(model, method, lr, seed, score, kind="retriever", epsilon=8.0):
@@ -58,7 +58,7 @@ def test_selection_needs_one_dataset():
 def test_eval_select_on_keeps_the_chosen_retrievers(tmp_path, tiny_encoder_dir, tiny_beir):
     from synthq.stages import evaluate
 
-    privacy = Guarantee(epsilon=8.0, delta=1e-6, mechanism="dp-sample")
+    privacy = accounted(epsilon=8.0, delta=1e-6, mechanism="dp-sample")
     low, high, other = (
         tiny_retriever_artifact(
             tmp_path / name, tiny_encoder_dir, privacy, {"dp": "sample", "lr": lr, "seed": 0}

@@ -17,13 +17,13 @@ from synthq.privacy.guarantee import Guarantee
 from synthq.retrieval.metrics import METRICS
 from synthq.runtime.errors import ArtifactError, DataError
 from synthq.stages import evaluate
-from tests.helpers import tiny_retriever_artifact, write_tiny_beir
+from tests.helpers import accounted, tiny_retriever_artifact, write_tiny_beir
 
 
 @pytest.fixture(scope="module")
 def retriever(tmp_path_factory, tiny_encoder_dir):
     out = tmp_path_factory.mktemp("ret") / "ret-dp"
-    privacy = Guarantee(epsilon=4.0, delta=1e-5, mechanism="dp-group", accountant="rdp")
+    privacy = accounted(epsilon=4.0, delta=1e-5, mechanism="dp-group", accountant="rdp")
     return tiny_retriever_artifact(out, tiny_encoder_dir, privacy, {"encoder": "tiny", "dp": "group"})
 
 
@@ -233,13 +233,13 @@ def test_sub_datasets_are_averaged_like_cqadupstack(tmp_path, retriever, tiny_be
 def test_guarantee_composes_independent_releases(tmp_path, tiny_encoder_dir, tiny_beir, monkeypatch):
     monkeypatch.setenv("SYNTHQ_CACHE", str(tmp_path / "cache"))
     direct = tiny_retriever_artifact(
-        tmp_path / "ret-direct", tiny_encoder_dir, Guarantee(epsilon=2.0, delta=1e-6, mechanism="dp-sample")
+        tmp_path / "ret-direct", tiny_encoder_dir, accounted(epsilon=2.0, delta=1e-6, mechanism="dp-sample")
     )
     generator_hash = "a" * 64  # a synthetic retriever inherits a generator's guarantee
     synthetic = tiny_retriever_artifact(
         tmp_path / "ret-syn",
         tiny_encoder_dir,
-        Guarantee(
+        accounted(
             epsilon=3.0, delta=1e-6, mechanism="dp-adam+post-processing", derived_from=[generator_hash]
         ),
     )
@@ -263,7 +263,7 @@ def test_bad_input(tmp_path, tiny_beir, retriever, tiny_encoder_dir):
     wrong = tmp_path / "wrong"
     with create_artifact(wrong, "generate", {}) as writer:
         (writer.dir / "x").write_text("x")
-        writer.privacy = Guarantee(epsilon=1.0, delta=1e-5)
+        writer.privacy = accounted(epsilon=1.0, delta=1e-5)
     with pytest.raises(ArtifactError, match="expected 'train-retriever'"):
         evaluate.run(EvalConfig(retrievers=[str(wrong)], datasets=[str(tiny_beir)], out=tmp_path / "o"))
     with pytest.raises(DataError, match="unknown BEIR dataset"):

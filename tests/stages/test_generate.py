@@ -33,8 +33,9 @@ from synthq.privacy.guarantee import Guarantee
 from synthq.runtime.errors import ArtifactError, DataError, SynthqError
 from synthq.stages import generate
 from tests import helpers
+from tests.helpers import accounted
 
-GUARANTEE = Guarantee(epsilon=8.0, delta=1e-5, unit="example", mechanism="dp-adam", accountant="rdp")
+GUARANTEE = accounted(epsilon=8.0, delta=1e-5, unit="example", mechanism="dp-adam", accountant="rdp")
 
 
 def tiny_generator_artifact(model_dir, out, steps: int):

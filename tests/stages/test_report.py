@@ -23,7 +23,7 @@ from synthq.reporting.tables import (
 )
 from synthq.retrieval.metrics import METRICS
 from synthq.runtime.errors import ArtifactError
-from tests.helpers import tiny_retriever_artifact
+from tests.helpers import accounted, tiny_retriever_artifact
 
 SCORES = {**dict.fromkeys(METRICS, 0.1), "ndcg@10": 0.5, "recall@10": 0.7}
 PUBLIC = Guarantee.public().model_dump(mode="json")
@@ -103,13 +103,13 @@ def two_evals(tmp_path_factory, tiny_encoder_dir, tiny_beir):
     dp = tiny_retriever_artifact(
         root / "ret-dp",
         tiny_encoder_dir,
-        Guarantee(epsilon=2.0, delta=1e-6, mechanism="dp-sample"),
+        accounted(epsilon=2.0, delta=1e-6, mechanism="dp-sample"),
         {"dp": "sample"},
     )
     syn = tiny_retriever_artifact(
         root / "ret-syn",
         tiny_encoder_dir,
-        Guarantee(epsilon=8.0, delta=1e-6, mechanism="dp-adam+post-processing", derived_from=["g" * 64]),
+        accounted(epsilon=8.0, delta=1e-6, mechanism="dp-adam+post-processing", derived_from=["g" * 64]),
     )
     first = evaluate.run(
         EvalConfig(retrievers=[str(dp.path)], datasets=[str(tiny_beir)], out=root / "eval-1")

@@ -12,9 +12,9 @@ from synthq.artifacts.create import create_artifact
 from synthq.artifacts.manifest import open_artifact
 from synthq.config.evaluation import SimilarityConfig
 from synthq.data.beir_io import load_beir_dir, write_beir_dir
-from synthq.privacy.guarantee import Guarantee
 from synthq.runtime.errors import DataError
 from synthq.stages import similarity
+from tests.helpers import accounted
 
 
 def synthetic_artifact(tmp_path, beir, name, rewrite):
@@ -30,7 +30,7 @@ def synthetic_artifact(tmp_path, beir, name, rewrite):
     out = tmp_path / name
     with create_artifact(out, "generate", {"name": name}) as writer:
         write_beir_dir(writer.dir, dataset.corpus, queries, {"train": qrels})
-        writer.privacy = Guarantee(epsilon=8.0, delta=1e-5, mechanism="dp-adam+post-processing")
+        writer.privacy = accounted(epsilon=8.0, delta=1e-5, mechanism="dp-adam+post-processing")
     return open_artifact(out)
 
 

@@ -17,11 +17,11 @@ from synthq.data.beir_io import load_beir_dir, write_beir_dir
 from synthq.data.pairs import training_pairs
 from synthq.dp.contrastive.logit import logit_dp_constants
 from synthq.dp.engine import PrivacyPlan
-from synthq.privacy.guarantee import Guarantee
 from synthq.retrieval.metrics import evaluate
 from synthq.retrieval.topk import exact_search
 from synthq.runtime.errors import ArtifactError, DataError
 from synthq.stages import train_retriever
+from tests.helpers import accounted
 
 
 def config(tmp_path, data, encoder, name, **options):
@@ -142,7 +142,7 @@ def test_synthetic_input_inherits_the_generator_guarantee(tmp_path, tiny_beir, t
         write_beir_dir(
             writer.dir, dataset.corpus, queries, {"train": {f"syn-{d}-0": {d: 1} for d in dataset.corpus}}
         )
-        writer.privacy = Guarantee(
+        writer.privacy = accounted(
             epsilon=3.0, delta=1e-6, mechanism="dp-adam+post-processing", accountant="rdp"
         )
     source = open_artifact(synthetic)
@@ -162,7 +162,7 @@ def _synthetic_set(tmp_path, tiny_beir, per_document: int):
     with create_artifact(synthetic, "generate", {"num_queries": per_document}) as writer:
         qrels = {"train": {q: {q.split("-", 1)[1].rsplit("-", 1)[0]: 1} for q in queries}}
         write_beir_dir(writer.dir, dataset.corpus, queries, qrels)
-        writer.privacy = Guarantee(
+        writer.privacy = accounted(
             epsilon=3.0, delta=1e-6, mechanism="dp-adam+post-processing", accountant="rdp"
         )
     return synthetic
@@ -221,7 +221,7 @@ def test_bad_input(tmp_path, tiny_beir, tiny_encoder_dir):
     wrong = tmp_path / "wrong"
     with create_artifact(wrong, "eval", {}) as writer:
         (writer.dir / "x").write_text("x")
-        writer.privacy = Guarantee(epsilon=1.0, delta=1e-5)
+        writer.privacy = accounted(epsilon=1.0, delta=1e-5)
     with pytest.raises(ArtifactError, match="expected 'generate'"):
         train_retriever.run(config(tmp_path, wrong, tiny_encoder_dir, "x"))
     with pytest.raises(DataError, match="no qrels for split 'dev2'"):
