@@ -327,6 +327,26 @@ def _check_ranges(guarantee: Guarantee, where: str, *, sealed: bool) -> None:
         refuse(f"δ = {guarantee.delta:g} is not the δ its ε was computed at ({computed_at:g})")
     for part in details.get("components", []) if isinstance(event, Composed) else []:
         _check_ranges(Guarantee.from_manifest(part), f"{where} (a composed part)", sealed=sealed)
+    if isinstance(event, Composed) and event.parts:
+        _check_composition(guarantee, event, refuse)
+
+
+def _check_composition(guarantee: Guarantee, event: Composed, refuse) -> None:
+    """A composed release's unit and δ must be what basic composition of its parts gives
+    (:func:`synthq.privacy.guarantee.compose_all`): the weakest part's unit, and the sum of the
+    parts' δ, each user-level part at its per-query δ when the unit is weaker. Its ε is
+    recomputed by :func:`recomputed_epsilon`; without this an edited record could state a
+    stronger unit or a smaller δ than its parts give."""
+    from synthq.privacy.guarantee import per_query_view, weakest_unit
+
+    unit = weakest_unit([part.unit for part in event.parts])
+    if guarantee.unit != unit:
+        refuse(f"a composition stated per {guarantee.unit} whose parts give per {unit}")
+    counted = [per_query_view(part) for part in event.parts] if unit != "user" else list(event.parts)
+    if all(part.is_private for part in counted):
+        delta = sum(part.delta for part in counted)
+        if not _same(delta, guarantee.delta):
+            refuse(f"a composition with δ = {guarantee.delta:g} whose parts' δ add to {delta:g}")
 
 
 def _same(expected: float, recorded: float) -> bool:

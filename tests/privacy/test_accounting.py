@@ -246,6 +246,26 @@ def test_recomputation_of_composed_selected_public_and_non_private_guarantees():
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
+        ({"delta": 1e-5}, "parts' δ add to 2e-05"),  # half the δ its parts spend
+        ({"delta": 0.0}, "parts' δ add to 2e-05"),
+        ({"unit": "user"}, "stated per user whose parts give per example"),  # a stronger unit
+        ({"unit": "query"}, "stated per query whose parts give per example"),
+    ],
+)
+def test_a_composition_stating_a_smaller_delta_or_a_stronger_unit_than_its_parts_is_refused(edit, message):
+    composed = compose_all(
+        [dp_guarantee(1.0, 0.01, 100, 1e-5), dp_guarantee(2.0, 0.1, 500, 1e-5, unit="example")], "two runs"
+    )
+    assert (composed.unit, composed.delta) == ("example", pytest.approx(2e-5))
+    check_recorded_epsilon(composed, "composed", sealed=True)  # as composed: accepted
+    for sealed in (True, False):
+        with pytest.raises(PrivacyError, match=message):
+            check_recorded_epsilon(composed.model_copy(update=edit), "a manifest", sealed=sealed)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
         ({"delta": -1e-5, "details_delta": -1e-5}, "not in \\[0, 1\\]"),  # δ < 0 cancels δ in a sum
         ({"delta": 1e-12}, "not the δ its ε was computed at"),  # ε at 1e-5 printed beside 1e-12
         ({"delta": 0.0}, "not the δ its ε was computed at"),
