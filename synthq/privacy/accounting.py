@@ -325,9 +325,13 @@ def _check_ranges(guarantee: Guarantee, where: str, *, sealed: bool) -> None:
     computed_at = float(details.get("accountant_delta", guarantee.delta))
     if isinstance(event, SampledGaussian) and not _same(computed_at, guarantee.delta):
         refuse(f"δ = {guarantee.delta:g} is not the δ its ε was computed at ({computed_at:g})")
-    for part in details.get("components", []) if isinstance(event, Composed) else []:
-        _check_ranges(Guarantee.from_manifest(part), f"{where} (a composed part)", sealed=sealed)
-    if isinstance(event, Composed) and event.parts:
+    if isinstance(event, Composed):
+        # compose_all writes a composition of two or more parts, none public; anything else could
+        # state ε = 0 (no parts: an empty sum) or hide a part's cost behind a public label
+        if len(event.parts) < 2 or any(part.mechanism == "public" for part in event.parts):
+            refuse("a composition of fewer than two parts, or with a public part, which synthq never writes")
+        for part in event.parts:  # each part in full: its ε and its per-query guarantee recomputed
+            check_recorded_epsilon(part, f"{where} (a composed part)", sealed=sealed)
         _check_composition(guarantee, event, refuse)
 
 

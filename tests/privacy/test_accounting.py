@@ -18,6 +18,7 @@ from synthq.privacy.accounting import (
     default_delta,
     epsilon_for,
     noise_multiplier_for,
+    per_query,
     recomputed_epsilon,
     validate_budget,
 )
@@ -261,6 +262,34 @@ def test_a_composition_stating_a_smaller_delta_or_a_stronger_unit_than_its_parts
     for sealed in (True, False):
         with pytest.raises(PrivacyError, match=message):
             check_recorded_epsilon(composed.model_copy(update=edit), "a manifest", sealed=sealed)
+
+
+def test_a_composition_with_no_parts_a_public_part_or_a_forged_nested_per_query_delta_is_refused():
+    empty = Guarantee(epsilon=0.0, delta=1e-5, unit="query", mechanism="dp-adam", details={"components": []})
+    real = dp_guarantee(1.0, 0.01, 100, 1e-5)
+    public_part = real.model_copy(
+        update={
+            "details": {
+                "components": [real.model_dump(mode="json"), Guarantee.public().model_dump(mode="json")]
+            }
+        }
+    )
+    user = dp_guarantee(1.0, 0.05, 100, 1e-4, unit="user")
+    user = user.model_copy(update={"details": {**user.details, "max_queries_per_user": 4}})
+    user = user.model_copy(update={"details": {**user.details, "per_query": per_query(user, "group-of-2")}})
+    forged_user = user.model_copy(
+        update={"details": {**user.details, "per_query": {**user.details["per_query"], "delta": 1e-12}}}
+    )
+    query = dp_guarantee(2.0, 0.1, 50, 1e-4)
+    check_recorded_epsilon(compose_all([user, query], "two runs"), "honest", sealed=False)  # accepted
+    for sealed in (True, False):
+        for edited, message in (
+            (empty, "fewer than two parts"),
+            (public_part, "fewer than two parts, or with a public part"),
+            (compose_all([forged_user, query], "two runs"), "per-query"),
+        ):
+            with pytest.raises(PrivacyError, match=message):
+                check_recorded_epsilon(edited, "a manifest", sealed=sealed)
 
 
 @pytest.mark.parametrize(
