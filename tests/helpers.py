@@ -240,10 +240,15 @@ def accounted(epsilon: float, delta: float = 1e-5, **fields) -> Guarantee:
     step whose σ the accountant turns back into ``epsilon``, or below what one step can give, one
     report-noisy-max selection of pure ``epsilon``. ``fields`` are the other :class:`Guarantee`
     fields (``details`` merged)."""
+    if not epsilon > 0:
+        raise ValueError(f"accounted(ε = {epsilon}): a private guarantee has ε > 0; use Guarantee.public()")
+    if fields.pop("accountant", "rdp") != "rdp":
+        raise ValueError("accounted() computes ε with Opacus' RDP accountant; it records no other")
     extra = fields.pop("details", {})
-    fields.pop("accountant", None)  # the one that computed it: RDP (or pure ε for noisy max)
     sigma = _gaussian_noise_for(float(epsilon), float(delta))
     if sigma is None:
+        if fields.get("mechanism", "report-noisy-max") != "report-noisy-max":
+            raise ValueError(f"ε = {epsilon} is below what one Gaussian step gives: only a noisy-max release")
         details = {"epsilon_per_selection": epsilon, "selections": 1, **extra}
         fields["mechanism"] = "report-noisy-max"
         return Guarantee(epsilon=epsilon, delta=delta, details=details, **fields)

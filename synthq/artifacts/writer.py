@@ -16,6 +16,7 @@ from pathlib import Path
 
 from synthq.artifacts.manifest import Artifact
 from synthq.privacy.guarantee import Guarantee, compose_releases
+from synthq.runtime.errors import PrivacyError
 from synthq.runtime.hashing import json_safe
 from synthq.runtime.paths import recorded_path
 
@@ -157,6 +158,11 @@ class ArtifactWriter:
         assumptions; any other is recorded as this artifact's release of one unnamed private
         dataset with no unit set (so it composes with every other release, a bound)."""
         if guarantee.mechanism == "public":
+            if guarantee.epsilon != 0 or guarantee.delta != 0:  # a public label on a private claim
+                raise PrivacyError(
+                    f"{self.stage}: a guarantee labelled public states ε = {guarantee.epsilon:g}, "
+                    f"δ = {guarantee.delta:g}; public means ε = 0 and δ = 0 (Guarantee.public())"
+                )
             self.assume(*guarantee.assumptions)
             return
         data = {"name": "unnamed private data", "sha256": "hmac:unnamed", "kind": "data"}

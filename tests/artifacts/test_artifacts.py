@@ -87,6 +87,15 @@ def test_a_release_whose_epsilon_cannot_be_recomputed_is_refused_before_it_is_se
     assert not out.exists() and not partial_dir(out).exists()
 
 
+def test_a_private_guarantee_labelled_public_is_refused(tmp_path):
+    out = tmp_path / "art"
+    labelled = Guarantee(epsilon=8.0, delta=1e-5, mechanism="public")  # would print ε = 0
+    with pytest.raises(PrivacyError, match="labelled public"), create_artifact(out, "generate", {}) as writer:
+        (writer.dir / "x").write_text("x")
+        writer.privacy = labelled
+    assert not out.exists()
+
+
 def test_keep_partial_for_resume(tmp_path):
     out = tmp_path / "art"
     with (
