@@ -285,12 +285,12 @@ def _control_line(runs: list[ReferenceRun]) -> list[str]:
     if len(matched) < len(controlled):
         return [f"the ε = 0 control: {len(controlled) - len(matched)} of {len(controlled)} measured runs "
                 f"with one kept clearly more than it; {len(matched)} did not ({pairs})."]  # fmt: skip
+    points = f"{100 * CLEARLY_ABOVE_CONTROL:.0f} points"
     return [
         f"but in all {len(controlled)} measured runs with an ε = 0 control (the public warm start "
-        f"alone, no private data) the control kept within {100 * CLEARLY_ABOVE_CONTROL:.0f} points of the "
-        f"DP run ({pairs}): at every size measured the private log added under "
-        f"{100 * CLEARLY_ABOVE_CONTROL:.0f} points of the gain to what the public pairs gave (point "
-        "estimates). Train the warm start first (finetune-lm "
+        f"alone, no private data) the control kept within {points} of the DP run ({pairs}): at every "
+        f"size measured the private log added under {points} of the gain to what the public pairs "
+        "gave (point estimates). Train the warm start first (finetune-lm "
         "--warm-start SOURCE:SPLIT --max-steps 0, ε = 0) and spend ε only if it beats that control "
         "on your own public test split."
     ]
