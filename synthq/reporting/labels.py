@@ -94,19 +94,21 @@ _RUN_FLAGS = {"out", "force", "resume", "device", "generation_batch_size", "batc
 def synthetic_recipe(path: str) -> dict | None:
     """What a synthetic set is one draw of: its generate (and filter) settings and its generator's
     training settings, without outputs, run flags and seeds. Two sets from independently trained
-    generators with the same recipe are replicates, as two training seeds are (``None`` when
-    ``path`` is not a synthetic artifact)."""
+    generators with the same recipe, or from one generator with different sampling seeds, are
+    replicates, as two training seeds are (``None`` when ``path`` is not a synthetic artifact)."""
     try:
         artifact = open_artifact(path, verify=False)
         if artifact.stage == "filter":
             own = {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"synthetic"}}
             return {"filter": own, "of": synthetic_recipe(artifact.config["synthetic"])}
         if artifact.stage == "evolve":
-            return {"evolve": {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS}}
+            return {"evolve": {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"seed"}}}
         if artifact.stage == "generate":
             generator = artifact.config.get("generator")
             recipe = {
-                "generate": {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"generator"}},
+                "generate": {
+                    k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"generator", "seed"}
+                },
                 "generator": _generator_recipe(generator),
             }
             if recipe["generator"] is None and not is_artifact(Path(str(generator))):

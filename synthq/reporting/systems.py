@@ -53,7 +53,7 @@ def systems(rows: list[dict]) -> list[dict]:
         system["seeds"] = [r.get("seed") for r in members]
         replicates = len({r.get("replicate") for r in members})
         if len(members) > 1:
-            runs = f"{len(members)} seeds" + (f", {replicates} generators" if replicates > 1 else "")
+            runs = f"{len(members)} seeds" + (f", {replicates} synthetic sets" if replicates > 1 else "")
             system["retriever"] = f"{_seedless(first['retriever'])} ({runs})"
         # Every number of the system rests on every member's releases: recomputed from their
         # union (per unit), never a member's pre-composed ε.

@@ -409,6 +409,40 @@ def test_generator_replicates_merge_like_seeds_and_compose(
     assert rows[0]["variant"] == rows[1]["variant"] and rows[0]["replicate"] != rows[1]["replicate"]
     assert all(r["epsilon"] == pytest.approx(8.0, abs=0.05) for r in rows)  # each retriever alone
     (system,) = [s for s in systems(rows)]
-    assert "2 generators" in system["retriever"]
+    assert "2 synthetic sets" in system["retriever"]
     assert float(system["epsilon"]) == pytest.approx(rows[0]["epsilon"] + rows[1]["epsilon"], rel=1e-6)
     assert float(system["epsilon"]) == pytest.approx(artifact.privacy.epsilon, rel=1e-6)
+
+
+def test_sampling_seeds_of_one_generator_merge_and_rest_on_its_one_release(
+    tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir
+):
+    """Two sets one generator wrote with different sampling seeds are draws of one recipe, as
+    two generators' sets are: their retrievers are one system. Both rest on the one ε = 8 release
+    of that generator, so the system's ε is 8, not two releases composed."""
+    from synthq.config.generator import GenerateConfig
+    from synthq.reporting.systems import systems
+    from synthq.stages import generate, train_retriever
+    from tests.helpers import finetune, retriever_config
+
+    generator = finetune(tmp_path, tiny_beir, tiny_causal_dir, "gen", epsilon=8.0, max_steps=1)
+    retrievers = []
+    for seed in (1, 2):
+        synthetic = generate.run(
+            GenerateConfig(generator=generator.path, corpus=str(tiny_beir), out=tmp_path / f"syn-{seed}",
+                           max_new_tokens=4, seed=seed)
+        )  # fmt: skip
+        retrievers.append(
+            train_retriever.run(retriever_config(tmp_path / f"ret-{seed}", synthetic.path, tiny_encoder_dir))
+        )
+    artifact = evaluate.run(
+        EvalConfig(
+            retrievers=[str(r.path) for r in retrievers], datasets=[str(tiny_beir)], out=tmp_path / "e"
+        )
+    )
+    rows = [r for r in _rows(artifact) if r["kind"] == "retriever"]
+    assert rows[0]["variant"] == rows[1]["variant"] and rows[0]["replicate"] != rows[1]["replicate"]
+    (system,) = systems(rows)
+    assert "2 synthetic sets" in system["retriever"]
+    assert float(system["epsilon"]) == pytest.approx(rows[0]["epsilon"], rel=1e-6)
+    assert float(system["epsilon"]) == pytest.approx(8.0, abs=0.05)
