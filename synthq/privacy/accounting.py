@@ -322,6 +322,16 @@ def _check_ranges(guarantee: Guarantee, where: str, *, sealed: bool) -> None:
         refuse("a release recorded as public in a manifest whose seal is not this installation's")
     if isinstance(event, NoisyMaxSelections) and (event.epsilon_per_selection < 0 or event.selections < 0):
         refuse("a noisy-max release with a negative ε per selection or count")
+    if (
+        isinstance(event, NoisyMaxSelections)
+        and not sealed
+        and event.epsilon_per_selection * event.selections == 0
+    ):
+        # eval records no release when it chose nothing (every method had one candidate): a
+        # noisy-max release of ε = 0 would open at ε = 0 whatever the dev queries were read for
+        refuse(
+            "a noisy-max release that spends nothing (no selection or ε = 0 each), which synthq never writes"
+        )
     computed_at = float(details.get("accountant_delta", guarantee.delta))
     if isinstance(event, SampledGaussian) and not _same(computed_at, guarantee.delta):
         refuse(f"δ = {guarantee.delta:g} is not the δ its ε was computed at ({computed_at:g})")

@@ -299,6 +299,8 @@ def candidate_releases(dev: Artifact) -> list[dict]:
 
 def selection_label(selection: Selection) -> dict:
     """How a row's configuration was chosen, for every table beside its ε."""
+    if selection.guarantee is not None and selection.guarantee.epsilon == 0:
+        return {"how": "one candidate per method: nothing chosen on private dev (no ε)", "epsilon": 0.0}
     if selection.guarantee is not None:
         return {"how": "report-noisy-max on private dev", "epsilon": selection.guarantee.epsilon}
     if selection.private:

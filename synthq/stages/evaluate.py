@@ -273,6 +273,12 @@ def _declare_inputs(
         writer.assume(*start.guarantee.assumptions)
     if selection is None:
         return []
+    if selection.guarantee is not None and selection.guarantee.epsilon == 0:
+        # Every method had one candidate: nothing was chosen, the dev queries decided nothing and
+        # there is nothing to release about them; the rows carry their candidates' releases.
+        writer.take_releases(selection.candidates)
+        writer.assume(*selection.dev.privacy.assumptions)
+        return list(selection.candidates)
     if selection.guarantee is not None:
         # Report-noisy-max replaces the noiseless read of the dev queries; the choice is still a
         # function of every candidate, so every candidate's releases come along (not only the

@@ -122,6 +122,44 @@ def test_selection_on_a_private_dev_split_is_accounted(tmp_path, tiny_beir, tiny
     assert noisy.privacy.epsilon == pytest.approx(float(kept["epsilon"]))
 
 
+def test_a_selection_with_one_candidate_chooses_nothing_and_releases_nothing(
+    tmp_path, tiny_beir, tiny_encoder_dir
+):
+    """With one candidate per method the dev queries decide nothing: eval records no
+    report-noisy-max release (one of ε = 0 would be a release that an edited manifest could also
+    claim), the row rests on its model's release alone, and a foreign copy of such a release is
+    refused."""
+    from synthq.privacy.accounting import check_recorded_epsilon
+    from synthq.privacy.guarantee import Guarantee
+    from synthq.runtime.errors import PrivacyError
+
+    data = private_copy(tmp_path, tiny_beir)
+    retriever = train_retriever.run(
+        retriever_config(tmp_path / "dp", data, tiny_encoder_dir, dp="batch", epsilon=4, lr=1e-4)
+    )
+    dev = evaluate.run(
+        EvalConfig(out=tmp_path / "dev", retrievers=[str(retriever.path)], datasets=[str(data)], split="dev")
+    )
+    result = evaluate.run(
+        EvalConfig(
+            out=tmp_path / "test", retrievers=[str(retriever.path)], datasets=[str(data)],
+            select_on=str(dev.path), select_epsilon=1.0,
+        )
+    )  # fmt: skip
+    assert not [r for r in result.releases if r["guarantee"]["mechanism"] == "report-noisy-max"]
+    (row,) = [r for r in json.loads((result.path / "results.json").read_text()) if r["kind"] == "retriever"]
+    assert row["selection"]["epsilon"] == 0.0 and "nothing chosen" in row["selection"]["how"]
+    assert float(row["epsilon"]) == pytest.approx(retriever.privacy.epsilon, rel=1e-6)
+    assert result.privacy.epsilon == pytest.approx(retriever.privacy.epsilon, rel=1e-6)
+    spends_nothing = Guarantee(
+        epsilon=0.0, delta=0.0, unit="query", mechanism="report-noisy-max", accountant="pure-composition",
+        details={"epsilon_per_selection": 1.0, "selections": 0, "sensitivity": 1.0},
+    )  # fmt: skip
+    with pytest.raises(PrivacyError, match="spends nothing"):
+        check_recorded_epsilon(spends_nothing, "foreign", sealed=False)
+    check_recorded_epsilon(spends_nothing, "written here", sealed=True)  # what older runs wrote
+
+
 def test_report_noisy_max_utility_has_sensitivity_one_and_is_monotone():
     per_query = {"a": [0.2, 1.0, 0.0, 0.7], "b": [0.9, 0.1, 0.5, 0.5], "c": [1.0, 1.0, 1.0, 0.0]}
 
