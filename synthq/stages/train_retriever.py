@@ -483,8 +483,13 @@ def _hard_negatives(config: TrainRetrieverConfig, encoder, pairs, corpus, rng: r
             "for one query); choose at most that"
         )
 
-    def encode(strings: list[str], length: int) -> torch.Tensor:
-        return torch.cat([embed(encoder, strings[i : i + 64], length) for i in range(0, len(strings), 64)])
+    def encode(strings: list[str], length: int, advance=None) -> torch.Tensor:
+        vectors = []
+        for start in range(0, len(strings), 64):
+            vectors.append(embed(encoder, strings[start : start + 64], length))
+            if advance is not None:
+                advance(len(vectors[-1]))
+        return torch.cat(vectors)
 
     info(
         f"mining {config.hard_negatives} hard negatives per pair with the starting encoder "
@@ -492,14 +497,16 @@ def _hard_negatives(config: TrainRetrieverConfig, encoder, pairs, corpus, rng: r
     )
     encoder.eval()
     try:
-        mined = mine_hard_negatives(
-            lambda strings: encode(strings, config.max_query_length),
-            lambda strings: encode(strings, config.max_doc_length),
-            [pair.query for pair in pairs],
-            [judged[pair.query_id] for pair in pairs],
-            texts,
-            config.hard_negatives,
-        )
+        with progress() as bar:  # minutes on a CPU: the corpus is encoded once, at --max-doc-length
+            task = bar.add_task("mining hard negatives (documents encoded)", total=len(texts))
+            mined = mine_hard_negatives(
+                lambda strings: encode(strings, config.max_query_length),
+                lambda strings: encode(strings, config.max_doc_length, lambda n: bar.advance(task, n)),
+                [pair.query for pair in pairs],
+                [judged[pair.query_id] for pair in pairs],
+                texts,
+                config.hard_negatives,
+            )
     finally:
         encoder.train()
     ids = list(texts)

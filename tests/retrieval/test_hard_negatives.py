@@ -89,10 +89,22 @@ def test_the_loss_with_negatives_is_the_in_batch_softmax_over_positives_and_nega
     assert float(without) < float(loss)  # more candidates, a harder softmax
 
 
-def test_training_with_hard_negatives_runs_and_is_refused_with_dp(tmp_path, tiny_beir, tiny_encoder_dir):
+def test_training_with_hard_negatives_runs_and_is_refused_with_dp(
+    tmp_path, tiny_beir, tiny_encoder_dir, capsys, monkeypatch
+):
+    from synthq.runtime import console
+
+    monkeypatch.setenv("SYNTHQ_PROGRESS_INTERVAL", "0")
+    monkeypatch.setattr(console.console, "_force_terminal", False)
     artifact = train_retriever.run(
         retriever_config(tmp_path / "ret", tiny_beir, tiny_encoder_dir, hard_negatives=2, max_steps=2)
     )
     assert artifact.config["hard_negatives"] == 2 and artifact.manifest["metrics"]["steps"] == 2
+    # mining shows its progress: every document of the corpus encoded once
+    documents = sum(1 for line in (tiny_beir / "corpus.jsonl").read_text().splitlines() if line.strip())
+    mining = [
+        line for line in capsys.readouterr().err.splitlines() if line.startswith("mining hard negatives (")
+    ]
+    assert mining and mining[-1].split(": ")[1].startswith(f"{documents}/{documents} (100%)")
     with pytest.raises(ValidationError, match="--hard-negatives is for non-private training"):
         retriever_config(tmp_path / "dp", tiny_beir, tiny_encoder_dir, hard_negatives=1, dp="group")
