@@ -46,9 +46,11 @@ class EvalConfig(StageConfig):
     )
     select_epsilon: float | None = Field(
         None,
-        gt=0,
+        ge=1e-3,
+        allow_inf_nan=False,
         description="Choose on a private dev split with report-noisy-max, spending this ε (pure DP, "
-        "split over the methods that have more than one configuration) on the dev queries.",
+        "split over the methods that have more than one configuration) on the dev queries; at least 0.001 "
+        "(below it the choice is a coin flip).",
     )
     device: Device = "auto"
     precision: PrecisionName = "auto"

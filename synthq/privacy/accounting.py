@@ -306,18 +306,38 @@ def _accountant_epsilon(
     return epsilon_for(noise_multiplier, delta, sample_rate, steps, accountant).epsilon
 
 
+# The least ε a noisy-max release written by synthq spends: --select-epsilon ≥ 0.001, split over
+# at most a few hundred selections.
+MIN_SELECTION_EPSILON = 1e-6
+
+
+def _check_gaussian_parameters(event: SampledGaussian, guarantee: Guarantee, refuse, *, sealed: bool) -> None:
+    """A Gaussian release's recorded parameters must be numbers the accountant can take (a NaN or
+    infinite σ makes Opacus' RDP loop forever), and, in a manifest sealed elsewhere, at a δ synthq
+    would write: a δ near 1 recomputes to ε = 0 from real σ, q and T."""
+    numbers = (event.noise_multiplier, event.sample_rate, event.steps, event.delta)
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers):
+        refuse("a Gaussian release with a σ, sampling rate, step count or δ that is not a finite number")
+    if event.noise_multiplier <= 0 or not 0 < event.sample_rate <= 1 or event.steps < 0:
+        refuse("a Gaussian release with σ ≤ 0, a sampling rate outside (0, 1] or negative steps")
+    if not sealed and guarantee.delta > MAX_DELTA:
+        refuse(f"δ = {guarantee.delta:g} is above {MAX_DELTA:g}, which synthq never writes")
+
+
 def _check_ranges(guarantee: Guarantee, where: str, *, sealed: bool) -> None:
     """The ranges :func:`check_recorded_epsilon` requires, of ``guarantee`` and of its parts."""
 
     def refuse(why: str) -> None:
         raise PrivacyError(f"{where}: {why}; the manifest was edited or is corrupt")
 
-    if guarantee.epsilon < 0:  # NaN passes here and reads as not private (fails closed)
-        refuse(f"ε = {guarantee.epsilon:g} is negative")
-    if not 0 <= guarantee.delta <= 1:
+    if math.isnan(guarantee.epsilon) or guarantee.epsilon < 0:
+        refuse(f"ε = {guarantee.epsilon:g} is negative or not a number")
+    if not 0 <= guarantee.delta <= 1:  # NaN fails this too
         refuse(f"δ = {guarantee.delta:g} is not in [0, 1]")
     details = guarantee.details or {}
     event = release_event(guarantee)
+    if isinstance(event, SampledGaussian):
+        _check_gaussian_parameters(event, guarantee, refuse, sealed=sealed)
     if isinstance(event, Public) and not sealed:
         refuse("a release recorded as public in a manifest whose seal is not this installation's")
     if isinstance(event, NoisyMaxSelections) and (event.epsilon_per_selection < 0 or event.selections < 0):
@@ -325,12 +345,13 @@ def _check_ranges(guarantee: Guarantee, where: str, *, sealed: bool) -> None:
     if (
         isinstance(event, NoisyMaxSelections)
         and not sealed
-        and event.epsilon_per_selection * event.selections == 0
+        and not event.epsilon_per_selection * event.selections >= MIN_SELECTION_EPSILON
     ):
-        # eval records no release when it chose nothing (every method had one candidate): a
-        # noisy-max release of ε = 0 would open at ε = 0 whatever the dev queries were read for
+        # eval records no release when it chose nothing (every method had one candidate), and
+        # --select-epsilon is at least 0.001: a noisy-max release that spends (almost) nothing
+        # would open at ε = 0.00 whatever the dev queries were read for
         refuse(
-            "a noisy-max release that spends nothing (no selection or ε = 0 each), which synthq never writes"
+            "a noisy-max release that spends nothing (no selection or ε ≈ 0 each), which synthq never writes"
         )
     computed_at = float(details.get("accountant_delta", guarantee.delta))
     if isinstance(event, SampledGaussian) and not _same(computed_at, guarantee.delta):

@@ -102,7 +102,13 @@ def synthetic_recipe(path: str) -> dict | None:
             own = {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"synthetic"}}
             return {"filter": own, "of": synthetic_recipe(artifact.config["synthetic"])}
         if artifact.stage == "evolve":
-            return {"evolve": {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"seed"}}}
+            return {
+                "evolve": {
+                    k: v
+                    for k, v in artifact.config.items()
+                    if k not in _RUN_FLAGS | {"seed", "generation_seed"}
+                }
+            }
         if artifact.stage == "generate":
             generator = artifact.config.get("generator")
             recipe = {

@@ -193,6 +193,7 @@ def selection_markdown(
     scores: bool = True,
     guarantee=None,
     private: bool = False,
+    nothing_chosen: bool = False,
 ) -> str:
     """A table per method of every candidate (the chosen one in bold) and what choosing cost.
 
@@ -203,6 +204,11 @@ def selection_markdown(
         cost = (
             "PRIVATE DIAGNOSTICS: the dev scores below are statistics of private dev queries without "
             "noise (ε = ∞); never release this file."
+        )
+    elif nothing_chosen:
+        cost = (
+            "Every method had one configuration: nothing was chosen, the private dev queries "
+            "decided nothing, and --select-epsilon was not spent (no ε)."
         )
     elif guarantee is not None:
         cost = (
@@ -251,6 +257,7 @@ class Selection:
     private: bool
     candidates: list[dict] = field(default_factory=list)  # the releases behind every candidate
     chosen: set[str] = field(default_factory=set)  # model ids kept *by* the choice (all scored on dev)
+    nothing_chosen: bool = False  # --select-epsilon, but every method had one configuration
 
 
 def select_retrievers(
@@ -278,12 +285,18 @@ def select_retrievers(
         raise DataError(f"{dev.path}: selection kept none of the retrievers")
     info(f"selected on {dev.path.name}: {', '.join(r.path.name for r in kept)}")
     source = f"{dev.path.name} ({rows[0].get('split')})"
-    guarantee = selection_guarantee(choices, select_epsilon) if noisy else None
-    public_text = selection_markdown(choices, source=source, scores=not private, guarantee=guarantee)
+    # With one configuration per method the kept set follows from the retrievers' metadata alone:
+    # the dev queries decide nothing, and noisy-max has nothing to spend ε on.
+    nothing_chosen = noisy and not any(len(c.candidates) > 1 for c in choices.values())
+    guarantee = selection_guarantee(choices, select_epsilon) if noisy and not nothing_chosen else None
+    public_text = selection_markdown(
+        choices, source=source, scores=not private, guarantee=guarantee, nothing_chosen=nothing_chosen
+    )
     private_text = selection_markdown(choices, source=source, private=True) if private else None
     return Selection(
-        kept, public_text, private_text, guarantee, dev, private, candidate_releases(dev), chosen
-    )
+        kept, public_text, private_text, guarantee, dev, private, candidate_releases(dev), chosen,
+        nothing_chosen,
+    )  # fmt: skip
 
 
 def candidate_releases(dev: Artifact) -> list[dict]:
@@ -299,7 +312,7 @@ def candidate_releases(dev: Artifact) -> list[dict]:
 
 def selection_label(selection: Selection) -> dict:
     """How a row's configuration was chosen, for every table beside its ε."""
-    if selection.guarantee is not None and selection.guarantee.epsilon == 0:
+    if selection.nothing_chosen:
         return {"how": "one candidate per method: nothing chosen on private dev (no ε)", "epsilon": 0.0}
     if selection.guarantee is not None:
         return {"how": "report-noisy-max on private dev", "epsilon": selection.guarantee.epsilon}

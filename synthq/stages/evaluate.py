@@ -273,12 +273,12 @@ def _declare_inputs(
         writer.assume(*start.guarantee.assumptions)
     if selection is None:
         return []
-    if selection.guarantee is not None and selection.guarantee.epsilon == 0:
-        # Every method had one candidate: nothing was chosen, the dev queries decided nothing and
-        # there is nothing to release about them; the rows carry their candidates' releases.
-        writer.take_releases(selection.candidates)
-        writer.assume(*selection.dev.privacy.assumptions)
-        return list(selection.candidates)
+    if selection.nothing_chosen:
+        # Every method had one candidate: nothing was chosen and the dev queries decided nothing.
+        # Nothing of the dev evaluation is taken (not its records, which a foreign manifest could
+        # forge, nor its assumptions, computed over its own read of the dev split): each row
+        # rests on its own model's releases, inherited above.
+        return []
     if selection.guarantee is not None:
         # Report-noisy-max replaces the noiseless read of the dev queries; the choice is still a
         # function of every candidate, so every candidate's releases come along (not only the
@@ -400,7 +400,7 @@ def _add_rows(
         row["model_epsilon"] = (model_spec.privacy if model_spec else _BM25_PRIVACY).epsilon
         # what every number of the row rests on: recomputed wherever the row is shown or merged
         row["releases"], row["assumptions"] = releases, assumptions
-        if own and selection is not None:
+        if chosen and selection is not None:
             row["selection"] = selection_label(selection)
         row.update(model_spec.training if model_spec else {})
         row.update(row_metrics(scored.metrics[label]))

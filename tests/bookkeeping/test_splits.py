@@ -127,8 +127,9 @@ def test_a_selection_with_one_candidate_chooses_nothing_and_releases_nothing(
 ):
     """With one candidate per method the dev queries decide nothing: eval records no
     report-noisy-max release (one of ε = 0 would be a release that an edited manifest could also
-    claim), the row rests on its model's release alone, and a foreign copy of such a release is
-    refused."""
+    claim) and takes nothing of the dev evaluation (whose records a foreign manifest could forge:
+    review round 5, H1), the row rests on its model's release alone, and a foreign copy of such a
+    release is refused."""
     from synthq.privacy.accounting import check_recorded_epsilon
     from synthq.privacy.guarantee import Guarantee
     from synthq.runtime.errors import PrivacyError
@@ -147,6 +148,8 @@ def test_a_selection_with_one_candidate_chooses_nothing_and_releases_nothing(
         )
     )  # fmt: skip
     assert not [r for r in result.releases if r["guarantee"]["mechanism"] == "report-noisy-max"]
+    assert {r["id"] for r in result.releases} == {r["id"] for r in retriever.releases}
+    assert "nothing was chosen" in (result.path / "selection.md").read_text()
     (row,) = [r for r in json.loads((result.path / "results.json").read_text()) if r["kind"] == "retriever"]
     assert row["selection"]["epsilon"] == 0.0 and "nothing chosen" in row["selection"]["how"]
     assert float(row["epsilon"]) == pytest.approx(retriever.privacy.epsilon, rel=1e-6)

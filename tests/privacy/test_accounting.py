@@ -329,3 +329,35 @@ def test_a_release_recorded_as_public_is_refused_only_where_the_seal_is_foreign(
     check_recorded_epsilon(public, "a manifest", sealed=True)
     with pytest.raises(PrivacyError, match="recorded as public"):
         check_recorded_epsilon(public, "a manifest", sealed=False)
+
+
+def test_a_foreign_release_that_would_print_zero_is_refused():
+    """Review round 5: a manifest sealed elsewhere cannot open a private release at ε = 0.00 by
+    a δ near 1 on real σ, q and T (the accountant's ε clamps to 0), a noisy-max release that
+    spends almost nothing, a composition of two of those, or a NaN ε; and parameters that are
+    not finite numbers (a NaN σ makes the RDP accountant loop forever) are refused before the
+    accountant runs."""
+    real = dp_guarantee(0.8, 0.05, 100, 1e-5)
+    assert real.epsilon > 6
+    at_delta_near_one = real.model_copy(
+        update={"delta": 0.9, "epsilon": 0.0, "details": {**real.details, "accountant_delta": 0.9}}
+    )
+    assert recomputed_epsilon(at_delta_near_one) == 0.0  # what the refusal prevents
+    tiny = Guarantee(
+        epsilon=0.0, mechanism="report-noisy-max", accountant="pure-composition",
+        details={"epsilon_per_selection": 1e-10, "selections": 1, "sensitivity": 1.0},
+    )  # fmt: skip
+    for edited, message in (
+        (at_delta_near_one, "above 0.1"),
+        (tiny, "spends nothing"),
+        (compose_all([tiny, tiny], "two"), "spends nothing"),
+        (real.model_copy(update={"epsilon": math.nan}), "not a number"),
+    ):
+        with pytest.raises(PrivacyError, match=message):
+            check_recorded_epsilon(edited, "a manifest", sealed=False)
+    for sigma in (math.nan, math.inf, 0.0):
+        forged = real.model_copy(update={"details": {**real.details, "noise_multiplier": sigma}})
+        for sealed in (True, False):
+            with pytest.raises(PrivacyError, match="Gaussian release with"):
+                check_recorded_epsilon(forged, "a manifest", sealed=sealed)
+    check_recorded_epsilon(real, "a manifest", sealed=False)  # the honest record opens
