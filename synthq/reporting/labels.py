@@ -91,6 +91,9 @@ def describe_method(artifact: Artifact, family: bool = False) -> str:
 _RUN_FLAGS = {"out", "force", "resume", "device", "generation_batch_size", "batch_size", "encode_batch_size"}
 
 
+_EVOLVE_SEEDS = {"seed", "generation_seed"}
+
+
 def synthetic_recipe(path: str) -> dict | None:
     """What a synthetic set is one draw of: its generate (and filter) settings and its generator's
     training settings, without outputs, run flags and seeds. Two sets from independently trained
@@ -98,23 +101,17 @@ def synthetic_recipe(path: str) -> dict | None:
     replicates, as two training seeds are (``None`` when ``path`` is not a synthetic artifact)."""
     try:
         artifact = open_artifact(path, verify=False)
+        # a field added since a set was written counts at its old-behaviour value as absent
+        config = without_added_defaults(artifact.config)
         if artifact.stage == "filter":
-            own = {k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"synthetic"}}
-            return {"filter": own, "of": synthetic_recipe(artifact.config["synthetic"])}
+            own = {k: v for k, v in config.items() if k not in _RUN_FLAGS | {"synthetic"}}
+            return {"filter": own, "of": synthetic_recipe(config["synthetic"])}
         if artifact.stage == "evolve":
-            return {
-                "evolve": {
-                    k: v
-                    for k, v in artifact.config.items()
-                    if k not in _RUN_FLAGS | {"seed", "generation_seed"}
-                }
-            }
+            return {"evolve": {k: v for k, v in config.items() if k not in _RUN_FLAGS | _EVOLVE_SEEDS}}
         if artifact.stage == "generate":
-            generator = artifact.config.get("generator")
+            generator = config.get("generator")
             recipe = {
-                "generate": {
-                    k: v for k, v in artifact.config.items() if k not in _RUN_FLAGS | {"generator", "seed"}
-                },
+                "generate": {k: v for k, v in config.items() if k not in _RUN_FLAGS | {"generator", "seed"}},
                 "generator": _generator_recipe(generator),
             }
             if recipe["generator"] is None and not is_artifact(Path(str(generator))):

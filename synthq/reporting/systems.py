@@ -53,8 +53,11 @@ def systems(rows: list[dict]) -> list[dict]:
         system["seeds"] = [r.get("seed") for r in members]
         replicates = len({r.get("replicate") for r in members})
         if len(members) > 1:
-            runs = f"{len(members)} seeds" + (f", {replicates} synthetic sets" if replicates > 1 else "")
-            system["retriever"] = f"{_seedless(first['retriever'])} ({runs})"
+            seeds = len({r.get("seed") for r in members})
+            runs = ", ".join(
+                [f"{seeds} seeds"] * (seeds > 1) + [f"{replicates} synthetic sets"] * (replicates > 1)
+            )
+            system["retriever"] = f"{_seedless(first['retriever'])} ({runs or f'{len(members)} runs'})"
         # Every number of the system rests on every member's releases: recomputed from their
         # union (per unit), never a member's pre-composed ε.
         privacy = row_privacy(members)

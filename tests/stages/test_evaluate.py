@@ -446,3 +446,29 @@ def test_sampling_seeds_of_one_generator_merge_and_rest_on_its_one_release(
     assert "2 synthetic sets" in system["retriever"]
     assert float(system["epsilon"]) == pytest.approx(rows[0]["epsilon"], rel=1e-6)
     assert float(system["epsilon"]) == pytest.approx(8.0, abs=0.05)
+
+
+def test_a_field_added_since_a_set_was_written_does_not_split_its_replicates(monkeypatch):
+    """A filter written before ``corpus`` existed and one written after, at its old-behaviour
+    value (``None``), are the same recipe; another value is another recipe."""
+    from types import SimpleNamespace
+
+    from synthq.reporting import labels
+
+    generate = {"generator": "public-model", "corpus": "c", "num_queries": 1, "seed": 1}
+
+    def filtered(synthetic: str, **more) -> SimpleNamespace:
+        return SimpleNamespace(
+            stage="filter", config={"synthetic": synthetic, "method": "consistency", **more}
+        )
+
+    written = {
+        "gen-1": SimpleNamespace(stage="generate", config=generate),
+        "gen-2": SimpleNamespace(stage="generate", config={**generate, "seed": 2}),
+        "old": filtered("gen-1"),
+        "new": filtered("gen-2", corpus=None),
+        "other": filtered("gen-2", corpus="x"),
+    }
+    monkeypatch.setattr(labels, "open_artifact", lambda path, verify=True: written[str(path)])
+    assert labels.synthetic_recipe("old") == labels.synthetic_recipe("new")
+    assert labels.synthetic_recipe("other") != labels.synthetic_recipe("new")
