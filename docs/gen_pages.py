@@ -109,7 +109,7 @@ def param_names(param: Any) -> list[str]:
 def param_row(param: Any, context: Any) -> tuple[str, str, str, str]:
     """(option, value, default, description) of one parameter, from its ``--help`` record."""
     record = param.get_help_record(context)
-    declaration, help_text = (record or (param.name, param.help or ""))
+    declaration, help_text = record or (param.name, param.help or "")
     description, tags = _split_help(help_text or "")
     names = param_names(param)
     if param.param_type_name == "argument":
@@ -269,9 +269,13 @@ def describe(path: Path) -> dict[str, Any]:
 
 
 def _number(value: Any) -> str:
-    return "∞" if isinstance(value, float) and value == float("inf") else f"{value:g}" if isinstance(
-        value, float
-    ) else str(value)
+    return (
+        "∞"
+        if isinstance(value, float) and value == float("inf")
+        else f"{value:g}"
+        if isinstance(value, float)
+        else str(value)
+    )
 
 
 def expectation(entry: dict) -> tuple[str, str, str]:
