@@ -306,9 +306,12 @@ def _accountant_epsilon(
     return epsilon_for(noise_multiplier, delta, sample_rate, steps, accountant).epsilon
 
 
-# The least ε a noisy-max release written by synthq spends: --select-epsilon ≥ 0.001, split over
-# at most a few hundred selections.
-MIN_SELECTION_EPSILON = 1e-6
+# The least ε a noisy-max release written by synthq spends: --select-epsilon ≥ 0.001 in total.
+MIN_SELECTION_EPSILON = 0.999e-3  # (ε / k) · k may round below ε
+# Below this an ε prints as 0.00: a foreign private release there is refused (synthq writes none).
+PRINTS_AS_ZERO = 0.005
+# The mechanism parameters a Gaussian release records, checked as numbers before they are read.
+_GAUSSIAN_DETAILS = ("noise_multiplier", "sample_rate", "steps")
 
 
 def _check_gaussian_parameters(event: SampledGaussian, guarantee: Guarantee, refuse, *, sealed: bool) -> None:
@@ -335,6 +338,11 @@ def _check_ranges(guarantee: Guarantee, where: str, *, sealed: bool) -> None:
     if not 0 <= guarantee.delta <= 1:  # NaN fails this too
         refuse(f"δ = {guarantee.delta:g} is not in [0, 1]")
     details = guarantee.details or {}
+    raw = [details[k] for k in _GAUSSIAN_DETAILS if details.get(k) is not None]
+    if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) for x in raw):
+        refuse("a σ, sampling rate or step count that is not a finite number")
+    if details.get("steps") is not None and details["steps"] != int(details["steps"]):
+        refuse(f"{details['steps']} steps, not a whole number")
     event = release_event(guarantee)
     if isinstance(event, SampledGaussian):
         _check_gaussian_parameters(event, guarantee, refuse, sealed=sealed)
@@ -348,8 +356,8 @@ def _check_ranges(guarantee: Guarantee, where: str, *, sealed: bool) -> None:
         and not event.epsilon_per_selection * event.selections >= MIN_SELECTION_EPSILON
     ):
         # eval records no release when it chose nothing (every method had one candidate), and
-        # --select-epsilon is at least 0.001: a noisy-max release that spends (almost) nothing
-        # would open at ε = 0.00 whatever the dev queries were read for
+        # --select-epsilon is at least 0.001 in total: a noisy-max release that spends less would
+        # open at ε = 0.00 whatever the dev queries were read for
         refuse(
             "a noisy-max release that spends nothing (no selection or ε ≈ 0 each), which synthq never writes"
         )
@@ -405,6 +413,13 @@ def check_recorded_epsilon(guarantee: Guarantee, where: str, *, sealed: bool) ->
     caller says which check it wants."""
     _check_ranges(guarantee, where, sealed=sealed)
     expected = recomputed_epsilon(guarantee)
+    gaussian = isinstance(release_event(guarantee), SampledGaussian)
+    if not sealed and gaussian and expected is not None and expected < PRINTS_AS_ZERO:
+        raise PrivacyError(
+            f"{where}: a Gaussian release whose recorded parameters give ε = {expected:g}, which prints "
+            "as 0.00 (an edited δ, up to 0.1, brings a real σ, q and T there); synthq refuses a foreign "
+            "private release it would print as public"
+        )
     if expected is None and guarantee.is_private and not sealed:
         raise PrivacyError(
             f"{where}: the recorded ε = {guarantee.epsilon:g} ({guarantee.mechanism}) comes with no "
@@ -421,6 +436,11 @@ def check_recorded_epsilon(guarantee: Guarantee, where: str, *, sealed: bool) ->
     if recorded is None:
         return
     derived = per_query(guarantee, recorded.get("rule", ""))
+    if not sealed and derived is not None and float(derived["epsilon"]) < PRINTS_AS_ZERO:
+        raise PrivacyError(
+            f"{where}: a user-level release whose per-query ε = {derived['epsilon']:g} prints as 0.00; "
+            "synthq refuses a foreign private release it would print as public"
+        )
     if derived is None or not (
         _same(float(derived["epsilon"]), float(recorded.get("epsilon", math.nan)))
         and _same(float(derived["delta"]), float(recorded.get("delta", math.nan)))

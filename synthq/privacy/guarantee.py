@@ -138,7 +138,9 @@ class Guarantee(BaseModel):
         """Short text for tables: ``ε=8.00 δ=2.1e-04 (query)`` or ``ε=∞``; with
         ``with_assumptions`` the assumptions follow (``assuming: ...``)."""
         text = f"ε={format_epsilon(self.epsilon)}" + (
-            f" δ={self.delta:.1e} ({self.unit_text})" if self.is_private and self.epsilon > 0 else ""
+            f" δ={self.delta:.1e} ({self.unit_text})"
+            if self.is_private and (self.epsilon > 0 or self.delta > 0)
+            else ""
         )
         if with_assumptions and self.assumptions:
             text += " assuming: " + "; ".join(self.assumptions)

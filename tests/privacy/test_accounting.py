@@ -358,6 +358,19 @@ def test_a_foreign_release_that_would_print_zero_is_refused():
     for sigma in (math.nan, math.inf, 0.0):
         forged = real.model_copy(update={"details": {**real.details, "noise_multiplier": sigma}})
         for sealed in (True, False):
-            with pytest.raises(PrivacyError, match="Gaussian release with"):
+            with pytest.raises(PrivacyError, match="not a finite number|Gaussian release with"):
                 check_recorded_epsilon(forged, "a manifest", sealed=sealed)
+    for steps, message in ((math.inf, "not a finite number"), (1.5, "not a whole number")):
+        forged = real.model_copy(update={"details": {**real.details, "steps": steps}})
+        with pytest.raises(PrivacyError, match=message):
+            check_recorded_epsilon(forged, "a manifest", sealed=True)
+    # review round 5b: δ edited alone, within 0.1, on a very private release: the accountant's ε
+    # clamps to 0 at that δ (σ = 2, q = 0.01, T = 100: 0.257 at δ = 1e-5)
+    quiet = dp_guarantee(2.0, 0.01, 100, 1e-5)
+    at_higher_delta = dp_guarantee(2.0, 0.01, 100, 0.05)
+    assert quiet.epsilon > 0.2 and at_higher_delta.epsilon < 0.005
+    check_recorded_epsilon(quiet, "a manifest", sealed=False)
+    with pytest.raises(PrivacyError, match="prints as 0.00"):
+        check_recorded_epsilon(at_higher_delta, "a manifest", sealed=False)
+    assert "δ=5.0e-02" in at_higher_delta.describe()  # a private guarantee shows its δ even at ε = 0
     check_recorded_epsilon(real, "a manifest", sealed=False)  # the honest record opens
