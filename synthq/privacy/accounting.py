@@ -308,19 +308,14 @@ def _accountant_epsilon(
 
 # The least ε a noisy-max release written by synthq spends: --select-epsilon ≥ 0.001 in total.
 MIN_SELECTION_EPSILON = 0.999e-3  # (ε / k) · k may round below ε
-# Below this an ε prints as 0.00: a foreign private release there is refused (synthq writes none).
-PRINTS_AS_ZERO = 0.005
 # The mechanism parameters a Gaussian release records, checked as numbers before they are read.
 _GAUSSIAN_DETAILS = ("noise_multiplier", "sample_rate", "steps")
 
 
 def _check_gaussian_parameters(event: SampledGaussian, guarantee: Guarantee, refuse, *, sealed: bool) -> None:
-    """A Gaussian release's recorded parameters must be numbers the accountant can take (a NaN or
-    infinite σ makes Opacus' RDP loop forever), and, in a manifest sealed elsewhere, at a δ synthq
-    would write: a δ near 1 recomputes to ε = 0 from real σ, q and T."""
-    numbers = (event.noise_multiplier, event.sample_rate, event.steps, event.delta)
-    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers):
-        refuse("a Gaussian release with a σ, sampling rate, step count or δ that is not a finite number")
+    """A Gaussian release's recorded parameters (already finite numbers: :func:`_check_ranges`)
+    must be in range, and, in a manifest sealed elsewhere, at a δ synthq would write: a δ near 1
+    recomputes to ε = 0 from real σ, q and T."""
     if event.noise_multiplier <= 0 or not 0 < event.sample_rate <= 1 or event.steps < 0:
         refuse("a Gaussian release with σ ≤ 0, a sampling rate outside (0, 1] or negative steps")
     if not sealed and guarantee.delta > MAX_DELTA:
@@ -338,6 +333,7 @@ def _check_ranges(guarantee: Guarantee, where: str, *, sealed: bool) -> None:
     if not 0 <= guarantee.delta <= 1:  # NaN fails this too
         refuse(f"δ = {guarantee.delta:g} is not in [0, 1]")
     details = guarantee.details or {}
+    # before release_event reads them (int(steps) of ∞ raises; a NaN σ makes Opacus' RDP loop forever)
     raw = [details[k] for k in _GAUSSIAN_DETAILS if details.get(k) is not None]
     if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) for x in raw):
         refuse("a σ, sampling rate or step count that is not a finite number")
@@ -414,11 +410,12 @@ def check_recorded_epsilon(guarantee: Guarantee, where: str, *, sealed: bool) ->
     _check_ranges(guarantee, where, sealed=sealed)
     expected = recomputed_epsilon(guarantee)
     gaussian = isinstance(release_event(guarantee), SampledGaussian)
-    if not sealed and gaussian and expected is not None and expected < PRINTS_AS_ZERO:
+    if not sealed and gaussian and expected is not None and expected <= 0:
+        # the accountant clamps at 0 only where δ is large for σ, q and T (an edited δ within 0.1
+        # gets a real release there); a run synthq writes (δ ≤ 1/(2n)) never recomputes to 0
         raise PrivacyError(
-            f"{where}: a Gaussian release whose recorded parameters give ε = {expected:g}, which prints "
-            "as 0.00 (an edited δ, up to 0.1, brings a real σ, q and T there); synthq refuses a foreign "
-            "private release it would print as public"
+            f"{where}: a Gaussian release whose recorded parameters recompute to ε = 0, which prints "
+            "as 0.00; synthq refuses a foreign private release it would print as public"
         )
     if expected is None and guarantee.is_private and not sealed:
         raise PrivacyError(
@@ -436,7 +433,7 @@ def check_recorded_epsilon(guarantee: Guarantee, where: str, *, sealed: bool) ->
     if recorded is None:
         return
     derived = per_query(guarantee, recorded.get("rule", ""))
-    if not sealed and derived is not None and float(derived["epsilon"]) < PRINTS_AS_ZERO:
+    if not sealed and derived is not None and float(derived["epsilon"]) <= 0:
         raise PrivacyError(
             f"{where}: a user-level release whose per-query ε = {derived['epsilon']:g} prints as 0.00; "
             "synthq refuses a foreign private release it would print as public"
