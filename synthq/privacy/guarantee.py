@@ -284,7 +284,11 @@ def compose_releases(releases: list[dict], sharing: list[list[str]], assumptions
 
 
 def format_epsilon(epsilon: float) -> str:
-    """``8.00``, ``1234`` or ``∞``: ε as tables and messages print it."""
+    """``8.00``, ``1234``, ``0.0031`` or ``∞``: ε as tables and messages print it. A positive ε
+    that two decimals would round to ``0.00`` keeps two significant digits, so a private release
+    never prints like a public one."""
     if math.isinf(epsilon):
         return "∞"
+    if 0 < epsilon < 0.005:
+        return f"{epsilon:.2g}"
     return f"{epsilon:.2f}" if epsilon < 100 else f"{epsilon:.0f}"

@@ -82,7 +82,18 @@ def use_precision(requested: str, device: str | torch.device) -> Iterator[str]:
     import torch
 
     resolved = resolve_precision(requested, device)
-    token = _CURRENT.set((resolved, torch.device(device).type))
+    kind = torch.device(device).type
+    if resolved == "bf16" and kind == "cpu" and not native_bf16_cpu():
+        from synthq.runtime.console import warn
+
+        # seen on a 2-core AMD EPYC without AVX512-BF16: the first step of a SmolLM2 warm start
+        # had not finished after 7 minutes, where fp32 takes about 6 s a step
+        warn(
+            "--precision bf16 on a CPU without bf16 arithmetic (no avx512_bf16 or amx_bf16 in "
+            "/proc/cpuinfo): torch emulates it, far slower than fp32, and the expected minutes "
+            "printed assume fp32; use --precision fp32 here"
+        )
+    token = _CURRENT.set((resolved, kind))
     try:
         yield resolved
     finally:

@@ -13,6 +13,7 @@ from synthq.dp.contrastive.sample import SampleClipping
 from synthq.dp.engine import build_mechanism
 from synthq.dp.lm.clippers import make_clipper
 from synthq.dp.noise import SecretRandomness
+from synthq.runtime import precision
 from synthq.runtime.precision import (
     PrecisionError,
     current,
@@ -52,6 +53,19 @@ def test_the_stage_precision_is_scoped():
     assert current() is None
     with forward_autocast():
         assert (torch.ones(4, 4) @ torch.ones(4, 4)).dtype == torch.float32
+
+
+def test_bf16_on_a_cpu_without_bf16_arithmetic_warns_before_the_run(monkeypatch, capsys):
+    # torch emulates bf16 there: a SmolLM2 step took minutes instead of seconds, silently
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: False)
+    with use_precision("bf16", "cpu"):
+        pass
+    assert "without bf16 arithmetic" in capsys.readouterr().err
+    for requested, native in (("bf16", True), ("fp32", False), ("auto", False)):
+        monkeypatch.setattr(precision, "native_bf16_cpu", lambda native=native: native)
+        with use_precision(requested, "cpu"):
+            pass
+        assert "bf16 arithmetic" not in capsys.readouterr().err
 
 
 def _true_norms(expected: list[dict]) -> torch.Tensor:

@@ -41,6 +41,8 @@ def test_units_are_stated_with_their_bound_and_assumptions_once():
     assert weakest_unit(["user", "query"]) == "query" and weakest_unit(["query", "example"]) == "example"
     assert weakest_unit([]) == "query"
     assert [format_epsilon(e) for e in (0.5, 99.994, 1234.5, math.inf)] == ["0.50", "99.99", "1234", "∞"]
+    # a positive ε below 0.005 must not print as a public artifact's 0.00
+    assert [format_epsilon(e) for e in (0.0, 0.00312, 0.004999, 2e-7)] == ["0.00", "0.0031", "0.005", "2e-07"]
 
 
 def _dp(epsilon: float, delta: float, unit: str = "query", **details) -> Guarantee:
