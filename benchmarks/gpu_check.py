@@ -610,6 +610,8 @@ def stage_chain(root: Path, device: str, use_torchrun: bool) -> list[dict]:
 # ----------------------------------------------------------------------------- the table
 def table(results: dict) -> str:
     """The check as a Markdown table: what was checked, the figure, the aim, pass or fail."""
+    from synthq.privacy.guarantee import format_epsilon
+
     sections = results["sections"]
     env = sections.get("environment", {})
     lines = [
@@ -675,7 +677,7 @@ def table(results: dict) -> str:
         )
     for row in sections.get("stages", {}).get("rows", []):
         how = "torchrun, 1 rank" if row["torchrun"] else "one process"
-        epsilon = "—" if row.get("epsilon") is None else f"{row['epsilon']:.2f}"
+        epsilon = "—" if row.get("epsilon") is None else format_epsilon(float(row["epsilon"]))
         figure = (
             f"{row['seconds']} s, ε = {epsilon}, precision {row.get('precision')}"
             if row["artifact"]

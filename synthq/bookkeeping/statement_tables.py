@@ -34,7 +34,13 @@ WITHOUT = {
 
 
 def eps(value: float) -> str:
-    return "∞" if math.isinf(value) else f"{value:.3f}" if value < 1000 else f"{value:.0f}"
+    """ε in the statement: three decimals, two significant digits for a positive ε that three
+    decimals would print as 0.000 (never a public artifact's figure), whole numbers from 1000."""
+    if math.isinf(value):
+        return "∞"
+    if 0 < value < 0.0005:
+        return f"{value:.2g}"
+    return f"{value:.3f}" if value < 1000 else f"{value:.0f}"
 
 
 def claim(guarantee: Guarantee | None) -> str:

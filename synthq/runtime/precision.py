@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import platform
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,7 +84,7 @@ def use_precision(requested: str, device: str | torch.device) -> Iterator[str]:
 
     resolved = resolve_precision(requested, device)
     kind = torch.device(device).type
-    if resolved == "bf16" and kind == "cpu" and not native_bf16_cpu():
+    if resolved == "bf16" and kind == "cpu" and _emulates_bf16():
         from synthq.runtime.console import warn
 
         # seen on a 2-core AMD EPYC without AVX512-BF16: the first step of a SmolLM2 warm start
@@ -135,6 +136,16 @@ def native_bf16_cpu() -> bool:
     to bf16 is faster than fp32; elsewhere it converts and is slower."""
     flags = cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _emulates_bf16() -> bool:
+    """This x86 CPU lacks bf16 arithmetic (:func:`native_bf16_cpu`), and this is the main process
+    (torchrun's other ranks would say the same). Other architectures name bf16 elsewhere (ARM's
+    ``Features``), so nothing is claimed about them."""
+    from synthq.runtime.distributed import topology
+
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+    return x86 and not native_bf16_cpu() and topology().is_main
 
 
 def on_native_bf16_cpu() -> bool:

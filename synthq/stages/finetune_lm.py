@@ -67,7 +67,7 @@ from synthq.models.generator import QueryGenerator, apply_lora, check_lora_targe
 from synthq.models.stage_costs import expected_line, generator_training_seconds, parameter_count
 from synthq.models.training_step import non_private_step, training_statistics
 from synthq.privacy.accounting import default_delta
-from synthq.privacy.guarantee import Guarantee
+from synthq.privacy.guarantee import Guarantee, format_epsilon
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import StepFraction, info, progress
 from synthq.runtime.optim import make_optimizer
@@ -427,7 +427,8 @@ def _train(config: FinetuneConfig, sources: _Sources, setup: _Setup, writer, che
             result = training.step(within)
             log.append({"step": training.step_index, "loss": result.loss, "examples": result.examples})
             if plan and (training.step_index % every == 0 or training.step_index == steps):
-                bar.update(task, description=f"finetune-lm ε {plan.epsilon_after(training.step_index):.2f}")
+                spent = format_epsilon(plan.epsilon_after(training.step_index))
+                bar.update(task, description=f"finetune-lm ε {spent}")
             within.finish()
             if (
                 writer.primary

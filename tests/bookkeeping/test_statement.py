@@ -15,6 +15,7 @@ from synthq.artifacts.create import create_artifact
 from synthq.bookkeeping.reaccounting import dataset_statement
 from synthq.bookkeeping.releases import dataset_totals, ledger, ledger_lines
 from synthq.bookkeeping.statement import statement_for
+from synthq.bookkeeping.statement_tables import claim, eps
 from synthq.privacy.accounting import epsilon_for, per_query
 from synthq.privacy.guarantee import Guarantee
 from synthq.reporting.eval_files import PER_QUERY_FILE, SELECTION_FILE
@@ -53,7 +54,15 @@ def release(out, data: dict, guarantee: Guarantee, units: list[str], stage: str 
 
 
 def shown(value: float) -> str:
-    return f"{value:.3f}"
+    return f"{value:.3f}" if not 0 < value < 0.0005 else f"{value:.2g}"
+
+
+def test_a_tiny_private_epsilon_never_reads_as_a_public_zero():
+    # the ledger prints 0.0001 (format_epsilon): the statement must not print 0.000 for it
+    tiny = Guarantee(epsilon=1e-4, delta=1e-6, unit="query", mechanism="dp-adam")
+    assert eps(1e-4) == "0.0001" and claim(tiny) == "ε = 0.0001 at δ = 1.00e-06"
+    shown_values = [eps(v) for v in (0.0, 0.0005, 8.0034, 1234.4, math.inf)]
+    assert shown_values == ["0.000", "0.001", "8.003", "1234", "∞"]
 
 
 def test_every_epsilon_and_mu_is_recomputed_from_the_records(tmp_path, private_data):

@@ -57,10 +57,16 @@ def test_the_stage_precision_is_scoped():
 
 def test_bf16_on_a_cpu_without_bf16_arithmetic_warns_before_the_run(monkeypatch, capsys):
     # torch emulates bf16 there: a SmolLM2 step took minutes instead of seconds, silently
+    monkeypatch.setattr(precision.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(precision, "native_bf16_cpu", lambda: False)
     with use_precision("bf16", "cpu"):
         pass
     assert "without bf16 arithmetic" in capsys.readouterr().err
+    monkeypatch.setattr(precision.platform, "machine", lambda: "aarch64")  # its flags say nothing of bf16
+    with use_precision("bf16", "cpu"):
+        pass
+    assert "bf16 arithmetic" not in capsys.readouterr().err
+    monkeypatch.setattr(precision.platform, "machine", lambda: "x86_64")
     for requested, native in (("bf16", True), ("fp32", False), ("auto", False)):
         monkeypatch.setattr(precision, "native_bf16_cpu", lambda native=native: native)
         with use_precision(requested, "cpu"):

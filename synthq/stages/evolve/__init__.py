@@ -70,7 +70,7 @@ from synthq.dp.privacy_units import (
 )
 from synthq.models.generator import QueryGenerator
 from synthq.models.stage_costs import expected_line, generation_seconds, parameter_count
-from synthq.privacy.guarantee import Guarantee
+from synthq.privacy.guarantee import Guarantee, format_epsilon
 from synthq.retrieval.cache import encode_texts
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import info
@@ -294,7 +294,7 @@ def _vote(
     ranked = ranked_per_document(keys, noisy)
     info(
         f"vote {iteration}/{config.iterations}: "
-        + (f"ε so far {plan.epsilon_after(iteration):.2f}" if plan else "ε = ∞")
+        + (f"ε so far {format_epsilon(plan.epsilon_after(iteration))}" if plan else "ε = ∞")
     )
     return ranked, population.voted(iteration, counts, ranked)
 
