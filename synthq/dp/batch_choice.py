@@ -13,7 +13,10 @@ for small q, so σ/B ∝ 1/√B), all the way to the full batch, which takes one
 model does not move in a handful of steps (the pylibs generator barely moved in 8–11), so the
 choice keeps at least :data:`MIN_AUTO_STEPS` steps (or ``--max-steps``, where that is lower):
 the batch is the one with the least noise among those that still leave that many updates, and
-the line it prints says which bound held it back.
+the line it prints says which bound held it back. The floor matters: on pylibs, one epoch at
+B = 128 users (11 steps, σ/B = 0.0044) moved the generator less than B = 64 (22 steps, σ/B =
+0.0081) at the same compute and ε (docs/results.md#pylibs-large-batch), so fewer, less noisy
+steps are not better below a few tens of steps.
 
 It reads only n (the count every DP stage records and assumes public) and the public settings.
 """
