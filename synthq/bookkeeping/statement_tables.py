@@ -22,7 +22,7 @@ from synthq.bookkeeping.reaccounting import (
 )
 from synthq.privacy.accounting import ACCOUNTANTS
 from synthq.privacy.events import NoisyMaxSelections, SampledGaussian, gaussian, release_event
-from synthq.privacy.guarantee import Guarantee
+from synthq.privacy.guarantee import Guarantee, fixed_epsilon
 
 NOT_APPLICABLE = "—"
 # The mechanism parameters shown per release, and the mechanisms that have no use for each.
@@ -38,9 +38,7 @@ def eps(value: float) -> str:
     decimals would print as 0.000 (never a public artifact's figure), whole numbers from 1000."""
     if math.isinf(value):
         return "∞"
-    if 0 < value < 0.0005:
-        return f"{value:.2g}"
-    return f"{value:.3f}" if value < 1000 else f"{value:.0f}"
+    return fixed_epsilon(value, 3) if value < 1000 else f"{value:.0f}"
 
 
 def claim(guarantee: Guarantee | None) -> str:

@@ -289,6 +289,12 @@ def format_epsilon(epsilon: float) -> str:
     never prints like a public one."""
     if math.isinf(epsilon):
         return "∞"
-    if 0 < epsilon < 0.005:
+    return fixed_epsilon(epsilon, 2) if epsilon < 100 else f"{epsilon:.0f}"
+
+
+def fixed_epsilon(epsilon: float, decimals: int) -> str:
+    """ε to ``decimals`` decimals, except a positive ε those would round to zero, which keeps two
+    significant digits: a private release never prints like a public one."""
+    if 0 < epsilon < 0.5 * 10**-decimals:
         return f"{epsilon:.2g}"
-    return f"{epsilon:.2f}" if epsilon < 100 else f"{epsilon:.0f}"
+    return f"{epsilon:.{decimals}f}"

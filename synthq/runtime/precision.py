@@ -88,7 +88,7 @@ def use_precision(requested: str, device: str | torch.device) -> Iterator[str]:
         from synthq.runtime.console import warn
 
         # seen on a 2-core AMD EPYC without AVX512-BF16: the first step of a SmolLM2 warm start
-        # had not finished after 7 minutes, where fp32 takes about 6 s a step
+        # had not finished after 7 minutes, where fp32 took about 27 s a step there
         warn(
             "--precision bf16 on a CPU without bf16 arithmetic (no avx512_bf16 or amx_bf16 in "
             "/proc/cpuinfo): torch emulates it, far slower than fp32, and the expected minutes "
