@@ -20,12 +20,14 @@ and exports or imports it, so a team can share one.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import hmac
 import json
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -56,18 +58,49 @@ def key_path() -> Path:
     return state_dir() / KEY_FILE
 
 
+def _write_whole(file: Path, data: bytes) -> None:
+    """Write ``data`` to a hidden file beside ``file`` (mode 0600) and hand it to ``_place``:
+    ``file`` appears whole or not at all. A failed write (a full disk) removes the hidden copy and
+    raises the OSError with ``file`` as its filename, so the message names the state directory."""
+    descriptor, staged = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _place(Path(staged), file)
+    except OSError as error:
+        if error.filename or isinstance(error, FileExistsError):
+            raise
+        raise OSError(error.errno, error.strerror or str(error), str(file)) from error
+    finally:
+        Path(staged).unlink(missing_ok=True)
+
+
+def _place(staged: Path, file: Path) -> None:
+    """The first key wins: a hard link never replaces a key another process placed meanwhile."""
+    try:
+        os.link(staged, file)
+    except FileExistsError:  # another process created it meanwhile: use theirs
+        pass
+    except OSError as error:  # a file system without hard links
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+            raise
+        if not file.exists():
+            os.replace(staged, file)
+
+
 @functools.lru_cache(maxsize=8)
 def _load_key(path: str) -> bytes:
     file = Path(path)
     if not file.exists():
-        try:
-            descriptor = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another process created it meanwhile: use theirs
-            pass
-        else:
-            with os.fdopen(descriptor, "wb") as handle:
-                handle.write(secrets.token_bytes(KEY_BYTES))
+        _write_whole(file, secrets.token_bytes(KEY_BYTES))
     data = file.read_bytes()
+    if not data:  # left by an older synthq, which wrote the key in place, on a full disk
+        raise SynthqError(
+            f"{file}: an empty owner key (a first write cut off, e.g. by a full disk): nothing was ever "
+            f"sealed with it; remove it (rm {file}) and rerun to create a new one"
+        )
     if len(data) != KEY_BYTES:
         raise SynthqError(f"{file}: not a synthq key ({len(data)} bytes, expected {KEY_BYTES})")
     mode = file.stat().st_mode & 0o777
@@ -174,10 +207,18 @@ def import_key(source: Path, replace: bool = False) -> str:
             f"{target}: a different key is installed (id {key_id()}); artifacts sealed under it could "
             "no longer be verified — pass --replace to install the new key anyway"
         )
-    tmp = target.with_name(KEY_FILE + ".tmp")
-    descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, target)
+    descriptor, staged = tempfile.mkstemp(prefix=f".{KEY_FILE}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staged, target)
+    except OSError as error:
+        if error.filename:
+            raise
+        raise OSError(error.errno, error.strerror or str(error), str(target)) from error
+    finally:
+        Path(staged).unlink(missing_ok=True)
     _load_key.cache_clear()
     return key_id(data)

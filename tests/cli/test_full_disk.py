@@ -86,3 +86,36 @@ def test_a_full_disk_during_export_names_the_release_not_the_source(tmp_path, ca
     assert status == 1
     assert f"{release}: No space left on device; free some space" in line and "results.md" not in line
     assert not release.exists() and not list(tmp_path.glob(".release*"))
+
+
+def test_a_full_disk_when_the_owner_key_is_first_written_leaves_no_key_and_names_the_setting(
+    tmp_path, capsys, monkeypatch
+):
+    """Issue #74: the key used to be written in place, so a full disk left a 0-byte owner.key that
+    every later command refused ("not a synthq key (0 bytes)"), and the message read ``?:``."""
+    import os
+
+    from synthq.privacy import keys
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("SYNTHQ_STATE", str(state))
+    keys._load_key.cache_clear()
+    real_fdopen = os.fdopen
+
+    def fdopen_on_a_full_disk(descriptor, mode="r", *args, **kwargs):
+        if "w" in mode:
+            os.close(descriptor)
+            return io.BufferedWriter(_FullDisk())
+        return real_fdopen(descriptor, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", fdopen_on_a_full_disk)
+    status, output = run_main(["key"], capsys, monkeypatch)
+    line = one_line(output)
+    assert status == 1
+    assert f"{state / keys.KEY_FILE}: No space left on device" in line and "SYNTHQ_STATE" in line
+    assert "?" not in line.split(":")[1]
+    assert list(state.iterdir()) == []  # neither a cut-off key nor its hidden copy
+    monkeypatch.setattr(os, "fdopen", real_fdopen)  # space freed
+    keys._load_key.cache_clear()
+    status, output = run_main(["key"], capsys, monkeypatch)
+    assert status == 0 and len((state / keys.KEY_FILE).read_bytes()) == keys.KEY_BYTES

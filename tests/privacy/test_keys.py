@@ -121,3 +121,11 @@ def test_a_key_open_to_other_users_is_refused_as_ssh_refuses_one(other_installat
     key_path().chmod(0o600)
     keys._load_key.cache_clear()
     assert len(owner_key()) == KEY_BYTES
+
+
+def test_an_empty_key_left_by_a_cut_off_write_says_what_to_do(other_installation):
+    other_installation("cut-off")
+    path = key_path()
+    path.touch(mode=0o600)
+    with pytest.raises(SynthqError, match=r"empty owner key .*sealed with it; remove it \(rm "):
+        owner_key()
