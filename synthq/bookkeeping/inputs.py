@@ -139,6 +139,36 @@ class PublicPairs:
     assumption: str
 
 
+def enclosing_artifact(root: Path) -> Path | None:
+    """The synthq artifact ``root`` is or lies inside (a synthetic set is a BEIR directory at its
+    artifact's root), or ``None``."""
+    for candidate in (Path(root), *Path(root).resolve().parents):
+        if is_artifact(candidate):
+            return candidate
+    return None
+
+
+def refuse_artifact_as_public_pairs(root: Path, spec: str, role: str) -> None:
+    """Public pairs are a dataset's declared-public split, never a synthq artifact's: a synthetic
+    set's queries are a release of the private data its generator read (its ε, which every reader
+    inherits), and no ``privacy.json`` written into it makes them public (review round 5, flow 1).
+    Refused whatever the artifact's own ε, so the read never needs to inherit anything."""
+    from synthq.runtime.errors import PrivacyError
+
+    artifact = enclosing_artifact(root)
+    if artifact is None:
+        return
+    try:
+        what = f"a synthq {open_artifact(artifact).stage} artifact"
+    except Exception:  # noqa: BLE001 - refused either way; a broken manifest only changes the words
+        what = "a synthq artifact"
+    raise PrivacyError(
+        f"{role} {spec}: {artifact} is {what}, not a public dataset: its pairs carry the releases of "
+        "the private data behind it, and no privacy.json can make them public. Read a synthetic set "
+        "as training data (train-retriever --data), which carries its ε"
+    )
+
+
 def public_pairs_input(spec: str, role: str) -> PublicPairs:
     """``SOURCE:SPLIT`` -> the split's pairs, refused unless the source declares the split public
     (:func:`~synthq.bookkeeping.splits.split_is_private`, fail closed)."""
@@ -152,6 +182,7 @@ def public_pairs_input(spec: str, role: str) -> PublicPairs:
     if not source or not split:
         raise DataError(f"{role} must be SOURCE:SPLIT (e.g. pydocs:test), not {spec!r}")
     root = resolve_source(source)
+    refuse_artifact_as_public_pairs(root, spec, role)
     if split_is_private(source, root, split):
         raise PrivacyError(
             f"{role} {spec}: split {split!r} is not declared public in {root}/privacy.json; reading its "
