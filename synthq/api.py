@@ -35,15 +35,16 @@ __all__ = [
 
 def run_stage(stage: str, config=None, /, **options) -> Artifact:
     """Run the stage named ``stage`` (``finetune-lm``, ``generate``, ... as ``synthq run``
-    pipelines name them) with ``config`` (its config object; ``options`` then replace fields of
-    it, validated again) or with ``options`` alone; return its artifact."""
+    pipelines name them) with ``config`` (its config object, validated again as the command line
+    validates its options; ``options`` then replace fields of it) or with ``options`` alone;
+    return its artifact."""
     entry = stage_entry(stage)
     config_class = entry.config_type()
     if config is None:
         config = config_class(**options)
     elif not isinstance(config, config_class):
         raise TypeError(f"{stage} takes a {config_class.__name__}, not a {type(config).__name__}")
-    elif options:
+    else:  # validated again whatever happened to it (copied with updates, assigned to): flow 2
         config = config_class(**{**config.model_dump(exclude_unset=True), **options})
     return entry.run_function()(config)
 

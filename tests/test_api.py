@@ -52,3 +52,43 @@ def test_the_stages_chain_from_python_with_the_guarantee_carried(tmp_path, tiny_
         finetune_lm(data=str(tiny_beir), model=str(tiny_causal_dir), epsilon=-1, out=tmp_path / "bad")
     with pytest.raises(TypeError, match="takes a FinetuneConfig"):
         finetune_lm(config)
+
+
+def test_a_config_changed_after_validation_gets_every_check_of_the_command_line(
+    tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir
+):
+    """Review round 5, flow 2: ``--limit`` with DP is refused on the command line; a config
+    assigned to, copied with an update or built without validation is refused the same way by
+    the Python API and by the stage itself, before anything is written (a file-order prefix of the
+    private data would otherwise be sealed at the full run's ε)."""
+    from synthq import finetune_lm, train_retriever
+    from synthq.config.generator import FinetuneConfig
+    from synthq.stages import finetune_lm as finetune_stage
+    from synthq.stages import train_retriever as retriever_stage
+    from tests.helpers import retriever_config
+
+    generator = FinetuneConfig(data=str(tiny_beir), model=str(tiny_causal_dir), epsilon=4, max_steps=1,
+                               out=tmp_path / "gen")  # fmt: skip
+    with pytest.raises(ValidationError, match="--limit cannot be used with DP"):
+        generator.limit = 6
+    with pytest.raises(ValidationError, match="--limit cannot be used with DP"):
+        finetune_lm(generator)  # the failed assignment left limit = 6 behind: run_stage checks again
+    with pytest.raises(ValidationError, match="--limit cannot be used with DP"):
+        finetune_stage.run(generator)  # and so does the stage
+
+    dp = retriever_config(tmp_path / "ret", tiny_beir, tiny_encoder_dir, dp="group", epsilon=4)
+    copied = dp.model_copy(update={"limit": 8})
+    built = TrainRetrieverConfig.model_construct(**{**dp.model_dump(), "limit": 8})
+    for config in (copied, built):
+        with pytest.raises(ValidationError, match="--limit cannot be used with DP"):
+            train_retriever(config)
+        with pytest.raises(ValidationError, match="--limit cannot be used with DP"):
+            retriever_stage.run(config)
+    assert not (tmp_path / "gen").exists() and not (tmp_path / "ret").exists()
+    # without DP a limit is a plain choice, and the options set stay the ones set
+    assert (
+        TrainRetrieverConfig(data=str(tiny_beir), encoder="x", out=tmp_path / "x")
+        .model_copy(update={"limit": 8})
+        .limit
+        == 8
+    )

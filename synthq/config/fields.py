@@ -10,6 +10,7 @@ command-line settings go in ``Field(json_schema_extra=cli(...))`` (see :func:`cl
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -178,14 +179,38 @@ def refuse_user_options_at_the_query_unit(config) -> None:
 
 
 Probability = Annotated[float, Field(gt=0, le=1)]
+
+
+def _path_text(value: Any) -> Any:
+    """A path given as an ``os.PathLike`` (a :class:`pathlib.Path`, an artifact the Python API
+    returned) reads as its text, as the command line gives it."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+# A field that names a directory, a file or a source name (``embedded``, a hub id): text, which a
+# ``pathlib.Path`` or an artifact object may give (``train_retriever(data=syn.path)``, ``data=syn``).
+PathOrName = Annotated[str, BeforeValidator(_path_text)]
+# A field that is a path only: a ``pathlib.Path``, which a string or an artifact object may give.
+PathField = Annotated[Path, BeforeValidator(_path_text)]
 PublicCorpus = Annotated[
-    str, Field(description="Public documents: a BEIR directory or source name (embedded, beir:NAME).")
+    PathOrName, Field(description="Public documents: a BEIR directory or source name (embedded, beir:NAME).")
 ]
 DocumentList = Annotated[
-    Path | None,
+    PathField | None,
     Field(description="A public list of document ids (one per line) to write queries for; default: all."),
 ]
 Resume = Annotated[bool, Field(description="Continue an interrupted run from its last checkpoint.")]
+
+
+def revalidated(config: StageConfig) -> StageConfig:
+    """``config`` checked again by every validator of its class, as the command line checks it.
+
+    A config object can reach a stage without its checks: ``model_copy(update=...)`` and
+    ``model_construct`` validate nothing, and a failed assignment leaves the field assigned. The
+    Python API and every stage whose checks decide ε (finetune-lm, train-retriever, evolve) pass
+    what they are given through here first, so ``limit=8`` on a DP config is refused whichever
+    way it was set. The options the caller set stay the set ones (defaults are not pinned)."""
+    return type(config).model_validate(config.model_dump(exclude_unset=True))
 
 
 def refuse_limit_with_dp(limit: int | None, private: bool) -> None:
@@ -200,6 +225,7 @@ def refuse_limit_with_dp(limit: int | None, private: bool) -> None:
 
 def _named_path(value: Any) -> Any:
     """An output path must name something: ``""`` would be the current directory."""
+    value = _path_text(value)
     if isinstance(value, str) and not value.strip():
         raise ValueError("is empty; name the artifact directory to write")
     return value
@@ -216,7 +242,9 @@ class StageConfig(BaseModel):
     ``out``, ``force`` and ``resume`` are not.
     """
 
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+    # validate_assignment: ``config.limit = 6`` on a DP config is refused as the command line
+    # refuses ``--limit`` with DP (review round 5, flow 2); :func:`revalidated` covers the rest
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings", validate_assignment=True)
 
     out: Annotated[Path, BeforeValidator(_named_path)] = Field(description="Artifact directory to write.")
     force: bool = Field(

@@ -43,7 +43,7 @@ from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.on_main import artifact_on_main
 from synthq.bookkeeping.inputs import data_input, model_input, public_pairs_input
 from synthq.bookkeeping.splits import split_is_private
-from synthq.config.fields import DEFAULT_TOP_P
+from synthq.config.fields import DEFAULT_TOP_P, revalidated
 from synthq.config.generator import FinetuneConfig
 from synthq.data.pairs import training_pairs
 from synthq.data.sources import load_source, qrels_splits
@@ -303,6 +303,7 @@ class _Setup:
 def run(config: FinetuneConfig) -> Artifact:
     """Resolve the inputs, plan the DP run before reading a private step, train (resuming a
     checkpoint), then write the generator and the release of the private pairs."""
+    config = revalidated(config)  # the checks that decide ε, however the config was built
     place = distributed.setup(config.device)
     start = model_input(config.model, stage=STAGE)
     if config.lora_rank > 0:

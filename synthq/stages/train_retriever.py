@@ -36,6 +36,7 @@ from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.on_main import artifact_on_main
 from synthq.bookkeeping.inputs import data_input, model_input
+from synthq.config.fields import revalidated
 from synthq.config.retriever import TrainRetrieverConfig
 from synthq.data.pairs import Pair, document_text, first_pairs_per_document, training_pairs
 from synthq.data.sources import load_source
@@ -281,6 +282,7 @@ class _Setup:
 def run(config: TrainRetrieverConfig) -> Artifact:
     """Resolve the inputs, set up the pairs, units, encoder and (under --dp) the DP plan, train,
     then write the encoder and what it releases of the pairs it read."""
+    config = revalidated(config)  # the checks that decide ε, however the config was built
     place = distributed.setup(config.device)
     sources = _resolve_sources(config)
     if (done := distributed.on_main(existing_result, STAGE, config, sources.records)) is not None:

@@ -44,6 +44,7 @@ from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.bookkeeping.inputs import DataInput, ModelInput, data_input, model_input, public_documents_input
+from synthq.config.fields import revalidated
 from synthq.config.generator import EvolveConfig
 from synthq.data.pairs import document_text, training_pairs
 from synthq.data.sources import load_source, resolve_source
@@ -148,6 +149,7 @@ class _Clock:
 def run(config: EvolveConfig) -> Artifact:
     """Set up the units and the public model, write the first population (or resume it), take
     ``--iterations`` noisy votes with selection and variation between them, and write the set."""
+    config = revalidated(config)  # the checks that decide ε, however the config was built
     if distributed.setup(config.device).world_size > 1:
         raise SynthqError("synthq evolve runs in one process; start it without torchrun")
     sources = _resolve_sources(config)
