@@ -48,6 +48,10 @@ class Artifact:
     manifest: dict
     verified: bool = True
 
+    def __fspath__(self) -> str:
+        """An artifact goes wherever a path does (``train_retriever(data=syn)``, ``Path(syn)``)."""
+        return os.fspath(self.path)
+
     @property
     def stage(self) -> str:
         return self.manifest["stage"]

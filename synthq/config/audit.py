@@ -14,6 +14,7 @@ from synthq.config.fields import (
     DEFAULT_TOP_P,
     Epsilon,
     MaxQueriesPerUser,
+    PathOrName,
     PrivacyUnitName,
     Probability,
     Resume,
@@ -35,8 +36,8 @@ class CanaryAuditConfig(StageConfig):
     ``exposure``: Table 7's rank / exposure / leakage with canaries repeated ``repetitions`` times;
     ``both`` shares one generator per ε between the two."""
 
-    data: str = Field(description="Private pairs: a BEIR directory or source name.")
-    model: str = Field(description="Generator to fine-tune: hub id, local directory or alias.")
+    data: PathOrName = Field(description="Private pairs: a BEIR directory or source name.")
+    model: PathOrName = Field(description="Generator to fine-tune: hub id, local directory or alias.")
     method: Literal["one-run", "exposure", "both"] = Field(
         "one-run",
         description="one-run (canaries included once by a secret coin), exposure (Table 7) or both.",

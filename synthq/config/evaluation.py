@@ -2,29 +2,37 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
 
-from synthq.config.fields import Device, PrecisionName, Seed, StageConfig, cli, renamed_batch_size
+from synthq.config.fields import (
+    Device,
+    PathField,
+    PathOrName,
+    PrecisionName,
+    Seed,
+    StageConfig,
+    cli,
+    renamed_batch_size,
+)
 
 
 class EvalConfig(StageConfig):
     """``synthq eval``: retrieval metrics on embedded, MS MARCO dev and BEIR datasets."""
 
-    retrievers: list[str] = Field(
+    retrievers: list[PathOrName] = Field(
         default_factory=list,
         description="A train-retriever artifact (repeatable).",
         json_schema_extra=cli(flag="--retriever", commas=False),
     )
-    datasets: list[str] = Field(
+    datasets: list[PathOrName] = Field(
         default_factory=lambda: ["embedded"],
         description="embedded, pydocs, msmarco (dev split), beir:NAME or BEIR directories (comma-separated).",
     )
     split: str | None = Field(None, description="Split to evaluate (default: test; msmarco: dev).")
     bm25: bool = Field(True, description="Add the BM25 reference row (ε = 0, public).")
-    untrained: list[str] = Field(
+    untrained: list[PathOrName] = Field(
         default_factory=list,
         description="Encoder evaluated as-is, e.g. minilm-l6 (repeatable; a reference row, ε = 0).",
         json_schema_extra=cli(commas=False),
@@ -33,7 +41,7 @@ class EvalConfig(StageConfig):
     top_k: int = Field(100, ge=100, description="Documents retrieved per query (≥ 100 for NDCG@100).")
     search_chunk_size: int = Field(50_000, ge=1, description="Documents scored per matrix product.")
     faiss: bool = Field(False, description="Search with FAISS IndexFlatIP instead of exact torch chunks.")
-    select_on: str | None = Field(
+    select_on: PathOrName | None = Field(
         None,
         description="A dev eval artifact: evaluate only each method's best configuration on it "
         "(every seed of it); retrievers it did not score are kept. On a private dev split the "
@@ -72,7 +80,7 @@ class EvalConfig(StageConfig):
 class ReportConfig(StageConfig):
     """``synthq report``: merge evaluation artifacts into one set of tables and plots."""
 
-    evals: list[str] = Field(
+    evals: list[PathOrName] = Field(
         min_length=1, description="Evaluation artifacts to merge.", json_schema_extra=cli(argument=True)
     )
     title: str = Field("synthq results", description="Title of the report.")
@@ -81,7 +89,7 @@ class ReportConfig(StageConfig):
         description="The paper's numbers beside ours.",
         json_schema_extra=cli(hidden=True),  # the command line reads them from --paper FILE
     )
-    similarity: list[str] = Field(
+    similarity: list[PathOrName] = Field(
         default_factory=list, description="Similarity artifacts (BLEU, MAUVE) to include (repeatable)."
     )
 
@@ -89,10 +97,10 @@ class ReportConfig(StageConfig):
 class SimilarityConfig(StageConfig):
     """``synthq similarity``: BLEU, MAUVE and friends between synthetic and original queries."""
 
-    synthetic: Path = Field(description="A generate artifact.")
-    original: str = Field(description="The original pairs (BEIR directory or source name).")
+    synthetic: PathField = Field(description="A generate artifact.")
+    original: PathOrName = Field(description="The original pairs (BEIR directory or source name).")
     split: str = Field("train", description="qrels split of the original queries.")
-    encoder: str = Field("minilm-l6", description="Encoder whose features MAUVE compares.")
+    encoder: PathOrName = Field("minilm-l6", description="Encoder whose features MAUVE compares.")
     mauve_seeds: int = Field(5, ge=1, description="k-means seeds to average MAUVE over.")
     mauve_scaling_factor: float = Field(
         5.0, gt=0, description="MAUVE's c in exp(-c KL) (mauve's default: 5)."

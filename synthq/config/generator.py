@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -23,6 +22,8 @@ from synthq.config.fields import (
     Epsilon,
     Limit,
     MaxQueriesPerUser,
+    PathField,
+    PathOrName,
     PrecisionName,
     PrivacyUnitName,
     Probability,
@@ -43,11 +44,13 @@ from synthq.config.fields import (
 class FinetuneConfig(StageConfig):
     """``synthq finetune-lm``: (document → query) fine-tuning with DP-SGD/DP-Adam."""
 
-    data: str = Field(
+    data: PathOrName = Field(
         description="Private pairs: a BEIR directory or source name (embedded, msmarco, beir:NAME)."
     )
     split: str = Field("train", description="qrels split whose (query, document) pairs are trained on.")
-    model: str = Field(description="Hub id (google-t5/t5-base), local directory, or alias (smollm2-135m).")
+    model: PathOrName = Field(
+        description="Hub id (google-t5/t5-base), local directory, or alias (smollm2-135m)."
+    )
     epsilon: Epsilon = Field(DEFAULT_EPSILON, description="Target ε; inf trains without noise or clipping.")
     delta: float | None = Field(None, gt=0, lt=1, description="δ; default 1/(2n).")
     clip_norm: float = Field(
@@ -193,7 +196,7 @@ class FinetuneConfig(StageConfig):
 class GenerateConfig(StageConfig):
     """``synthq generate``: nucleus-sample synthetic queries for public documents."""
 
-    generator: Path = Field(
+    generator: PathField = Field(
         description="A finetune-lm artifact, or a public model (alias, hub id or local directory): "
         "the ε = 0 control, queries written with no private data."
     )
@@ -249,7 +252,7 @@ class GenerateConfig(StageConfig):
 class EvolveConfig(StageConfig):
     """``synthq evolve``: DP synthetic queries by Private Evolution (a public model, no training)."""
 
-    data: str = Field(
+    data: PathOrName = Field(
         description="Private pairs that vote: a BEIR directory or source name (embedded, msmarco, beir:NAME)."
     )
     split: str = Field("train", description="qrels split whose (query, document) pairs vote.")
@@ -260,12 +263,12 @@ class EvolveConfig(StageConfig):
         description="Write queries only for the documents judged in this qrels split of --corpus, "
         "recorded as the assumption that this set is public (as generate --split).",
     )
-    model: str = Field(
+    model: PathOrName = Field(
         "smollm2-135m",
         description="Public generator that writes and varies queries: alias, local directory or hub id "
         "(assumed public; a synthq artifact brings its own guarantee).",
     )
-    embedder: str = Field(
+    embedder: PathOrName = Field(
         "minilm-l6", description="Public sentence encoder of the votes' nearest-neighbour search."
     )
     epsilon: Epsilon = Field(DEFAULT_EPSILON, description="Target ε over all iterations.")
@@ -308,13 +311,13 @@ class FilterConfig(StageConfig):
     """``synthq filter``: keep the better synthetic queries and hold documents out for tuning
     (post-processing of the generator: no ε)."""
 
-    synthetic: Path = Field(description="A generate (or filter) artifact.")
+    synthetic: PathField = Field(description="A generate (or filter) artifact.")
     method: FilterMethod = Field(
         "consistency",
         description="consistency: keep a query when a retriever finds its own document in the top K; "
         "likelihood: keep each document's most likely queries under the set's generator; none: keep all.",
     )
-    retriever: str = Field(
+    retriever: PathOrName = Field(
         "minilm-l6",
         description="consistency: the retriever (encoder alias, directory, hub id, a train-retriever "
         "artifact, or bm25).",

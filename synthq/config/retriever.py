@@ -17,6 +17,7 @@ from synthq.config.fields import (
     Epsilon,
     Limit,
     MaxQueriesPerUser,
+    PathOrName,
     PrecisionName,
     PrivacyUnitName,
     SecretSeed,
@@ -31,9 +32,9 @@ DPMode = Literal["sample", "batch", "group", "logit"]
 class TrainRetrieverConfig(StageConfig):
     """``synthq train-retriever``: dual encoder with in-batch softmax, optionally direct DP."""
 
-    data: str = Field(description="A synthetic artifact, a BEIR directory or a source name.")
+    data: PathOrName = Field(description="A synthetic artifact, a BEIR directory or a source name.")
     split: str = Field("train", description="qrels split of the training pairs.")
-    encoder: str = Field("minilm-l6", description="Shared encoder: alias, local directory or hub id.")
+    encoder: PathOrName = Field("minilm-l6", description="Shared encoder: alias, local directory or hub id.")
     dp: DPMode | None = Field(None, description="Direct DP on the private pairs (baselines); default: none.")
     epsilon: Epsilon = Field(DEFAULT_EPSILON, description="Target ε for --dp.")
     delta: float | None = Field(None, gt=0, lt=1, description="δ for --dp (default 1/(2n)).")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from synthq.config.fields import Device, cli
+from synthq.config.fields import Device, PathOrName, cli
 
 
 class SearchConfig(BaseModel):
@@ -19,11 +19,11 @@ class SearchConfig(BaseModel):
         description="The query (several words, or several quoted queries with --each).",
         json_schema_extra=cli(argument=True, required=True, commas=False),
     )
-    retriever: str = Field(
+    retriever: PathOrName = Field(
         description="A train-retriever artifact, or an encoder (alias, directory, hub id).",
         json_schema_extra=cli(metavar="DIR"),
     )
-    corpus: str = Field(
+    corpus: PathOrName = Field(
         "embedded",
         description="Documents: a BEIR directory or source name.",
         json_schema_extra=cli(metavar="SOURCE"),

@@ -130,3 +130,31 @@ def test_a_batch_size_is_a_whole_number_or_auto_wherever_it_is_read():
         with pytest.raises(ValueError, match="whole number ≥ 1, or auto"):
             batch_size_or_auto(bad)
     assert FinetuneConfig(data="d", model="m", out="o", batch_size="Auto").batch_size == "auto"
+
+
+def test_a_path_or_an_artifact_goes_wherever_a_path_does():
+    """Issue #74: ``train_retriever(data=syn.path)`` and ``evaluate(retrievers=[ret.path])`` were
+    refused (a Path where a string was expected)."""
+    from pathlib import Path
+
+    from synthq.artifacts.manifest import Artifact
+    from synthq.config.evaluation import EvalConfig, ReportConfig, SimilarityConfig
+    from synthq.config.generator import FilterConfig
+
+    syn = Artifact(Path("/runs/syn"), {})
+    config = TrainRetrieverConfig(data=syn.path, encoder=Path("/models/enc"), out=Path("/runs/ret"))
+    assert (config.data, config.encoder) == ("/runs/syn", "/models/enc")
+    assert TrainRetrieverConfig(data=syn, out=syn).data == "/runs/syn"
+    evaluation = EvalConfig(
+        retrievers=[Path("/runs/ret"), syn], untrained=[Path("/e")], out="/x", select_on=syn
+    )
+    assert evaluation.retrievers == ["/runs/ret", "/runs/syn"] and evaluation.select_on == "/runs/syn"
+    assert GenerateConfig(generator=syn, corpus=Path("/c"), documents=syn, out="/x").corpus == "/c"
+    assert FilterConfig(synthetic=syn, retriever=syn, out="/x").retriever == "/runs/syn"
+    assert ReportConfig(evals=[syn], similarity=[syn], out="/x").evals == ["/runs/syn"]
+    assert SimilarityConfig(synthetic=syn, original=Path("/o"), out="/x").original == "/o"
+    assert FinetuneConfig(data=Path("/d"), model=syn, out="/x").model == "/runs/syn"
+    assert EvolveConfig(data=Path("/d"), model=Path("/m"), embedder=Path("/e"), out="/x").embedder == "/e"
+    assert SearchConfig(query=["q"], retriever=syn, corpus=Path("/c")).corpus == "/c"
+    with pytest.raises(ValidationError, match="data"):
+        TrainRetrieverConfig(data=3, out="/x")
