@@ -72,6 +72,24 @@ class QueryGenerator:
         self.tokenizer = _prepare_tokenizer(tokenizer, self.kind)
         self.max_source_length = max_source_length
         self.template = template
+        # query-only (activated LoRA, synthq.models.query_only): adapters on the invocation and
+        # the query only; the document prefix runs through the frozen base model
+        self.query_only = False
+        self.prefix_dtype = "bfloat16"
+
+    def enable_query_only(self, prefix_dtype: str = "bfloat16") -> None:
+        """Query-only mode (:mod:`synthq.models.query_only`): the prompt splits at the template's
+        ``{document}`` into a prefix that the frozen base model reads and an invocation (the
+        template's tail) from which on the adapters act. Needs a causal model whose template has
+        text after ``{document}``."""
+        if self.kind != "causal":
+            raise SettingError(
+                "--query-only is for causal generators (a seq2seq model's encoder reads the document)"
+            )
+        if not split_template(self.template)[1]:
+            raise SettingError(f"--query-only: the template {self.template!r} has no text after {{document}}")
+        self.query_only = True
+        self.prefix_dtype = prefix_dtype
 
     # ------------------------------------------------------------------ loading and saving
     @classmethod
@@ -88,16 +106,25 @@ class QueryGenerator:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, path).merge_and_unload()
+        query_only = saved.get("query_only")
+        if query_only:  # the base model and its query-only adapter, kept apart
+            model = _load_query_adapter(model, path / query_only["adapter"])
         tokenizer = AutoTokenizer.from_pretrained(path)
         length = max_source_length or saved.get("max_source_length", 384)
         generator = cls(model.to(device), tokenizer, length, saved.get("template", CAUSAL_TEMPLATE))
+        if query_only:
+            generator.enable_query_only(query_only["prefix_dtype"])
         return generator
 
     def save(self, directory: Path, generation_defaults: dict | None = None) -> None:
         """``save_pretrained`` model and tokenizer, generation defaults, and the prompt format."""
         directory = Path(directory)
         model = self.model
-        if hasattr(model, "merge_and_unload"):  # LoRA: ship a plain model others can load
+        saved: dict = {}
+        if self.query_only:  # the adapter apart: merged, it would act on the document too
+            model = _save_query_adapter(model, directory / QUERY_ADAPTER, self.invocation_ids())
+            saved["query_only"] = {"adapter": QUERY_ADAPTER, "prefix_dtype": self.prefix_dtype}
+        elif hasattr(model, "merge_and_unload"):  # LoRA: ship a plain model others can load
             model = model.merge_and_unload()
         model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
@@ -108,7 +135,12 @@ class QueryGenerator:
             generation_config.save_pretrained(directory)
         (directory / GENERATOR_FILE).write_text(
             json.dumps(
-                {"kind": self.kind, "template": self.template, "max_source_length": self.max_source_length},
+                {
+                    "kind": self.kind,
+                    "template": self.template,
+                    "max_source_length": self.max_source_length,
+                    **saved,
+                },
                 indent=2,
             ),
             encoding="utf-8",
@@ -127,6 +159,27 @@ class QueryGenerator:
         )
         return [self.tokenizer.decode(ids) for ids in encoded["input_ids"]]
 
+    def target_ids(self, queries: list[str], max_target_length: int) -> list[list[int]]:
+        """Each query's token ids, cut to ``max_target_length - 1``, then EOS (what is learned)."""
+        return self._query_ids(queries, max_target_length)
+
+    def prefix_ids(self, documents: list[str]) -> list[list[int]]:
+        """Query-only mode: each prompt's prefix (BOS where the tokenizer adds one, then the
+        template up to and with the truncated document), tokenized apart from the invocation."""
+        head = split_template(self.template)[0]
+        ids = self.tokenizer(
+            [head.format(document=d) for d in self.truncated_documents(documents)], add_special_tokens=False
+        )["input_ids"]
+        return [self._with_bos(x) for x in ids]
+
+    def invocation_ids(self) -> list[int]:
+        """Query-only mode: the template's text after ``{document}``, from which on the adapters act."""
+        return self.tokenizer(split_template(self.template)[1], add_special_tokens=False)["input_ids"]
+
+    def _with_bos(self, ids: list[int]) -> list[int]:
+        bos = self.tokenizer.bos_token_id
+        return [bos, *ids] if bos is not None and getattr(self.tokenizer, "add_bos_token", False) else ids
+
     def _query_ids(self, queries: list[str], max_target_length: int) -> list[list[int]]:
         prefix = "" if self.kind == "seq2seq" else " "
         encoded = self.tokenizer([prefix + q for q in queries], add_special_tokens=False)["input_ids"]
@@ -134,17 +187,16 @@ class QueryGenerator:
         return [ids[: max_target_length - 1] + [eos] for ids in encoded]
 
     def _prompt_ids(self, documents: list[str]) -> list[list[int]]:
+        if self.query_only:  # prefix and invocation tokenized apart, as the adapters see them
+            invocation = self.invocation_ids()
+            return [prefix + invocation for prefix in self.prefix_ids(documents)]
         sources = [self.source_text(d) for d in self.truncated_documents(documents)]
         if self.kind == "seq2seq":
             ids = self.tokenizer(sources, add_special_tokens=True)["input_ids"]
             eos = self.tokenizer.eos_token_id
             return [x if x and x[-1] == eos else [*x, eos] for x in ids]
         ids = self.tokenizer(sources, add_special_tokens=False)["input_ids"]
-        bos = self.tokenizer.bos_token_id
-        return [
-            [bos, *x] if bos is not None and getattr(self.tokenizer, "add_bos_token", False) else x
-            for x in ids
-        ]
+        return [self._with_bos(x) for x in ids]
 
     # ------------------------------------------------------------------ batches
     def training_batch(
@@ -218,6 +270,8 @@ class QueryGenerator:
         self, documents: list[str], queries: list[str], batch_size: int = 16, max_target_length: int = 128
     ) -> torch.Tensor:
         """log p(query | document) summed over the query tokens and EOS, one value per pair."""
+        if self.query_only:
+            return self._query_only_log_likelihood(documents, queries, batch_size, max_target_length)
         device = next(self.model.parameters()).device
         values = []
         for start in range(0, len(documents), batch_size):
@@ -237,7 +291,10 @@ class QueryGenerator:
 
         Seq2seq: the encoder runs once; the decoder scores every candidate. Causal: the prompt and
         the candidates' longest common token prefix run once with a KV cache; only each
-        candidate's remaining tokens run per candidate, on a copy of that cache."""
+        candidate's remaining tokens run per candidate, on a copy of that cache. Query-only: the
+        document's prefix cache once, the candidates on it."""
+        if self.query_only:
+            return self._query_only_log_likelihood([document], queries, batch_size, max_target_length)
         device = next(self.model.parameters()).device
         prompt = self._prompt_ids([document])[0]
         targets = self._query_ids(queries, max_target_length)
@@ -259,6 +316,28 @@ class QueryGenerator:
                 values.append(_label_log_likelihood(logits, labels).cpu())
             return torch.cat(values)
         return self._causal_candidates(prompt, targets, batch_size, device)
+
+    def _query_only_log_likelihood(
+        self, documents: list[str], queries: list[str], batch_size: int, max_target_length: int
+    ) -> torch.Tensor:
+        """Query-only mode: the frozen prefix caches of the documents (one document: shared by
+        every query), then the adapted invocation and query tokens on them, as in training."""
+        from synthq.models.query_only import QueryOnlyView
+
+        view = QueryOnlyView(self)
+        device = next(self.model.parameters()).device
+        distinct = list(dict.fromkeys(documents))
+        states = dict(zip(distinct, view.states(distinct), strict=True))
+        values = []
+        for start in range(0, len(queries), batch_size):
+            chunk = range(start, min(start + batch_size, len(queries)))
+            docs = [documents[i] if len(documents) > 1 else documents[0] for i in chunk]
+            batch = view.batch([states[d] for d in docs], [queries[i] for i in chunk], max_target_length)
+            batch = {k: v.to(device) for k, v in batch.items()}
+            labels = batch.pop("labels")
+            logits = view.model(**batch).logits
+            values.append(_label_log_likelihood(logits[:, :-1], labels[:, 1:]).cpu())
+        return torch.cat(values) if values else torch.empty(0)
 
     def _causal_candidates(self, prompt: list[int], targets: list[list[int]], batch_size: int, device):
         import copy
@@ -300,6 +379,47 @@ class QueryGenerator:
             heads = first[ids[:, 0]].cpu()
             values.append(common + heads + own)
         return torch.cat(values)
+
+
+def split_template(template: str) -> tuple[str, str]:
+    """A causal template cut after ``{document}``: the prefix (with the document) and the
+    invocation that follows it (``"Document: {document}"``, ``"\nSearch query:"``)."""
+    head, found, tail = template.partition("{document}")
+    return (head + found, tail) if found else (template, "")
+
+
+QUERY_ADAPTER = "query_adapter"
+
+
+def _save_query_adapter(model, directory: Path, invocation: list[int]):
+    """Save a query-only generator's LoRA adapter to ``directory`` as an activated LoRA (PEFT
+    reads it back with ``alora_invocation_tokens``: the adapter acts from the invocation on, as
+    trained) and return the base model, adapters removed, to save beside it."""
+    import copy
+
+    config = model.peft_config["default"]
+    plain = config.alora_invocation_tokens
+    config.alora_invocation_tokens = list(invocation)
+    try:
+        model.save_pretrained(directory)
+    finally:
+        config.alora_invocation_tokens = plain
+    return copy.deepcopy(model).unload()
+
+
+def _load_query_adapter(model, directory: Path):
+    """A saved query-only adapter on ``model`` as plain LoRA (adapters on every token it is
+    given): synthq runs the document prefix through the base model itself
+    (:mod:`synthq.models.query_only`), which is activated LoRA's semantics."""
+    from peft import LoraConfig, PeftModel
+
+    config = LoraConfig.from_pretrained(directory)
+    config.alora_invocation_tokens = None
+    config.inference_mode = False
+    model = PeftModel.from_pretrained(model, directory, config=config)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return model
 
 
 def _label_log_likelihood(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
