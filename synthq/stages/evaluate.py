@@ -59,8 +59,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from synthq.artifacts.freshness import existing_result
-from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.artifacts.freshness import existing_result, input_location
+from synthq.artifacts.manifest import Artifact, is_artifact, open_artifact
 from synthq.artifacts.on_main import artifact_on_main
 from synthq.bookkeeping.inputs import model_input
 from synthq.bookkeeping.splits import (
@@ -78,6 +78,7 @@ from synthq.data.sources import (
     resolve_dataset,
     source_name,
 )
+from synthq.privacy.digests import PUBLIC_SPLIT, public_split_digest
 from synthq.privacy.guarantee import Guarantee
 from synthq.reporting.eval_files import (
     PER_QUERY_FILE,
@@ -101,7 +102,7 @@ from synthq.retrieval.selection import Selection, select_retrievers, selection_l
 from synthq.retrieval.trec import RUN_SUFFIX, run_tag, write_run
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import result, warn
-from synthq.runtime.errors import DataError
+from synthq.runtime.errors import DataError, SynthqError
 from synthq.runtime.hashing import json_safe
 
 STAGE = "eval"
@@ -113,11 +114,12 @@ _BM25_PRIVACY = Guarantee.public("BM25 statistics of the evaluation corpus only"
 def run(config: EvalConfig) -> Artifact:
     distributed.setup(config.device)
     _check_request(config)
-    retrievers = [open_artifact(path, stage="train-retriever") for path in config.retrievers]
+    retrievers = given = [open_artifact(path, stage="train-retriever") for path in config.retrievers]
     selection = _select_on_dev(config, retrievers) if config.select_on is not None else None
     if selection is not None:
         retrievers = selection.retrievers
     roots = _dataset_roots(config)
+    _refuse_scores_on_pairs_they_trained_on(config, given, roots)
     untrained = {spec: model_input(spec, stage="train-retriever") for spec in config.untrained}
     datasets = {spec: eval_data(spec, root, _split(config, spec)) for spec, root in roots.items()}
     inputs = (
@@ -163,6 +165,55 @@ def _select_on_dev(config: EvalConfig, retrievers: list[Artifact]) -> Selection:
                 "them (biased upward); select on a dev split (filter --holdout-documents gives one, free)"
             )
     return select_retrievers(retrievers, dev, rows, config.select_epsilon, across_data=config.select_data)
+
+
+def _public_pair_reads(artifact: Artifact) -> list[tuple[Artifact, dict]]:
+    """Every read of a public split's pairs in ``artifact``'s lineage (a generator's
+    ``--warm-start``, a set's ``--few-shot`` examples), with the artifact that recorded it. An
+    ancestor that is no longer where it was recorded is not followed."""
+    found, seen, stack = [], set(), [artifact]
+    while stack:
+        current = stack.pop()
+        for record in current.inputs:
+            if record.get("kind") == PUBLIC_SPLIT:
+                found.append((current, record))
+            elif record.get("kind") == "artifact" and record.get("sha256") not in seen:
+                seen.add(record.get("sha256"))
+                location = input_location(current, record)
+                if is_artifact(location):
+                    try:
+                        stack.append(open_artifact(location, verify=False))
+                    except SynthqError:
+                        continue
+    return found
+
+
+def _refuse_scores_on_pairs_they_trained_on(
+    config: EvalConfig, retrievers: list[Artifact], roots: dict[str, Path]
+) -> None:
+    """A retriever whose generator learnt from the split this eval scores (``finetune-lm
+    --warm-start D:test``, ``generate --few-shot D:test``) would be scored on the queries it was
+    trained to write: a score biased upward, printed beside an ε of 0 that says nothing about it
+    (issue #74). Refused, as ``--select-on`` on that split is; the read is matched by content (the
+    split's corpus, qrels and queries) or by directory and split name."""
+    reads = [(r, owner, record) for r in retrievers for owner, record in _public_pair_reads(r)]
+    if not reads:
+        return
+    for spec, root in roots.items():
+        split = _split(config, spec)
+        digest = public_split_digest(root, split)
+        for retriever, owner, record in reads:
+            where = input_location(owner, record).resolve()
+            same_place = where == root.resolve() and record.get("split") == split
+            if same_place or (digest is not None and record.get("sha256") == digest):
+                role = record.get("role") or "a public read"
+                raise DataError(
+                    f"--retriever {retriever.path}: {owner.path} ({owner.stage}) read the pairs of "
+                    f"{source_name(spec)} ({split}) as {role}, the split this eval scores: the score "
+                    "would count queries it learnt from (biased upward; not a score at ε = 0); "
+                    "evaluate on another split, or give the generator the pairs of a split you do not "
+                    "evaluate"
+                )
 
 
 def _dataset_roots(config: EvalConfig) -> dict[str, Path]:
