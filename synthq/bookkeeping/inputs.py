@@ -66,11 +66,56 @@ def model_input(spec: str, stage: str | None = None) -> ModelInput:
     if spec in aliases():
         guarantee = Guarantee.public(f"packaged public model {spec}")
         return ModelInput(spec, path, record, guarantee)
+    refuse_a_synthq_model_without_its_manifest(spec, path, local=candidate.exists())
     where = f"hub model {spec} (snapshot {path.name})" if not candidate.exists() else f"local model {path}"
     guarantee = Guarantee.public(f"{where}, assumed public").assuming(
-        f"the starting model {spec} (sha256 {digest[:12]}) is public: it was not trained on the private data"
+        f"{STARTING_MODEL_ASSUMED} {spec} (sha256 {digest[:12]}) is public: it was not trained on the "
+        "private data"
     )
     return ModelInput(spec, path, {**record, "revision": path.name}, guarantee)
+
+
+# How the assumption that a plain starting model is public begins (a stage's result line shows it).
+STARTING_MODEL_ASSUMED = "the starting model"
+
+
+def assumed_public_models(guarantee: Guarantee) -> list[str]:
+    """The assumptions of ``guarantee`` that a starting model is public: an ε of 0 rests on them."""
+    return [a for a in guarantee.assumptions if a.startswith(STARTING_MODEL_ASSUMED + " ")]
+
+
+def refuse_a_synthq_model_without_its_manifest(spec: str, path: Path, local: bool) -> None:
+    """Weights that carry synthq's own model card (:mod:`synthq.artifacts.model_card`) came out of
+    a synthq stage: copied without their ``manifest.json`` they would be taken as a public model
+    and everything written from them would say ε = 0, whatever private data trained them (issue
+    #74). A local copy is refused (the artifact it came from brings its guarantee along); a hub
+    model is someone's published synthq model, public to you only if it never saw your data, which
+    the result line and the ledger then state as an assumption, after a warning."""
+    import re
+
+    from synthq.artifacts.model_card import CARD, SECTION
+    from synthq.runtime.console import warn
+    from synthq.runtime.errors import PrivacyError
+
+    card = path / CARD
+    try:
+        text = card.read_text(encoding="utf-8", errors="replace") if card.is_file() else ""
+    except OSError:
+        return
+    if SECTION not in text:
+        return
+    stated = re.search(r"^\| ε \| ([^|]+?) \|", text, re.MULTILINE)
+    epsilon = f" (its card states ε {stated.group(1)})" if stated else ""
+    if local:
+        raise PrivacyError(
+            f"{spec}: these weights carry synthq's model card{epsilon} but no manifest.json: a synthq "
+            "model copied without its record, which would be taken as a public model (ε = 0). Pass the "
+            "artifact directory it came from (with its manifest.json), whose guarantee then comes along"
+        )
+    warn(
+        f"{spec}: a model published by synthq{epsilon}; taken as public, which holds only if it was "
+        "never trained on your private data (recorded as an assumption)"
+    )
 
 
 @dataclass(frozen=True)

@@ -321,5 +321,10 @@ def stage_command(app: typer.Typer, name: str, report: Callable | None = None) -
 def print_result(artifact: Any, since: int = 0) -> None:
     """The one result line of a stage command: where the artifact is and its guarantee
     (``written to`` only if the command wrote it after the mark ``since``)."""
+    from synthq.bookkeeping.inputs import assumed_public_models
+
     what = "written to" if written_here(artifact.path, since) else "up to date (pass --force to redo):"
-    result(f"{artifact.stage} {what} {artifact.path}: {artifact.privacy.describe()}")
+    guarantee = artifact.privacy
+    # the ε printed rests on a starting model being public: said here, not only in the ledger
+    assumed = "".join(f"; assuming {assumption}" for assumption in assumed_public_models(guarantee))
+    result(f"{artifact.stage} {what} {artifact.path}: {guarantee.describe()}{assumed}")
