@@ -81,4 +81,6 @@ def ledger(*paths: str | Path):
     unit: what ``synthq ledger`` prints, as a :class:`synthq.bookkeeping.releases.Ledger`."""
     from synthq.bookkeeping.releases import ledger as read_ledger
 
+    if not paths:  # an empty ledger would read as "nothing read private data"
+        raise TypeError("ledger() needs at least one artifact path (as synthq ledger DIR... does)")
     return read_ledger([Path(p) for p in paths])

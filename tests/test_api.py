@@ -92,3 +92,10 @@ def test_a_config_changed_after_validation_gets_every_check_of_the_command_line(
         .limit
         == 8
     )
+
+
+def test_the_ledger_of_no_artifact_is_refused_as_on_the_command_line():
+    """Issue #74: ``ledger()`` returned an empty ledger (read as "nothing read private data")
+    where ``synthq ledger`` refuses a missing DIR."""
+    with pytest.raises(TypeError, match="at least one artifact"):
+        synthq.ledger()
