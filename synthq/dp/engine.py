@@ -192,7 +192,8 @@ class PrivacyPlan:
         if expected_batch_size > num_units:
             raise PrivacyError(
                 f"the batch size {expected_batch_size} is larger than the {num_units} privacy units "
-                f"({'queries' if unit == 'query' else unit + 's'})"
+                f"({'queries' if unit == 'query' else unit + 's'}): pass --batch-size {num_units} or less "
+                "(finetune-lm: --batch-size auto chooses one; synthq plan compares them)"
             )
         delta = default_delta(num_units) if delta is None else delta
         validate_budget(epsilon, delta, num_units)

@@ -321,8 +321,8 @@ def _training_pairs(config: TrainRetrieverConfig, sources: _Sources):
         pairs = first_pairs_per_document(pairs, config.queries_per_document)
     pairs = pairs[: config.limit] if config.limit is not None else pairs
     if config.batch_size > len(pairs):
-        raise DataError(f"--batch-size {config.batch_size} is larger than the {len(pairs)} training pairs",
-                        sources.dataset.root)  # fmt: skip
+        raise DataError(f"--batch-size {config.batch_size} is larger than the {len(pairs)} training pairs; "
+                        f"pass --batch-size {len(pairs)} or less", sources.dataset.root)  # fmt: skip
     return pairs
 
 

@@ -140,7 +140,9 @@ def test_plan_caps_only_mechanisms_that_need_it_and_refuses_impossible_budgets()
             num_units=500, expected_batch_size=16, steps=50, epsilon=-1, delta=None, accountant="rdp",
             mechanism=_Fixed(1.0),
         )  # fmt: skip
-    with pytest.raises(PrivacyError, match="larger than the 10 privacy units"):
+    with pytest.raises(
+        PrivacyError, match=r"larger than the 10 privacy units \(queries\): pass --batch-size 10 or less"
+    ):
         PrivacyPlan.create(
             num_units=10, expected_batch_size=16, steps=5, epsilon=8, delta=None, accountant="rdp",
             mechanism=_Fixed(1.0),

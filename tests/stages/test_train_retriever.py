@@ -216,7 +216,7 @@ def test_non_private_training_improves_ndcg_on_the_dev_split(tmp_path, tiny_beir
 
 
 def test_bad_input(tmp_path, tiny_beir, tiny_encoder_dir):
-    with pytest.raises(DataError, match="larger than the 17 training pairs"):
+    with pytest.raises(DataError, match="larger than the 17 training pairs; pass --batch-size 17 or less"):
         train_retriever.run(config(tmp_path, tiny_beir, tiny_encoder_dir, "x", batch_size=100))
     wrong = tmp_path / "wrong"
     with create_artifact(wrong, "eval", {}) as writer:
