@@ -408,15 +408,14 @@ def _save_query_adapter(model, directory: Path, invocation: list[int]):
 
 
 def _load_query_adapter(model, directory: Path):
-    """A saved query-only adapter on ``model`` as plain LoRA (adapters on every token it is
-    given): synthq runs the document prefix through the base model itself
-    (:mod:`synthq.models.query_only`), which is activated LoRA's semantics."""
-    from peft import LoraConfig, PeftModel
+    """A saved query-only adapter on ``model``, frozen, as PEFT's activated LoRA: a plain forward
+    pass over a whole row (``model.generate``, a full-sequence loss) then acts from the
+    invocation on, as trained; synthq's own paths (:mod:`synthq.models.query_only`,
+    :mod:`synthq.models.sampling`) run the prefix through the base model themselves and pass
+    :func:`~synthq.models.query_only.activated` offsets so the adapter acts on every token after it."""
+    from peft import PeftModel
 
-    config = LoraConfig.from_pretrained(directory)
-    config.alora_invocation_tokens = None
-    config.inference_mode = False
-    model = PeftModel.from_pretrained(model, directory, config=config)
+    model = PeftModel.from_pretrained(model, directory)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     return model

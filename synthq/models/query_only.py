@@ -48,6 +48,32 @@ MEMORY_LIMIT_BYTES = 2 << 30
 PREFIX_FILE = "prefix_cache.bin"
 
 
+# CPU micro-batches hold at most this many adapted tokens (finetune-lm's budget, models.defaults);
+# a query-only row's adapted tokens are its invocation and query, at most this many rows
+QUERY_ONLY_MICRO_BATCH = {"cpu": 32, "gpu": 64}
+INVOCATION_TOKENS = 16  # room for the invocation and EOS
+
+
+def query_only_micro_batch(profile: str, target_tokens: int) -> int:
+    """finetune-lm's micro-batch for query-only rows (``--physical-batch-size`` unset): on a CPU as
+    many rows as hold 1,024 invocation and query tokens, at most 32; on a GPU 64. The prefix
+    cache a micro-batch reads (fp32 while it runs) is what bounds it past that: 32 rows of 384
+    SmolLM2 prefix tokens hold 0.6 GB."""
+    if profile == "gpu":
+        return QUERY_ONLY_MICRO_BATCH["gpu"]
+    return max(1, min(QUERY_ONLY_MICRO_BATCH["cpu"], 1024 // (target_tokens + INVOCATION_TOKENS)))
+
+
+def activated(model: nn.Module, input_ids: torch.Tensor) -> dict:
+    """The extra forward arguments that make every token of ``input_ids`` adapted: for a PEFT
+    activated LoRA (a loaded query-only generator) offsets covering the whole input, which
+    starts at or after the invocation; nothing for plain LoRA, which adapts every token anyway."""
+    config = getattr(model, "peft_config", {}).get("default")
+    if getattr(config, "alora_invocation_tokens", None):
+        return {"alora_offsets": [input_ids.shape[1]] * input_ids.shape[0]}
+    return {}
+
+
 def adapters_off(model: nn.Module):
     """The frozen base model: PEFT's ``disable_adapter()`` context, or nothing to disable."""
     disable = getattr(model, "disable_adapter", None)
@@ -263,6 +289,7 @@ class PrefixCachedLM(nn.Module):
         return self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep,
+            **activated(self.model, input_ids),
         )  # fmt: skip
 
 

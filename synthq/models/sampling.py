@@ -32,6 +32,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from synthq.data.synthetic import is_degenerate
 from synthq.models.generator import QueryGenerator
+from synthq.models.query_only import PREFIX_DTYPES, activated, adapters_off, round_through
 from synthq.runtime.precision import autocast_forward
 
 # topk sizes tried in turn for a row's nucleus before sorting the whole vocabulary: topk of 4,096
@@ -159,7 +160,9 @@ def sample_queries(
     stop = stop_token_ids(generator) if stop_at_newline else [generator.tokenizer.eos_token_id]
     with torch.inference_mode():
         shared = {}
-        if share_prompts:
+        if generator.query_only:  # the frozen prefix cache, then the adapted invocation: as trained
+            shared = query_only_prompt_state(generator, documents, batch)
+        elif share_prompts:
             batch, shared = shared_prompt_state(generator, documents, batch)
         steps = (_CausalSteps if generator.kind == "causal" else _Seq2SeqSteps)(generator, batch, shared)
         pad = generator.tokenizer.pad_token_id
@@ -246,7 +249,7 @@ class _CausalSteps:
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         output = self.model(
             input_ids=ids, attention_mask=self.mask, position_ids=positions,
-            past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+            past_key_values=self.cache, use_cache=True, logits_to_keep=1, **activated(self.model, ids),
         )  # fmt: skip
         self.cache = output.past_key_values
         return output.logits[:, -1].float()
@@ -339,6 +342,31 @@ def shared_prompt_state(generator: QueryGenerator, documents: list[str], batch) 
     if len(distinct) < len(documents):
         cache.batch_select_indices(expand)
     return batch, {"past_key_values": cache}
+
+
+def query_only_prompt_state(generator: QueryGenerator, documents: list[str], batch) -> dict:
+    """A query-only generator's decoding state (:mod:`synthq.models.query_only`): each distinct
+    document's prefix run once through the frozen base model, its keys and values rounded through
+    the generator's prefix dtype as training stored them; decoding then feeds the invocation (the
+    batch's last columns, the same tokens in every row) and the new tokens to the adapted model."""
+    invocation = len(generator.invocation_ids())
+    first: dict[str, int] = {}
+    rows = [first.setdefault(document, i) for i, document in enumerate(documents)]
+    distinct = sorted(first.values())
+    position = {row: n for n, row in enumerate(distinct)}
+    ids = batch["input_ids"][distinct, :-invocation]
+    mask = batch["attention_mask"][distinct, :-invocation]
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    with adapters_off(generator.model):
+        cache = generator.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        ).past_key_values
+    dtype = PREFIX_DTYPES[generator.prefix_dtype]
+    for layer in cache.layers:
+        layer.keys, layer.values = round_through(layer.keys, dtype), round_through(layer.values, dtype)
+    if len(distinct) < len(documents):
+        cache.batch_select_indices(torch.tensor([position[row] for row in rows], device=ids.device))
+    return {"past_key_values": cache}
 
 
 def _common_prefix_first(batch) -> tuple[dict, int]:

@@ -160,3 +160,55 @@ def test_saved_query_only_generator_loads_with_the_same_scores(tmp_path, tiny_ca
     # the candidates of one document score as one at a time does
     one = loaded.candidate_log_likelihoods(DOCS[0], QUERIES)
     torch.testing.assert_close(one, loaded.query_log_likelihood([DOCS[0]] * 3, QUERIES), atol=1e-5, rtol=1e-5)
+
+
+def test_a_loaded_query_only_model_is_activated_lora_for_any_other_reader(tmp_path, tiny_causal_dir):
+    """A plain forward over whole rows (``model.generate``, the canary audit's sampling) of the
+    loaded model acts from the invocation on: PEFT's aLoRA, the same scores as synthq's path."""
+    generator = query_only_generator(tiny_causal_dir, dtype="float32")
+    generator.save(tmp_path / "gen")
+    loaded = QueryGenerator.load(tmp_path / "gen")
+    ours = loaded.query_log_likelihood(DOCS, QUERIES)
+    prompts = loaded._prompt_ids(DOCS)  # prefix + invocation, tokenized apart
+    targets = loaded.target_ids(QUERIES, 128)
+    for row, (prompt, target) in enumerate(zip(prompts, targets, strict=True)):
+        ids = torch.tensor([prompt + target])
+        with torch.no_grad():
+            logits = loaded.model(input_ids=ids).logits
+        log_probs = torch.log_softmax(logits[0, len(prompt) - 1 : -1], -1)
+        whole = log_probs.gather(-1, torch.tensor(target).unsqueeze(-1)).sum()
+        torch.testing.assert_close(whole, ours[row], atol=1e-4, rtol=1e-4)
+
+
+def test_generation_decodes_what_the_trained_path_scores(tmp_path, tiny_causal_dir):
+    """Greedy queries of the sampler are, token by token, the arg-max of the query-only forward
+    that training and scoring use (frozen prefix cache, adapted invocation and query)."""
+    from synthq.models.sampling import Request, sample_queries
+
+    generator = query_only_generator(tiny_causal_dir, dtype="bfloat16")
+    documents = [DOCS[0], DOCS[1], DOCS[0]]  # a repeated document shares one prefix pass
+    requests = [Request(f"d{i}", d, i) for i, d in enumerate(documents)]
+    new_tokens = 5
+    sampled = sample_queries(generator, requests, 0, 1.0, 1.0, new_tokens, greedy=True, stop_at_newline=False)
+    view = QueryOnlyView(generator)
+    eos = generator.tokenizer.eos_token_id
+    for document, text in zip(documents, sampled, strict=True):
+        state = view.states([document])
+        tokens: list[int] = []
+        for _ in range(new_tokens):
+            batch = segment_batch_of(view, state, tokens)
+            with torch.no_grad():
+                logits = view.model(**batch).logits[0, -1]
+            tokens.append(int(logits.argmax()))
+            if tokens[-1] == eos:
+                break
+        expected = generator.tokenizer.decode(tokens, skip_special_tokens=True).split("\n")[0].strip()
+        assert text == expected
+
+
+def segment_batch_of(view: QueryOnlyView, state, tokens: list[int]) -> dict:
+    from synthq.models.query_only import segment_batch
+
+    batch = segment_batch(state, view.generator.invocation_ids(), [tokens], view.tokenizer.pad_token_id)
+    batch.pop("labels")
+    return batch
