@@ -39,6 +39,7 @@ ADDED_FIELD_DEFAULTS = {
     "precision": "auto",
     "corpus": None,
     "lora_targets": "all-linear",
+    "query_only": False,
 }
 
 

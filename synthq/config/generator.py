@@ -126,6 +126,15 @@ class FinetuneConfig(StageConfig):
         "yet on pylibs at ε = 8 a generator moved further the more it adapted (docs: results): keep "
         "all-linear and raise --lora-rank if a DP generator moves too little.",
     )
+    query_only: bool = Field(
+        False,
+        description="Causal models with --lora-rank: the adapters act on the query only (activated "
+        "LoRA): each document's keys and values come from the frozen (warm-started) model, computed "
+        "once and reused by every epoch, and each DP step runs only the query tokens "
+        "(benchmarks/dp_query_only.py). The generator is saved as the base model plus its adapter "
+        "(query_adapter/); generate and scoring use the same path. With --max-steps 0 (the warm-started "
+        "generator alone) there is no adapter to restrict: the option changes nothing.",
+    )
     checkpoint_every: int = Field(50, ge=1, description="Save a resumable checkpoint every N logical steps.")
     privacy_unit: PrivacyUnitName = DEFAULT_PRIVACY_UNIT
     max_queries_per_user: MaxQueriesPerUser = DEFAULT_MAX_QUERIES_PER_USER
@@ -155,6 +164,8 @@ class FinetuneConfig(StageConfig):
             raise ValueError(
                 f"--lora-targets {self.lora_targets} needs --lora-rank > 0 (at 0 every weight is trained)"
             )
+        if self.query_only and self.lora_rank == 0:
+            raise ValueError("--query-only trains LoRA adapters on the query tokens: give --lora-rank > 0")
         refuse_limit_with_dp(self.limit, math.isfinite(self.epsilon))
         refuse_user_options_at_the_query_unit(self)
         return self

@@ -152,7 +152,7 @@ class PrefixStore:
         pad_id: the padding token.
         dtype: storage dtype (``torch.bfloat16`` halves fp32's memory).
         directory: where a store past ``memory_limit`` is memory-mapped (refused when ``None``).
-        memory_limit: the largest store kept in memory, in bytes.
+        memory_limit: the largest store kept in memory, in bytes (default :data:`MEMORY_LIMIT_BYTES`).
         batch_size: prefixes per forward pass while building.
     """
 
@@ -163,9 +163,10 @@ class PrefixStore:
         pad_id: int,
         dtype: torch.dtype = torch.bfloat16,
         directory: Path | None = None,
-        memory_limit: int = MEMORY_LIMIT_BYTES,
+        memory_limit: int | None = None,
         batch_size: int = 8,
     ):
+        memory_limit = MEMORY_LIMIT_BYTES if memory_limit is None else memory_limit
         self.dtype = dtype
         self.layers, self.heads, self.dim = kv_shape(model)
         self.lengths = [len(p) for p in prefixes]
@@ -343,3 +344,38 @@ class QueryOnlyView:
             self.generator.model, distinct, self.tokenizer.pad_token_id, self.dtype, directory, **options
         )
         return store, rows
+
+
+class CachedRows:
+    """``make_batch`` for a query-only training run: rows of (document, query) pairs -> a
+    :func:`segment_batch` whose prefix caches are read from a :class:`PrefixStore` of the
+    documents, built once by :meth:`build` (before the first step) and dropped by :meth:`close`.
+
+    Args:
+        view: the :class:`QueryOnlyView` being trained.
+        documents, queries: the rows' pairs.
+        max_target_length: query tokens kept (EOS included).
+    """
+
+    def __init__(self, view: QueryOnlyView, documents: list[str], queries: list[str], max_target_length: int):
+        self.view, self.documents, self.queries = view, documents, queries
+        self.max_target_length = max_target_length
+        self.store: PrefixStore | None = None
+        self.rows: list[int] = []
+
+    def build(self, directory: Path | None) -> PrefixStore:
+        """Compute every document's prefix cache (memory-mapped under ``directory``, a private
+        directory, when it is large)."""
+        self.store, self.rows = self.view.store(self.documents, directory)
+        return self.store
+
+    def __call__(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        if self.store is None:
+            raise RuntimeError("the prefix cache is not built: call build() before the first step")
+        states = [self.store.state(self.rows[i]) for i in rows]
+        return self.view.batch(states, [self.queries[i] for i in rows], self.max_target_length)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+        self.store = None

@@ -28,6 +28,7 @@ so the same command stays up to date.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -62,14 +63,16 @@ from synthq.dp.privacy_units import (
     unit_details,
     unit_diagnostics,
 )
-from synthq.models.defaults import Chosen, finetune_defaults, why_corpus_is_public
+from synthq.models.defaults import Chosen, finetune_defaults, hardware_profile, why_corpus_is_public
 from synthq.models.generator import QueryGenerator, apply_lora, check_lora_targets
+from synthq.models.query_only import INVOCATION_TOKENS, CachedRows, QueryOnlyView, query_only_micro_batch
 from synthq.models.stage_costs import expected_line, generator_training_seconds, parameter_count
 from synthq.models.training_step import non_private_step, training_statistics
 from synthq.privacy.accounting import default_delta
 from synthq.privacy.guarantee import Guarantee, format_epsilon
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import StepFraction, info, progress
+from synthq.runtime.errors import SettingError
 from synthq.runtime.optim import make_optimizer
 
 STAGE = "finetune-lm"
@@ -123,6 +126,11 @@ def _load_generator(config: FinetuneConfig, path: Path, rank: int) -> QueryGener
     if config.seed is not None:  # public randomness (LoRA init, dropout): reproducible when asked
         torch.manual_seed(config.seed)
     generator = QueryGenerator.load(path, device="cpu", max_source_length=config.max_source_length)
+    if generator.query_only:
+        raise SettingError(
+            f"--model {config.model} is a query-only generator (a base model and an adapter that acts on "
+            "the query only); fine-tuning starts from one model: start from its base or a plain generator"
+        )
     if config.lora_rank > 0:
         apply_lora(generator, config.lora_rank, config.lora_alpha, config.lora_targets)
     generator.model.to(distributed.device_for(config.device))
@@ -145,7 +153,13 @@ def choose_defaults(config: FinetuneConfig, corpus, data, model_path: Path) -> t
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     why_public = why_corpus_is_public(config.data, data.is_artifact)
-    chosen = finetune_defaults(config, tokenizer, corpus, why_public, distributed.device_for(config.device))
+    device = distributed.device_for(config.device)
+    chosen = finetune_defaults(config, tokenizer, corpus, why_public, device)
+    if config.query_only and config.physical_batch_size is None:  # rows of query tokens only
+        profile = hardware_profile(config.profile, device)
+        size = query_only_micro_batch(profile, config.max_target_length)
+        chosen.values["physical_batch_size"] = size
+        chosen.reasons[-1] = f"physical batch {size} (query-only rows, {profile} profile)"
     return config.model_copy(update=chosen.values), chosen
 
 
@@ -177,6 +191,8 @@ def _own_guarantee(config, plan, training: GeneratorTraining, units: PrivacyUnit
         + ("; norms of each user's combined gradient" if config.user_clipping == "per-user" else ""),
         "trainable": "LoRA adapters" if config.lora_rank else "all parameters",
     }
+    if config.query_only:
+        details["trainable"] = "LoRA adapters on the invocation and query tokens (query-only; activated LoRA)"
     assumptions = [training.randomness.assumption(), public_count_assumption(units)]
     return plan.guarantee(mechanism=f"dp-{config.optimizer}", details=details, assumptions=assumptions)
 
@@ -323,7 +339,8 @@ def run(config: FinetuneConfig) -> Artifact:
         checkpoint = writer.checkpoint_dir / CHECKPOINT
         log = _resume(config, sources, setup, checkpoint)
         first, started = setup.training.step_index, time.perf_counter()
-        _train(config, sources, setup, writer, checkpoint, log)
+        with _prefix_cache(setup, writer):
+            _train(config, sources, setup, writer, checkpoint, log)
         elapsed = time.perf_counter() - started
         _write_generator(writer, config, sources, setup)
         _write_release(writer, config, sources, setup, log, (elapsed, setup.steps - first))
@@ -358,16 +375,55 @@ def _set_up(config: FinetuneConfig, sources: _Sources, place) -> _Setup:
         info(fitted.line())
     generator = _load_generator(settings, sources.start.path, place.rank)
     warmed = _warm_start(config, settings, generator, sources.warm) if sources.warm is not None else {}
+    trained, make_batch = generator, _batches_of(generator, pairs, settings.max_target_length)
+    if config.query_only:
+        trained, make_batch = _query_only(settings, generator, pairs, warmed=sources.warm is not None)
     randomness.seed_torch(place.rank)  # dropout from the run's randomness, not torch's default seed
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
-    learning = LearningCheck(generator, trainable, _public_held_out(config, data), settings.max_target_length)
-    make_batch = _batches_of(generator, pairs, settings.max_target_length)
+    learning = LearningCheck(trained, trainable, _public_held_out(config, data), settings.max_target_length)
     training = GeneratorTraining(
-        generator, _optimizer(config, trainable, plan), make_batch,
+        trained, _optimizer(config, trainable, plan), make_batch,
         units, settings.batch_size, plan, randomness, settings.physical_batch_size, config.grad_sample_mode,
         config.user_clipping,
     )  # fmt: skip
     return _Setup(settings, fitted, pairs, units, steps, plan, generator, warmed, learning, training)
+
+
+def _query_only(settings: FinetuneConfig, generator: QueryGenerator, pairs, warmed: bool):
+    """``--query-only``: the warm-started adapters (public) merged into the frozen base model and
+    fresh ones applied, which act on the invocation and query only (activated LoRA); the view that
+    DP steps train and the rows that read each document's prefix cache (built once in :func:`run`)."""
+    if warmed:
+        if settings.seed is not None:
+            torch.manual_seed(settings.seed)
+        generator.model = generator.model.merge_and_unload()
+        apply_lora(generator, settings.lora_rank, settings.lora_alpha, settings.lora_targets)
+        generator.model.to(distributed.device_for(settings.device))
+        distributed.broadcast_parameters(generator.model)
+        generator.model.train()
+    generator.enable_query_only()
+    view = QueryOnlyView(generator)
+    rows = CachedRows(view, [p.document for p in pairs], [p.query for p in pairs], settings.max_target_length)
+    return view, rows
+
+
+@contextlib.contextmanager
+def _prefix_cache(setup: _Setup, writer):
+    """``--query-only``: every training document's prefix cache, computed once before the first
+    step by the frozen model; in memory, or memory-mapped in the partial artifact's private
+    ``checkpoints/`` (removed when the artifact is finished, never part of its payload), and
+    dropped (its file deleted) when training ends, however it ends."""
+    rows = setup.training.make_batch
+    if not isinstance(rows, CachedRows):
+        yield
+        return
+    store = rows.build(writer.checkpoint_dir)
+    where = f"memory-mapped in the private {store.path.parent.name}/" if store.path else "in memory"
+    info(f"query-only: {len(store):,} documents' prefix caches, {store.nbytes / 2**30:.2f} GiB, {where}")
+    try:
+        yield
+    finally:
+        rows.close()
 
 
 def _announce(config: FinetuneConfig, setup: _Setup, place) -> None:
@@ -390,6 +446,8 @@ def _announce(config: FinetuneConfig, setup: _Setup, place) -> None:
     per_user = setup.units.kind == "user"  # rows counted at K per user: read from no text
     rows = setup.steps * setup.settings.batch_size * (config.max_queries_per_user if per_user else 1)
     tokens = setup.settings.max_source_length
+    if config.query_only:  # each row runs its invocation and query tokens only
+        tokens = INVOCATION_TOKENS + setup.settings.max_target_length
     seconds = generator_training_seconds(rows, tokens, parameter_count(generator.model))
     info(expected_line(seconds))
 
