@@ -374,3 +374,68 @@ def test_a_foreign_release_that_would_print_zero_is_refused():
         check_recorded_epsilon(at_higher_delta, "a manifest", sealed=False)
     assert "δ=5.0e-02" in at_higher_delta.describe()  # a private guarantee shows its δ even at ε = 0
     check_recorded_epsilon(real, "a manifest", sealed=False)  # the honest record opens
+
+
+# The σ search reads the vectorised RDP sums (synthq.privacy.sampled_gaussian) and Opacus only where
+# they could disagree; it must end where the search on Opacus' accountant alone ends (the same σ,
+# bit for bit), below the target by an independent accountant call. (target ε, δ, q, steps)
+CALIBRATION_GRID = [
+    (8.0, 1 / 2808, 64 / 1404, 22),  # the pylibs recipe
+    (1.0, 1e-5, 0.01, 500),
+    (20.0, 1e-3, 0.5, 3),
+]
+SLOW_CALIBRATION_GRID = [
+    (target, delta, q, steps)
+    for target in (0.5, 3.0, 8.0)
+    for delta in (1e-7, 1e-3)
+    for q in (1e-3, 0.0456, 0.3, 1.0)
+    for steps in (1, 22, 3000)
+]
+
+
+def _check_search_against_opacus_alone(target, delta, q, steps):
+    from synthq.privacy import accounting
+
+    try:
+        reference = accounting._bisect_noise(target, delta, q, steps, 0.01, guided=False)
+    except PrivacyError as error:
+        with pytest.raises(PrivacyError, match=str(error).split(" (")[0][:30]):
+            noise_multiplier_for(target, delta, q, steps)
+        return
+    calibration = noise_multiplier_for(target, delta, q, steps)
+    assert calibration.noise_multiplier == reference
+    independent = RDPAccountant()
+    independent.history = [(calibration.noise_multiplier, q, steps)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        epsilon = max(0.0, float(independent.get_epsilon(delta=delta)))
+    assert calibration.epsilon == pytest.approx(epsilon, rel=1e-12)
+    assert epsilon <= target and calibration.epsilon <= target
+
+
+@pytest.mark.parametrize("budget", CALIBRATION_GRID)
+def test_the_fast_sigma_search_ends_where_the_search_on_opacus_alone_ends(budget):
+    _check_search_against_opacus_alone(*budget)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", SLOW_CALIBRATION_GRID)
+def test_the_fast_sigma_search_ends_where_opacus_alone_ends_on_a_grid(budget):
+    _check_search_against_opacus_alone(*budget)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "budget", [(8.0, 1 / 2808, 64 / 1404, 22), (2.0, 1e-6, 0.004, 2000), (3.0, 1e-5, 0.3, 30)]
+)
+def test_the_prv_search_ends_where_the_search_on_epsilon_for_ends(budget, monkeypatch):
+    """PRV's search decides PRV's range from the vectorised RDP ε; with epsilon_for (Opacus' RDP
+    for that decision, as before) it ends at the same σ and ε, below the target by PRV."""
+    from synthq.privacy import accounting
+
+    target, delta, q, steps = budget
+    fast = noise_multiplier_for(target, delta, q, steps, "prv")
+    monkeypatch.setattr(accounting, "_prv_search_epsilon", lambda s, d, r, t: epsilon_for(s, d, r, t, "prv"))
+    assert noise_multiplier_for(target, delta, q, steps, "prv") == fast
+    assert fast.epsilon <= target
+    assert fast.epsilon == pytest.approx(epsilon_for(fast.noise_multiplier, delta, q, steps, "prv").epsilon)
