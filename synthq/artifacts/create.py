@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from synthq._version import __version__
-from synthq.artifacts.freshness import config_fingerprint, refuse_if_finished_meanwhile
+from synthq.artifacts.freshness import (
+    config_fingerprint,
+    interrupted_checkpoint,
+    refuse_if_finished_meanwhile,
+)
 from synthq.artifacts.locking import check_output_free, output_lock
 from synthq.artifacts.manifest import MANIFEST, SCHEMA_VERSION, STAGES, partial_dir, write_manifest
 from synthq.artifacts.process_state import this_process
@@ -97,7 +101,9 @@ def create_artifact(
             this_process.written.append(out.resolve())
         except BaseException:
             this_process.failed.append(out)
-            if tmp.exists() and not keep_partial_on_error:
+            # kept only when it holds a checkpoint --resume continues from; anything else in it
+            # (payload cut off by a full disk) is rewritten by any rerun, so it only holds space
+            if tmp.exists() and not (keep_partial_on_error and interrupted_checkpoint(out) is not None):
                 shutil.rmtree(tmp, ignore_errors=True)
             raise
         finally:

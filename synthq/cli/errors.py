@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import sys
 import warnings
@@ -32,17 +33,60 @@ _DISK_ADVICE = {
 }
 
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
 def _os_error_line(error: OSError) -> str:
+    from synthq.artifacts.freshness import interrupted_checkpoint
     from synthq.artifacts.process_state import output_in_trouble
 
     trouble = output_in_trouble()
-    where = error.filename or (f"while writing {trouble}" if trouble is not None else "?")
+    where = error.filename or (f"while writing {trouble}" if trouble is not None else None)
     advice = _DISK_ADVICE.get(error.errno, "check the path and rerun")
     setting = _setting_holding(error.filename)
+    if setting is None and not error.filename and error.errno in _FULL:  # the library named no file
+        setting = _full_setting_elsewhere(trouble)
     if setting is not None and error.errno in _DISK_ADVICE:  # not an --out: the setting names it
         variable, root = setting
         advice = f"point {variable} at a writable directory with space (now {root}), then rerun"
-    return f"{where}: {error.strerror or error}; {advice}"
+    if trouble is not None and error.errno in _FULL and (kept := interrupted_checkpoint(trouble)) is not None:
+        advice += (
+            f"; the checkpoint in {kept.parent} is kept: rerun with --resume to continue from it, or "
+            "delete it to free its space"
+        )
+    text = f"{error.strerror or error}; {advice}"
+    return f"{where}: {text}" if where else text
+
+
+def _disk(path: Path) -> tuple[int, int, int] | None:
+    """``(device, free bytes, total bytes)`` of the file system holding ``path`` (or its nearest
+    existing parent)."""
+    for candidate in (path, *path.parents):
+        try:
+            device = candidate.stat().st_dev
+            usage = shutil.disk_usage(candidate)
+        except OSError:
+            continue
+        return device, usage.free, usage.total
+    return None
+
+
+def _full_setting_elsewhere(trouble: Path | None) -> tuple[str, Path] | None:
+    """``(variable, directory)`` of synthq's cache or state directory when it lies on a full disk
+    other than the ``--out``'s: a full disk that a library reports without a file name is then
+    theirs, not the output's (a full cache used to be blamed on ``--out``)."""
+    from synthq.privacy.keys import state_root
+    from synthq.runtime.paths import cache_root
+
+    out_disk = _disk(Path(os.path.abspath(trouble)).parent) if trouble is not None else None
+    for variable, root in (("SYNTHQ_CACHE", cache_root()), ("SYNTHQ_STATE", state_root())):
+        disk = _disk(Path(os.path.abspath(root)))
+        if disk is None or (out_disk is not None and disk[0] == out_disk[0]):
+            continue
+        device, free, total = disk
+        if free < max(64 * 2**20, total // 100):
+            return variable, Path(root)
+    return None
 
 
 def _setting_holding(filename) -> tuple[str, Path] | None:

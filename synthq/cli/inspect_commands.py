@@ -142,8 +142,12 @@ def ledger_command(
         typer.echo(text, nl=False)
         return
     partial = out.with_name(f".{out.name}.partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(out)  # whole or not at all
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(out)  # whole or not at all
+    except OSError as error:  # a full disk: no cut-off copy left behind, and the message names --out
+        partial.unlink(missing_ok=True)
+        raise OSError(error.errno, error.strerror, str(out)) from error
     result(f"privacy statement written to {out}", markup=False)
 
 

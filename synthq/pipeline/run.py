@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from synthq.config.registry import stage_entry
 from synthq.pipeline.plan import Plan, PlannedStage
 from synthq.pipeline.progress import estimate_seconds, minutes, time_by_kind
 from synthq.runtime.console import console, info
-from synthq.runtime.errors import SynthqError
+from synthq.runtime.errors import SynthqError, os_error_behind
 
 
 def run_plan(plan: Plan) -> dict[str, Path]:
@@ -62,6 +63,15 @@ def _run_stage(plan: Plan, stage: PlannedStage, run: Callable, code: dict[str, t
     except KeyboardInterrupt:
         raise
     except Exception as error:
+        disk = None if isinstance(error, SynthqError) else os_error_behind(error)
+        if disk is not None and disk.errno in (errno.ENOSPC, errno.EDQUOT):
+            # a full disk inside a library (a serializer's own error): the one disk line, exit 1
+            raise OSError(
+                disk.errno,
+                f"{disk.strerror} (pipeline {plan.name!r} stopped at stage {stage.name!r}; the artifacts "
+                "of earlier stages are intact)",
+                disk.filename,
+            ) from error
         if config is not stage.config:  # e.g. the interrupted run used other settings
             error = f"{error} (continuing an interrupted run; --force {stage.name} starts it over)"
         if changed := _code_changed(code):

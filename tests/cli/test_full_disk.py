@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import io
 
+import pytest
 from safetensors import SafetensorError
 
 from synthq.artifacts import checkpoint
@@ -119,3 +120,92 @@ def test_a_full_disk_when_the_owner_key_is_first_written_leaves_no_key_and_names
     keys._load_key.cache_clear()
     status, output = run_main(["key"], capsys, monkeypatch)
     assert status == 0 and len((state / keys.KEY_FILE).read_bytes()) == keys.KEY_BYTES
+
+
+def test_a_full_disk_leaves_no_partial_artifact_unless_a_checkpoint_can_resume(
+    tmp_path, tiny_beir, tiny_causal_dir, capsys, monkeypatch
+):
+    """Issue #74: finetune-lm (and generate) left ``.X.partial`` behind after a full disk, without a
+    word; now the partial is removed unless it holds a checkpoint, and then the line says so."""
+    import transformers.modeling_utils
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full_disk)
+    out = tmp_path / "gen"
+    status, output = run_main(_argv(tiny_beir, tiny_causal_dir, out), capsys, monkeypatch)
+    assert status == 1 and "--resume" not in one_line(output)
+    assert not (tmp_path / ".gen.partial").exists()  # nothing to resume from: nothing kept
+
+    status, output = run_main(
+        _argv(tiny_beir, tiny_causal_dir, out, "--checkpoint-every", "1"), capsys, monkeypatch
+    )
+    line = one_line(output)
+    assert status == 1 and (tmp_path / ".gen.partial" / "checkpoints").is_dir()
+    assert f"the checkpoint in {tmp_path / '.gen.partial'} is kept: rerun with --resume" in line
+
+
+def test_a_full_disk_while_writing_the_statement_names_it_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    from pathlib import Path
+
+    from synthq.artifacts.create import create_artifact
+    from synthq.privacy.guarantee import Guarantee
+
+    source = tmp_path / "ev"
+    with create_artifact(source, "eval", {}) as writer:
+        (writer.dir / "results.md").write_text("# results\n")
+        writer.privacy = Guarantee.public()
+    real_write_text = Path.write_text
+
+    def write_text_on_a_full_disk(self, *args, **kwargs):
+        if self.name.endswith(".partial"):
+            real_write_text(self, "")  # created, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text_on_a_full_disk)
+    out = tmp_path / "statement.md"
+    status, output = run_main(["ledger", str(source), "--statement", "--out", str(out)], capsys, monkeypatch)
+    assert status == 1 and one_line(output).startswith(f"synthq: {out}: No space left on device; free some")
+    assert not out.exists() and not list(tmp_path.glob(".statement*"))
+
+
+def test_a_full_disk_in_a_pipeline_stage_is_the_disk_line_with_its_stage(tmp_path):
+    """Issue #74: ``synthq run`` exited 2 with the serializer's raw error and no path."""
+    from types import SimpleNamespace
+
+    from synthq.pipeline.run import _run_stage
+
+    def stage_run(config):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    class Config:  # a stage without --resume
+        model_fields: dict = {}
+        out = tmp_path / "gen"
+
+    stage = SimpleNamespace(name="gen", stage="finetune-lm", config=Config(), forced=False)
+    with pytest.raises(
+        OSError, match="No space left on device .pipeline 'demo' stopped at stage 'gen'"
+    ) as raised:
+        _run_stage(SimpleNamespace(name="demo"), stage, stage_run, {})
+    assert raised.value.errno == errno.ENOSPC
+
+
+def test_a_full_cache_disk_is_blamed_on_the_cache_not_on_out(tmp_path, monkeypatch):
+    """A library's ENOSPC names no file; when SYNTHQ_CACHE lies on another disk that is full, the
+    advice is about SYNTHQ_CACHE, not ``--out``."""
+    from pathlib import Path
+
+    from synthq.artifacts.process_state import this_process
+    from synthq.cli import errors
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SYNTHQ_CACHE", str(cache))
+    monkeypatch.setattr(
+        errors, "_disk", lambda path: (2, 0, 10**9) if cache in (path, *path.parents) else (1, 10**10, 10**11)
+    )
+    monkeypatch.setattr(this_process, "writing", [Path(tmp_path / "out")])
+    line = errors._os_error_line(OSError(errno.ENOSPC, "No space left on device"))
+    assert line.startswith(f"while writing {tmp_path / 'out'}: No space left on device; point SYNTHQ_CACHE")
+    assert "--out" not in line
