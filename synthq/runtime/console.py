@@ -32,9 +32,10 @@ from rich.progress import (
 
 from synthq.runtime.errors import SettingError
 
-console = Console(stderr=True, soft_wrap=True)
+# emoji=False: a source and split such as ``embedded:train:`` is text, not rich's :train: emoji
+console = Console(stderr=True, soft_wrap=True, emoji=False)
 # Piped or redirected, rich would fold tables to 80 columns; a file gets them whole.
-output = Console(soft_wrap=True, width=None if os.isatty(1) else 200)
+output = Console(soft_wrap=True, width=None if os.isatty(1) else 200, emoji=False)
 _state = {"verbosity": 1, "follower": False}
 LOG_INTERVAL_SECONDS = 30.0
 

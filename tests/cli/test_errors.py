@@ -208,3 +208,15 @@ def test_quiet_and_verbose_work_after_the_command(tiny_beir, capsys, monkeypatch
     assert global_flags_first(["-v", "key", "--", "-q"]) == ["-v", "key", "--", "-q"]
     status, output = run_main(["data", "info", str(tiny_beir), "-q"], capsys, monkeypatch)
     assert status == 0 and "No such option" not in output
+
+
+def test_a_source_and_split_in_a_message_is_not_read_as_an_emoji(capsys):
+    """Issue #74: rich turned ``embedded:train:`` (a misspelt --warm-start) into 'embedded🚋'."""
+    from synthq.cli.errors import _fail
+    from synthq.runtime.console import warn
+
+    with pytest.raises(SystemExit):
+        _fail("--warm-start embedded:train:: split 'train:' not found", 2)
+    warn("pairs of embedded:test: read")
+    err = capsys.readouterr().err
+    assert "embedded:train::" in err and "embedded:test: read" in err
