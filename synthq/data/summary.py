@@ -9,6 +9,30 @@ from synthq.data.store import int64_values
 from synthq.data.users import has_user_ids, queries_per_user, query_users
 
 
+def whitespace_ids(mapping) -> tuple[int, str | None]:
+    """How many ids of ``mapping`` (a corpus or the queries) hold whitespace, and the first: a TREC
+    run, which ``eval`` writes, separates its columns by spaces and cannot hold them."""
+    table = getattr(mapping, "key_table", None)
+    if table is not None:
+        import pyarrow.compute as pc
+
+        ids = table.column("_id")
+        hits = pc.match_substring_regex(ids, r"\s")
+        count = int(pc.sum(hits).as_py() or 0)
+        first = ids.filter(hits)[0].as_py() if count else None
+        return count, first
+    bad = [key for key in mapping if any(c.isspace() for c in key)]
+    return len(bad), (bad[0] if bad else None)
+
+
+def whitespace_id_message(kind: str, count: int, first: str) -> str:
+    more = f" (and {count - 1} more)" if count > 1 else ""
+    return (
+        f"{kind} id {first!r}{more} holds whitespace: eval's TREC run files separate columns by spaces "
+        "and refuse it; rename such ids (in corpus.jsonl or queries.jsonl, and the qrels)"
+    )
+
+
 def summarize(dataset: BeirDataset) -> dict:
     """Per-split counts plus warnings that do not make the dataset unreadable: queries without
     judgements, the same query text in two splits, and splits with no relevant pair. Where the
@@ -53,6 +77,10 @@ def summarize(dataset: BeirDataset) -> dict:
     for split in dataset.qrels:
         if not relevant[split]:
             warnings.append(f"split {split} has no relevant (score > 0) judgement")
+    for kind, mapping in (("document", dataset.corpus), ("query", dataset.queries)):
+        count, first = whitespace_ids(mapping)
+        if count:
+            warnings.append(whitespace_id_message(kind, count, first))
     return {
         "root": str(dataset.root),
         "documents": len(dataset.corpus),

@@ -78,6 +78,7 @@ from synthq.data.sources import (
     resolve_dataset,
     source_name,
 )
+from synthq.data.summary import whitespace_id_message, whitespace_ids
 from synthq.privacy.digests import PUBLIC_SPLIT, public_split_digest
 from synthq.privacy.guarantee import Guarantee
 from synthq.reporting.eval_files import (
@@ -214,6 +215,15 @@ def _refuse_scores_on_pairs_they_trained_on(
                     "evaluate on another split, or give the generator the pairs of a split you do not "
                     "evaluate"
                 )
+
+
+def _refuse_ids_a_run_cannot_hold(corpus, queries: dict[str, str], where: Path) -> None:
+    """Before any scoring (the TREC run files would refuse them only after it): ids with
+    whitespace, which ``synthq data info`` reports too."""
+    for kind, mapping in (("document", corpus), ("query", queries)):
+        count, first = whitespace_ids(mapping)
+        if count:
+            raise DataError(whitespace_id_message(kind, count, first), where)
 
 
 def _dataset_roots(config: EvalConfig) -> dict[str, Path]:
@@ -368,6 +378,7 @@ def _score_dataset(
         if not qrels:
             raise DataError(f"split {split!r} has no query with a relevant document", part_root / "qrels")
         queries = {q: dataset.queries[q] for q in qrels}
+        _refuse_ids_a_run_cannot_hold(dataset.corpus, queries, part_root)
         scored.queries += list(queries)
         scored.query_texts += list(queries.values())
         scored.counts["documents"] += len(dataset.corpus)
