@@ -13,6 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Seeded runs are compared bit for bit: the thread count must not follow the machine's load.
 os.environ.setdefault("SYNTHQ_LOAD_PROBE", "0")
+# Expected minutes at the reference machine's costs: no machine probe (a test injects a factor).
+os.environ.setdefault("SYNTHQ_MACHINE_PROBE", "0")
 
 
 @pytest.fixture(scope="session", autouse=True)

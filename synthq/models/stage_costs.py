@@ -18,14 +18,30 @@ scales its figure by the time ratio ``benchmarks/cpu_precision.py`` measured the
 (:func:`precision_ratio`); bf16 on a CPU without it is slower, by a ratio never measured, so its
 figure stays fp32's.
 
-    >>> expected_line(seconds=600.0)
-    'expected about 10 min on 2 CPU cores (synthq\\'s reference machine; a GPU takes far less)'
+The reference machine is not the machine at hand: another CPU, or two cores shared with other
+work, takes several times as long (a warm start said 4 minutes and took 25). So the figure is
+scaled by this machine's speed (:func:`machine_speed`): a short probe (:func:`run_probe`, one
+encoder layer of the retriever benchmark's model, forward and backward over 4 pairs: about 0.04 s
+on the reference machine) timed here, over its time there, cached per machine (CPU model, cores,
+threads, torch version) for an hour in the cache directory, since the load of a shared machine
+changes. ``SYNTHQ_MACHINE_FACTOR`` sets the factor (tests inject it), ``SYNTHQ_MACHINE_PROBE=0``
+leaves the reference machine's figure alone. Every figure says which it is:
+
+    >>> expected_line(seconds=600.0, speed=None)
+    "expected about 10 min on 2 CPU cores (synthq's reference machine; a GPU takes far less)"
+    >>> expected_line(seconds=600.0, speed=MachineSpeed(4.1, "probe"))  # doctest: +ELLIPSIS
+    'expected about 41 min on this machine (probe: 4.1× the reference machine, ... 10 min; ...)'
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
 from importlib import resources
 
 REFERENCE_COSTS = "reference_costs.json"
@@ -101,12 +117,186 @@ def retriever_training_seconds(
     )
 
 
-def expected_line(seconds: float | None) -> str:
-    """The line a stage prints before it starts: ``expected about 12 min on 2 CPU cores (…)``."""
+@dataclass(frozen=True)
+class MachineSpeed:
+    """This machine's time for the reference machine's work, as a factor (4.1: 4.1× as long), and
+    what it rests on (``probe``, ``SYNTHQ_MACHINE_FACTOR``)."""
+
+    factor: float
+    basis: str
+
+    def minutes_line(self, seconds: float, note: str = "") -> str:
+        """``about 41 min on this machine (probe: 4.1× the reference machine, ...)``."""
+        return (
+            f"about {duration(seconds * self.factor)} on this machine ({self.basis}: {self.factor:.2g}× the "
+            f"reference machine, 2 CPU cores, where it takes {duration(seconds)}{note})"
+        )
+
+
+MACHINE_FACTOR = "SYNTHQ_MACHINE_FACTOR"
+MACHINE_PROBE = "SYNTHQ_MACHINE_PROBE"
+PROBE_FILE = "machine-probe.json"
+PROBE_MAX_AGE = 3600.0  # seconds a probe stands for this machine (the load of shared cores changes)
+PROBE_PAIRS, PROBE_LAYERS, PROBE_REPEATS = 4, 1, 3
+# The probe's layer is torch's own encoder layer at MiniLM-L6's shape; the benchmark's step runs
+# Hugging Face's BertModel, whose 6 layers took 1/0.86 as long as six of these on 16 pairs
+# (interleaved, same process, AMD EPYC 2 cores, 2026-12-07): the probe's reference time is its
+# share of the measured step.
+PROBE_LAYER_SHARE = 0.86
+REFERENCE_ENCODER_LAYERS = 6
+
+
+def reference_probe_seconds() -> float:
+    """The probe's time on the reference machine: its share of the measured retriever step."""
+    per_pair = reference_costs()["retriever_seconds_per_pair"]
+    return PROBE_PAIRS * per_pair * PROBE_LAYERS / REFERENCE_ENCODER_LAYERS * PROBE_LAYER_SHARE
+
+
+def run_probe() -> float:
+    """Seconds for the probe here (median of :data:`PROBE_REPEATS`, after a warm-up), at the
+    threads a stage takes on this machine now (:func:`synthq.runtime.threads.thread_count`: one
+    where the cores are busy; two threads on busy cores ran this probe 9× slower than one): one
+    MiniLM-L6-shaped encoder layer, forward and
+    backward over :data:`PROBE_PAIRS` pairs of a 32-token query and a 128-token document,
+    in-batch softmax. Leaves torch's thread count as it found it."""
+    import torch
+
+    from synthq.runtime.threads import thread_count
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(thread_count())
+    try:
+        generator = torch.Generator().manual_seed(0)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            layer = torch.nn.TransformerEncoderLayer(384, 12, 1536, activation="gelu", batch_first=True)
+        queries = torch.randn(PROBE_PAIRS, 32, 384, generator=generator)
+        documents = torch.randn(PROBE_PAIRS, 128, 384, generator=generator)
+
+        def once() -> float:
+            started = time.perf_counter()
+            with torch.random.fork_rng(devices=[]):  # dropout draws leave the caller's stream alone
+                scores = layer(queries).mean(1) @ layer(documents).mean(1).T / 0.05
+                torch.nn.functional.cross_entropy(scores, torch.arange(PROBE_PAIRS)).backward()
+            layer.zero_grad(set_to_none=True)
+            return time.perf_counter() - started
+
+        once()  # warm-up: thread pool, kernel choice
+        times = sorted(once() for _ in range(PROBE_REPEATS))
+    finally:
+        torch.set_num_threads(before)
+    return times[len(times) // 2]
+
+
+def _machine_key() -> str:
+    from importlib import metadata
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "absent"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    threads = os.environ.get("SYNTHQ_THREADS") or os.environ.get("OMP_NUM_THREADS") or ""
+    return "|".join([_cpu_model(), str(cores), threads, torch_version])
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_speed(probe=None, now: float | None = None) -> MachineSpeed | None:
+    """This machine's :class:`MachineSpeed`: ``SYNTHQ_MACHINE_FACTOR`` when set; None with
+    ``SYNTHQ_MACHINE_PROBE=0``; else the probe's (``probe()``, default :func:`run_probe`) over
+    :func:`reference_probe_seconds`, from the cache when this machine ran it in the last hour."""
+    given = os.environ.get(MACHINE_FACTOR, "").strip()
+    if given:
+        try:
+            factor = float(given)
+        except ValueError:
+            factor = math.nan
+        if not (math.isfinite(factor) and factor > 0):
+            from synthq.runtime.errors import SettingError
+
+            raise SettingError(f"{MACHINE_FACTOR} must be a number > 0, not {given!r}")
+        return MachineSpeed(factor, MACHINE_FACTOR)
+    if os.environ.get(MACHINE_PROBE, "1").strip() == "0":
+        return None
+    now = time.time() if now is None else now
+    key = _machine_key()
+    cached = _read_probe()
+    entry = cached.get(key)
+    if isinstance(entry, dict) and 0 <= now - float(entry.get("at", -math.inf)) <= PROBE_MAX_AGE:
+        seconds = float(entry["seconds"])
+    else:
+        seconds = (probe or run_probe)()
+        cached[key] = {"seconds": seconds, "at": now}
+        _write_probe(cached)
+    return MachineSpeed(seconds / reference_probe_seconds(), "probe")
+
+
+def _probe_path():
+    from synthq.runtime.paths import cache_dir
+
+    return cache_dir("machine") / PROBE_FILE
+
+
+def _read_probe() -> dict:
+    try:
+        data = json.loads(_probe_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_probe(data: dict) -> None:
+    try:
+        path = _probe_path()
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(data))
+        os.replace(temporary, path)
+    except OSError:  # a read-only cache costs a probe next time, nothing else
+        return
+
+
+@functools.cache
+def _this_machine() -> MachineSpeed | None:
+    return machine_speed()
+
+
+_THIS_MACHINE = object()
+
+
+def expected_line(seconds: float | None, speed=_THIS_MACHINE) -> str:
+    """The line a stage prints before it starts: ``expected about 41 min on this machine (probe:
+    4.1× the reference machine, ...)``, or at the reference machine's costs when this machine's
+    speed is not known (``speed=None``; default: :func:`machine_speed`, probed once a process)."""
     if seconds is None:
         return "expected time: no measured cost for this mechanism on the reference machine"
-    size = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{max(seconds, 1):.0f} s"
-    return f"expected about {size} on 2 CPU cores (synthq's reference machine; a GPU takes far less)"
+    if speed is _THIS_MACHINE:
+        speed = _this_machine()
+    if speed is None:
+        return (
+            f"expected about {duration(seconds)} on 2 CPU cores (synthq's reference machine; a GPU takes "
+            "far less)"
+        )
+    return f"expected {speed.minutes_line(seconds, '; a GPU takes far less')}"
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``12 min``, ``3.5 h``."""
+    if seconds >= 3 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{max(seconds, 1):.0f} s"
 
 
 def parameter_count(model) -> int:
