@@ -20,6 +20,7 @@ from synthq.cli.plan_command import plan_command
 from synthq.cli.run_command import run_command
 from synthq.cli.search_command import search_command
 from synthq.cli.stage_commands import stage_commands
+from synthq.config.plan import PlanConfig
 from synthq.config.search import SearchConfig
 from synthq.runtime.console import progress_interval, set_verbosity
 
@@ -94,7 +95,7 @@ def _add_commands(app: typer.Typer) -> None:
     for stage, command, report in stage_commands():
         stage_command(app, stage, report=report)(command)
     config_command(app, "search", SearchConfig)(search_command)
-    app.command("plan")(plan_command)
+    config_command(app, "plan", PlanConfig)(plan_command)
     app.command("run")(run_command)
     app.add_typer(data_app, name="data")
 

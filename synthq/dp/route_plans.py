@@ -25,12 +25,21 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-from synthq.dp.engine import PrivacyPlan, planned_steps
 from synthq.models import stage_costs
-from synthq.privacy.accounting import default_delta, noise_multiplier_for
+from synthq.privacy.accounting import default_delta, noise_multiplier_for, validate_budget
+from synthq.runtime.errors import PrivacyError
 
 REFERENCE_RUNS = "reference_runs.json"
 SCALES = (10,)
+
+
+def planned_steps(num_units: int, batch_size: int, epochs: float, max_steps: int | None) -> int:
+    """The stages' logical steps (:func:`synthq.dp.engine.planned_steps`, whose module loads
+    torch), written again so that ``synthq plan`` loads none; tests hold the two equal."""
+    steps = math.ceil(epochs * num_units / batch_size)
+    if max_steps is not None:
+        steps = min(steps, max_steps)
+    return max(steps, 1)
 
 
 @dataclass(frozen=True)
@@ -86,26 +95,32 @@ def plan_route(
     accountant: str,
     unit: str = "query",
 ):
-    """The route's plan as its stage would make it (a batch larger than the units is refused, as
-    the stages refuse it), and its noise-to-signal at 10× the units with the same sampling rate,
-    epochs and step cap."""
+    """The route's plan as its stage would make it (:meth:`synthq.dp.engine.PrivacyPlan.create`:
+    the same refusals, δ and calibration; σ and q do not depend on the clipping rule; tests hold
+    the two equal), and its noise-to-signal at 10× the units with the same sampling rate, epochs
+    and step cap."""
+    if settings.batch_size > num_units:
+        raise PrivacyError(
+            f"the batch size {settings.batch_size} is larger than the {num_units} privacy units "
+            f"({'queries' if unit == 'query' else unit + 's'})"
+        )
     steps = planned_steps(num_units, settings.batch_size, settings.epochs, settings.max_steps)
     delta = default_delta(num_units) if delta is None else delta
-    plan = PrivacyPlan.create(
-        num_units=num_units, expected_batch_size=settings.batch_size, steps=steps, epsilon=epsilon,
-        delta=delta, accountant=accountant, mechanism=_unit_sensitivity(), unit=unit,
-    )  # fmt: skip
+    validate_budget(epsilon, delta, num_units)
+    sample_rate = settings.batch_size / num_units
+    calibration = _calibrated(epsilon, delta, sample_rate, steps, accountant)
     scaled = {factor: _scaled_ratio(settings, num_units, factor, epsilon, accountant) for factor in SCALES}
     return RoutePlan(
-        settings,
-        num_units,
-        plan.sample_rate,
-        steps,
-        plan.noise_multiplier,
-        plan.delta,
-        plan.accountant,
+        settings, num_units, sample_rate, steps, calibration.noise_multiplier, delta, calibration.accountant,
         scaled,
-    )
+    )  # fmt: skip
+
+
+@functools.cache
+def _calibrated(epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str):
+    """:func:`~synthq.privacy.accounting.noise_multiplier_for`, once per budget in a process (the
+    two routes of the recipe share one)."""
+    return noise_multiplier_for(epsilon, delta, sample_rate, steps, accountant)
 
 
 @functools.cache
@@ -116,7 +131,7 @@ def _scaled_ratio(
     at the default δ = 1/(2n) of that larger log."""
     more, bigger = num_units * factor, settings.batch_size * factor
     steps = planned_steps(more, bigger, settings.epochs, settings.max_steps)
-    sigma = noise_multiplier_for(epsilon, default_delta(more), bigger / more, steps, accountant)
+    sigma = _calibrated(epsilon, default_delta(more), bigger / more, steps, accountant)
     return route_noise_to_signal(sigma.noise_multiplier, replace(settings, batch_size=bigger))
 
 
@@ -124,17 +139,8 @@ def _scaled_ratio(
 def _reference_ratio(settings: RouteSettings, num_units: int, epsilon: float, accountant: str) -> float:
     """Noise-to-signal of a measured run, as its stage planned it (calibrated once per process)."""
     steps = planned_steps(num_units, settings.batch_size, settings.epochs, settings.max_steps)
-    sigma = noise_multiplier_for(
-        epsilon, default_delta(num_units), settings.batch_size / num_units, steps, accountant
-    )
+    sigma = _calibrated(epsilon, default_delta(num_units), settings.batch_size / num_units, steps, accountant)
     return route_noise_to_signal(sigma.noise_multiplier, settings)
-
-
-def _unit_sensitivity():
-    """σ and q do not depend on the clipping rule; a unit-sensitivity mechanism stands in for it."""
-    from synthq.dp.lm.per_query import PerQueryClipping
-
-    return PerQueryClipping(1.0)
 
 
 def route_settings(
@@ -197,20 +203,23 @@ def reference_runs() -> list[ReferenceRun]:
 
 def count_units(data: str, split: str, unit: str, max_queries_per_user: int) -> tuple[int, str]:
     """``(n, what was read)``: the split's privacy units exactly as the DP stages count them
-    (:func:`~synthq.dp.privacy_units.training_units` over the pairs of relevance ≥ 1), from the
-    qrels and, at the user unit, the user id of each judged query; no text is decoded."""
+    (:func:`~synthq.dp.privacy_units.training_units` over the pairs of relevance ≥ 1: one unit per
+    query id, or per user id, whatever K keeps, since every user keeps at least one query), from
+    the qrels and, at the user unit, the user id of each judged query; no text is decoded, and no
+    torch is loaded (``dp.privacy_units`` loads it; tests hold the counts equal)."""
     from synthq.data.pairs import training_pairs
     from synthq.data.sources import load_source
-    from synthq.dp.noise import SecretRandomness
-    from synthq.dp.privacy_units import training_units
 
     dataset = load_source(data, splits=[split])
     pairs = training_pairs(dataset, split)
-    units = training_units(pairs, dataset.root, unit, max_queries_per_user, SecretRandomness(0), links=False)
     where = f"{dataset.root}/qrels/{split}.tsv"
     if unit == "query":
-        return len(units), f"the relevant judgements of {where}"
-    return len(units), f"the relevant judgements of {where} and the user id of each judged query"
+        count = len({pairs.queries.id_at(int(row)) for row in pairs.query_rows})
+        return count, f"the relevant judgements of {where}"
+    from synthq.data.users import query_users
+
+    count = len(set(query_users(dataset.root, pairs.queries, pairs.query_rows)))
+    return count, f"the relevant judgements of {where} and the user id of each judged query"
 
 
 GAINED = 0.10  # a measured run "gained" when it recovered at least this share of the gain
@@ -240,16 +249,11 @@ def verdict(plans: dict[str, RoutePlan], runs: list[ReferenceRun], accountant: s
             f"gain; beats {run.beats} ({run.source})"
             for run in same
         ] or ["  none yet"]
-    gained = [run for run in runs if run.share_of_gain >= GAINED]
-    if not gained:
-        lines.append("no measured run recovered a tenth of the non-private gain yet: no verdict")
+    judged = _judgement(plans, runs, accountant)
+    if judged is None:
+        lines.append(f"{NO_VERDICT}: no verdict")
         return lines
-    noisiest = max(gained, key=ratio)
-    hopeful = [
-        name
-        for name, plan in plans.items()
-        if plan.noise_to_signal <= 2 * ratio(noisiest) and plan.steps >= noisiest.steps / 2
-    ]
+    noisiest, hopeful = judged
     reference = f"{noisiest.name}: noise/signal {ratio(noisiest):.3g} in {noisiest.steps} steps"
     if not hopeful:
         lines.append(
@@ -264,6 +268,59 @@ def verdict(plans: dict[str, RoutePlan], runs: list[ReferenceRun], accountant: s
         )
         lines += _control_line([run for run in runs if run.route in hopeful])
     return lines
+
+
+NO_VERDICT = "no measured run recovered a tenth of the non-private gain yet"
+
+
+def _judgement(
+    plans: dict[str, RoutePlan], runs: list[ReferenceRun], accountant: str
+) -> tuple[ReferenceRun, list[str]] | None:
+    """The noisiest measured run that still gained, and the routes within twice its
+    noise-to-signal with at least half its steps; None when no measured run gained."""
+    gained = [run for run in runs if run.share_of_gain >= GAINED]
+    if not gained:
+        return None
+    noisiest = max(gained, key=lambda run: run.noise_to_signal(accountant))
+    limit = 2 * noisiest.noise_to_signal(accountant)
+    hopeful = [
+        name
+        for name, plan in plans.items()
+        if plan.noise_to_signal <= limit and plan.steps >= noisiest.steps / 2
+    ]
+    return noisiest, hopeful
+
+
+def short_verdict(plans: dict[str, RoutePlan], runs: list[ReferenceRun], accountant: str = "rdp") -> str:
+    """The verdict of :func:`verdict` in one line (the measured runs behind it: ``--details``)."""
+    judged = _judgement(plans, runs, accountant)
+    if judged is None:
+        return f"verdict: none yet ({NO_VERDICT})"
+    noisiest, hopeful = judged
+    reference = (
+        f"{noisiest.name}, noise/signal {noisiest.noise_to_signal(accountant):.3g} in {noisiest.steps} steps"
+    )
+    if not hopeful:
+        return (
+            "verdict: expect no gain over the public start: every route is noisier than twice the noisiest "
+            f"measured run that still gained, or takes under half its steps ({reference})"
+        )
+    line = (
+        f"verdict: DP can carry signal on the {' and '.join(hopeful)} route (within twice the noise of a "
+        f"measured run that gained, with at least half its steps: {reference})"
+    )
+    controlled = [run for run in runs if run.route in hopeful and run.control_share is not None]
+    matched = [r for r in controlled if r.share_of_gain < r.control_share + CLEARLY_ABOVE_CONTROL]
+    if controlled and len(matched) == len(controlled):
+        line += (
+            f"; but in all {len(controlled)} measured runs with an ε = 0 control the public warm start alone "
+            f"kept within {100 * CLEARLY_ABOVE_CONTROL:.0f} points: train it first and spend ε only if it "
+            "beats it on your own public test split"
+        )
+    elif controlled:
+        clearly = len(controlled) - len(matched)
+        line += f"; {clearly} of {len(controlled)} runs kept clearly more than their ε = 0 control"
+    return line
 
 
 # a run counts as clearly above its ε = 0 control when it kept this much more of the gain

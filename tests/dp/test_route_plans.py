@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -172,26 +174,65 @@ def test_the_command_reads_counts_only_and_prints_both_routes(tiny_beir):
     assert payload["routes"]["synthetic"]["steps"] == 8
     assert math.isfinite(payload["routes"]["direct-dp"]["noise_to_signal"])
     small = ["--generator-batch-size", "4", "--retriever-batch-size", "8"]
-    counted = runner.invoke(app, ["plan", "--data", str(tiny_beir), "--privacy-unit", "query", *small])
-    assert counted.exit_code == 0, counted.output
-    assert counted.output.startswith(
-        f"synthq plan reads the relevant judgements of {tiny_beir}/qrels/train.tsv"
+    counted = runner.invoke(
+        app, ["plan", "--data", str(tiny_beir), "--privacy-unit", "query", "--details", *small]
     )
-    assert "17 queries (unit: query)" in counted.output and "noise/signal" in counted.output
+    assert counted.exit_code == 0, counted.output
+    assert f"synthq plan read the relevant judgements of {tiny_beir}/qrels/train.tsv" in counted.output
+    assert counted.output.startswith(f"17 queries in {tiny_beir} train (unit: query)")
+    assert "noise/signal" in counted.output
+
+
+SIZE = ["--units", "44", "--documents", "9"]
 
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
         (["--units", "44"], "give --data, or both --units and --documents"),
-        (["--units", "44", "--documents", "9", "--privacy-unit", "person"], "user or query"),
+        (["--units", "44", "--documents", "9", "--privacy-unit", "person"], "'person' is not one of"),
         (["--units", "44", "--documents", "9", "--epsilon", "inf"], "finite ε"),
+        (["--units", "44", "--documents", "9", "--epsilon", "nan"], "--epsilon: must be greater than 0"),
+        (["--units", "44", "--documents", "9", "--epsilon", "0"], "--epsilon: must be greater than 0"),
         (["--units", "44", "--documents", "9", "--generator-batch-size", "big"], "whole number ≥ 1, or auto"),
+        ([*SIZE, "--generator-epochs", "-1"], "--generator-epochs: must be greater"),
+        ([*SIZE, "--retriever-epochs", "nan"], "--retriever-epochs: must be a finite"),
+        ([*SIZE, "--generator-max-steps", "0"], "--generator-max-steps: must be"),
+        (["--units", "0", "--documents", "9"], "--units: must be greater than or equal to 1"),
+        (["--units", "44", "--documents", "9", "--delta", "2"], "--delta: must be less than 1"),
+        (["--units", "44", "--documents", "9", "--retriever-group-size", "0"], "--retriever-group-size"),
+        (["--units", "44", "--documents", "9", "--max-queries-per-user", "2", "--privacy-unit", "query"],
+         "applies with --privacy-unit user"),
     ],
-)
+)  # fmt: skip
 def test_the_command_refuses_bad_input_in_one_line(arguments, message):
+    """Every value is checked by PlanConfig's field ranges, as every other command's are (before,
+    --generator-epochs -1 printed a plan and a verdict after 37 s of CPU)."""
+    from synthq.cli.options import OptionError
+
     result = runner.invoke(app, ["plan", *arguments])
-    assert result.exit_code == 2 and message in result.output, result.output
+    said = str(result.exception) if isinstance(result.exception, OptionError) else result.output
+    assert result.exit_code != 0 and message in said, result.output
+    # one line from the config (exit 2 through synthq's main), or typer's own choice check (exit 2)
+    assert "\n" not in said.strip() if isinstance(result.exception, OptionError) else result.exit_code == 2
+    assert "noise/signal" not in result.output
+
+
+def test_a_bad_value_is_refused_before_torch_or_the_accountant_loads():
+    """--epsilon nan (and any other refused value) exits 2 in one line before anything heavy is
+    imported: before, it took 40 s."""
+    code = (
+        "import sys\n"
+        "from synthq.cli.errors import main\n"
+        "sys.argv = ['synthq', 'plan', '--data', 'pylibs', '--epsilon', 'nan']\n"
+        "try:\n    main()\n"
+        "except SystemExit as exit:\n    status = exit.code\n"
+        "heavy = [m for m in ('torch', 'opacus', 'scipy', 'synthq.dp.route_plans') if m in sys.modules]\n"
+        "print(status, heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "2 []", done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "--epsilon" in done.stderr, done.stderr
 
 
 def test_auto_batches_are_the_stages_choice_and_the_plan_prints_it():
@@ -199,7 +240,7 @@ def test_auto_batches_are_the_stages_choice_and_the_plan_prints_it():
     choose (choose_batch_size at the route's own sensitivity and groups), planned and printed."""
     from synthq.dp.batch_choice import choose_batch_size
 
-    arguments = ["--units", "300", "--documents", "50", "--generator-batch-size", "auto"]
+    arguments = ["--units", "300", "--documents", "50", "--generator-batch-size", "auto", "--details"]
     arguments += ["--retriever-batch-size", "auto", "--generator-epochs", "2"]
     result = runner.invoke(app, ["plan", *arguments])
     assert result.exit_code == 0, result.output
@@ -208,7 +249,7 @@ def test_auto_batches_are_the_stages_choice_and_the_plan_prints_it():
     assert f"--generator-batch-size auto: B = {generator.batch_size} users" in result.output
     assert f"--retriever-batch-size auto: B = {retriever.batch_size} users" in result.output
     assert (
-        f"synthetic [finetune-lm (then generate, train-retriever)]: B = {generator.batch_size},"
+        f"synthetic [finetune-lm, then generate and train-retriever]: B = {generator.batch_size},"
         in result.output
     )
     assert f"direct-dp [train-retriever --dp group]: B = {retriever.batch_size}," in result.output
@@ -231,3 +272,89 @@ def test_the_verdict_says_when_the_eps_0_controls_kept_as_much_as_the_dp_runs():
     assert lines[-1].startswith(f"the ε = 0 control: 1 of {len(controlled)} measured runs")
     uncontrolled = [replace(run, control_share=None) for run in runs]
     assert not route_plans.verdict({"synthetic": hopeful}, uncontrolled)[-1].startswith(("but", "the ε = 0"))
+
+
+def test_the_plans_steps_are_the_stages_steps():
+    from synthq.dp.engine import planned_steps as stage_steps
+
+    for units in (5, 44, 1404, 100_000):
+        for batch in (1, 3, 64, 1000):
+            for epochs in (0.01, 0.5, 1.0, 3.0):
+                for cap in (None, 1, 8):
+                    expected = stage_steps(units, batch, epochs, cap)
+                    assert route_plans.planned_steps(units, batch, epochs, cap) == expected
+
+
+@pytest.mark.parametrize("unit", ["query", "user"])
+def test_units_are_counted_as_training_units_counts_them(tmp_path, unit):
+    """The plan counts units without torch (one per query id, or per user id: K keeps at least one
+    query of every user); the stages' training_units gives the same n."""
+    from synthq.data.pairs import training_pairs
+    from synthq.dp.noise import SecretRandomness
+    from synthq.dp.privacy_units import training_units
+
+    root = helpers.write_tiny_beir(tmp_path / "log")
+    queries = [json.loads(line) for line in (root / "queries.jsonl").read_text().splitlines()]
+    with open(root / "queries.jsonl", "w") as handle:
+        for number, record in enumerate(queries):
+            handle.write(json.dumps({**record, "metadata": {"user_id": f"u{number % 4}"}}) + "\n")
+    for k in (1, 8):
+        dataset = load_source(str(root), splits=["train"])
+        units = training_units(
+            training_pairs(dataset, "train"), dataset.root, unit, k, SecretRandomness(0), links=False
+        )
+        assert route_plans.count_units(str(root), "train", unit, k)[0] == len(units)
+
+
+def test_the_plan_answers_first_in_at_most_six_lines_and_details_give_the_runs():
+    arguments = ["plan", "--units", "1404", "--documents", "8962"]
+    short = runner.invoke(app, arguments)
+    assert short.exit_code == 0, short.output
+    lines = short.output.splitlines()
+    assert len(lines) <= 6, short.output
+    assert lines[0].startswith("1,404 users (unit: user, ≤ 8 queries each), target ε = 8 (rdp, δ = 0.00036)")
+    assert lines[1].startswith(
+        "synthetic (finetune-lm, then generate and train-retriever): noise/signal 0.00815"
+    )
+    assert lines[2].startswith("direct-dp (train-retriever --dp group): noise/signal 0.13")
+    assert any(line.startswith("verdict: DP can carry signal on the synthetic route") for line in lines)
+    runs = route_plans.reference_runs()
+    named = [run.name for run in runs if run.name in short.output]
+    assert "--details" in lines[-1] and named == ["pydocs synthetic, round-trip filtered"]  # the verdict's
+    full = runner.invoke(app, [*arguments, "--details"])
+    assert full.exit_code == 0, full.output
+    assert full.output.startswith(short.output.split("; --details")[0])
+    assert all(run.name in full.output for run in runs) and len(full.output.splitlines()) > len(runs)
+    assert "verdict: DP can carry signal" in full.output.splitlines()[-2]
+
+
+def test_a_count_no_release_records_is_said_to_be_one():
+    """At the user unit of the train split the plan's n is the count every DP stage of the recipe
+    records (and assumes public); a count of queries, or of another split, is not: the first
+    line says so (#71)."""
+    recipe = runner.invoke(app, ["plan", "--units", "1404", "--documents", "9"])
+    assert "no release" not in recipe.output
+    for extra in (["--privacy-unit", "query"], ["--split", "dev"]):
+        other = runner.invoke(app, ["plan", "--units", "1404", "--documents", "9", *extra])
+        assert other.exit_code == 0, other.output
+        first = other.output.splitlines()[0]
+        assert "an exact count of the private" in first and "no release of the recipe records" in first
+    payload = json.loads(runner.invoke(app, ["plan", "--units", "1404", "--documents", "9", "--json",
+                                             "--privacy-unit", "query"]).output)  # fmt: skip
+    assert payload["count_recorded_by_the_recipe"] is False
+
+
+def test_minutes_are_this_machines_when_its_factor_is_known(monkeypatch):
+    """The minutes on this machine are the reference machine's × its factor (injected here; a
+    probe measures it otherwise), and the plan says what the factor rests on."""
+    arguments = ["plan", "--units", "1404", "--documents", "8962"]
+    reference = runner.invoke(app, arguments).output
+    assert "≤ 16 min on the reference machine" in reference.splitlines()[2]
+    monkeypatch.setenv("SYNTHQ_MACHINE_FACTOR", "4")
+    here = runner.invoke(app, arguments).output
+    assert "≤ 63 min on this machine (16 min on the reference)" in here.splitlines()[2]
+    assert "SYNTHQ_MACHINE_FACTOR of this machine: 4× the reference machine" in here
+    payload = json.loads(runner.invoke(app, [*arguments, "--json"]).output)
+    direct = payload["routes"]["direct-dp"]
+    assert direct["minutes_on_this_machine"] == pytest.approx(4 * direct["minutes_on_2_cpu_cores"])
+    assert payload["machine"] == {"factor": 4.0, "basis": "SYNTHQ_MACHINE_FACTOR"}
