@@ -11,6 +11,7 @@ public documents a synthetic set is written for are recorded with the assumption
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,15 @@ from synthq.artifacts.writer import ArtifactWriter
 from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.privacy.guarantee import Guarantee
 from synthq.runtime.hashing import sha256_tree
+
+
+def artifact_input(path: str | Path, stage: str | Iterable[str] | None = None) -> Artifact:
+    """An artifact a stage reads (a starting model, a generator, a synthetic set, retrievers to
+    evaluate, evals to report): opened and checked, and refused when it rests on a read of a split
+    that is no longer declared public (:func:`~synthq.bookkeeping.splits.refuse_retracted`)."""
+    from synthq.bookkeeping.splits import refuse_retracted
+
+    return refuse_retracted(open_artifact(path, stage=stage))
 
 
 @dataclass(frozen=True)
@@ -57,7 +67,7 @@ def model_input(spec: str, stage: str | None = None) -> ModelInput:
 
     candidate = Path(spec).expanduser()
     if is_artifact(candidate):
-        artifact = open_artifact(candidate, stage=stage)
+        artifact = artifact_input(candidate, stage=stage)
         record = {**artifact.input_record(), "role": "model"}
         return ModelInput(spec, artifact.path, record, artifact.privacy, artifact)
     path = resolve_model(spec)
@@ -141,7 +151,7 @@ def data_input(spec: str, private: bool = True) -> DataInput:
 
     candidate = Path(spec).expanduser()
     if is_artifact(candidate):
-        artifact = open_artifact(candidate, stage=SYNTHETIC_STAGES)
+        artifact = artifact_input(candidate, stage=SYNTHETIC_STAGES)
         return DataInput(spec, artifact.path, {**artifact.input_record(), "role": "data"}, artifact)
     root = resolve_source(spec)
     declared_splits(root)  # a malformed or misspelt privacy.json is refused before any work
@@ -217,7 +227,7 @@ def refuse_artifact_as_public_pairs(root: Path, spec: str, role: str) -> None:
 def public_pairs_input(spec: str, role: str) -> PublicPairs:
     """``SOURCE:SPLIT`` -> the split's pairs, refused unless the source declares the split public
     (:func:`~synthq.bookkeeping.splits.split_is_private`, fail closed)."""
-    from synthq.bookkeeping.splits import split_is_private
+    from synthq.bookkeeping.splits import public_read_record, split_is_private
     from synthq.data.pairs import training_pairs
     from synthq.data.sources import load_source, resolve_source
     from synthq.privacy.digests import public_split_record
@@ -239,7 +249,7 @@ def public_pairs_input(spec: str, role: str) -> PublicPairs:
     read = public_split_record(root, source, split)
     if read is None:
         raise DataError(f"{role} {spec}: the split's files are not all there", root)
-    record = {**read, "role": role}
+    record = {**public_read_record(read, source), "role": role}
     return PublicPairs(
         spec, split, pairs, record, f"the {role} pairs {spec} are public (declared in privacy.json)"
     )

@@ -18,6 +18,7 @@ from synthq.artifacts.freshness import input_location
 from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, merged_releases, open_artifact
 from synthq.artifacts.records import current_input_hash
 from synthq.privacy.accounting import MAX_DELTA
+from synthq.privacy.digests import is_keyed
 from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
 from synthq.privacy.unit_sets import (
     LINK_ASSUMPTIONS,
@@ -108,11 +109,25 @@ class Ledger(_Composition):
         return self.composed(recorded)
 
 
-def _changed_since(artifact: Artifact, seen: set[str]) -> list[str]:
+# What a plain sum does not check: re-digesting a private dataset to say it changed is a bit about
+# the log as it is now (a deletion honoured, a query added), read without noise (round 5, flow 4).
+SUM_UNCHECKED_NOTE = (
+    "private datasets are not read again under --compose sum: whether they changed since is not checked"
+)
+
+
+def _is_private_record(record: dict) -> bool:
+    return bool(record.get("private")) or is_keyed(record.get("sha256", ""))
+
+
+def _changed_since(artifact: Artifact, seen: set[str], read_private: bool = True) -> list[str]:
     """Inputs (followed through artifacts still in place) whose content no longer matches the
-    identifier recorded when they were read."""
+    identifier recorded when they were read; with ``read_private=False`` private datasets are
+    left unread (``--compose sum``, which reads nothing of the data)."""
     notes = []
     for record in artifact.inputs:
+        if not read_private and _is_private_record(record):
+            continue
         where = input_location(artifact, record)  # right from any working directory
         now = current_input_hash({**record, "path": str(where)})
         label = f"{record.get('stage') or record.get('kind')} {where}"
@@ -122,7 +137,7 @@ def _changed_since(artifact: Artifact, seen: set[str]) -> list[str]:
             continue
         if record.get("kind") == "artifact" and str(where.resolve()) not in seen:
             seen.add(str(where.resolve()))
-            notes += _changed_since(open_artifact(where), seen)
+            notes += _changed_since(open_artifact(where), seen, read_private)
     return notes
 
 
@@ -152,7 +167,11 @@ def ledger(paths: list[str | Path], compose: str = "units") -> Ledger:
     for path in paths:
         if not is_artifact(path):
             raise ArtifactError(f"{path}: not an artifact (no {MANIFEST})")
-    artifacts = [open_artifact(path) for path in paths]
+    from synthq.bookkeeping.splits import refuse_retracted
+
+    # an artifact resting on a read of a split no longer declared public is refused, not composed:
+    # that read has no release to count (review round 5, flow 3)
+    artifacts = [refuse_retracted(open_artifact(path)) for path in paths]
     releases: list[dict] = []
     for artifact in sorted(artifacts, key=lambda a: not a.verified):  # this installation's records first
         releases = merged_releases(releases, artifact)
@@ -167,7 +186,8 @@ def ledger(paths: list[str | Path], compose: str = "units") -> Ledger:
             cost.name = f"{cost.name} + {data.get('name') or '?'}"
         cost.releases.append(release)
     seen: set[str] = set()
-    changed = list(dict.fromkeys(note for a in artifacts for note in _changed_since(a, seen)))
+    read_private = compose != "sum"
+    changed = list(dict.fromkeys(note for a in artifacts for note in _changed_since(a, seen, read_private)))
     return Ledger(artifacts, releases, datasets, changed, compose)
 
 
@@ -253,6 +273,8 @@ def ledger_lines(paths: list[str | Path], compose: str = "units") -> list[str]:
         lines.append(f"all releases together, {how}: {book.total.describe()}")
     for note in book.changed:
         lines.append(f"changed since: {note}")
+    if compose == "sum" and book.datasets:
+        lines.append(f"not checked: {SUM_UNCHECKED_NOTE}")
     holders: dict[str, list[str]] = {}  # each assumption once, with the artifacts that make it
     for artifact in book.artifacts:
         for assumption in artifact_assumptions(artifact, compose):

@@ -68,11 +68,73 @@ def split_is_private(spec: str, root: Path, split: str) -> bool:
     return not public_benchmark(spec)
 
 
+# What a read of a public split records of why it was public (review round 5, flow 3): checked again
+# whenever the artifact is used, since a declaration can be retracted after the read.
+PUBLIC_BY_DECLARATION, PUBLIC_BY_BENCHMARK = "declared public in privacy.json", "public benchmark"
+
+
+def public_read_record(record: dict, spec: str) -> dict:
+    """A public split's read record with what made the split public when it was read."""
+    return {**record, "public_by": PUBLIC_BY_BENCHMARK if public_benchmark(spec) else PUBLIC_BY_DECLARATION}
+
+
+def retracted_reads(artifact: Artifact, seen: set[str] | None = None) -> list[str]:
+    """Reads of a split as public by ``artifact`` or anything it was made from (a warm start,
+    few-shot examples, an eval's scores) whose dataset no longer declares that split public.
+
+    Fail closed after the fact: such a read was a read of what its owner now says is private data,
+    without noise (ε = ∞), and no recorded release says so. A dataset that is gone is left to the
+    ledger's "is gone"; an unreadable ``privacy.json`` counts as a retraction."""
+    from synthq.artifacts.freshness import input_location
+    from synthq.privacy.digests import PUBLIC_SPLIT
+    from synthq.runtime.errors import DataError
+
+    seen = set() if seen is None else seen
+    found = []
+    for record in artifact.inputs:
+        where = input_location(artifact, record)
+        if record.get("kind") == PUBLIC_SPLIT and where.is_dir():
+            split, name = record["split"], record.get("name") or str(where)
+            try:
+                retracted = split_is_private(name, where, split)
+                why = f"{where / SPLIT_DECLARATION} no longer declares it public"
+            except DataError as error:
+                retracted, why = True, f"its declaration cannot be read ({error})"
+            if retracted:
+                role = record.get("role") or "evaluation"
+                found.append(f"{artifact.path} read split {split!r} of {where} as public ({role}), but {why}")
+        elif record.get("kind") == "artifact" and is_artifact(where) and str(where.resolve()) not in seen:
+            seen.add(str(where.resolve()))
+            try:
+                parent = open_artifact(where, verify=False)
+            except ArtifactError:
+                continue  # refused where it is opened to be used
+            found += retracted_reads(parent, seen)
+    return found
+
+
+def refuse_retracted(artifact: Artifact) -> Artifact:
+    """``artifact``, unless it rests on a read of a split that is no longer declared public
+    (:func:`retracted_reads`): then a :class:`~synthq.runtime.errors.PrivacyError`, since every
+    figure it would give (its ε, its scores, the ledger's total) would call an ε = ∞ read public."""
+    from synthq.runtime.errors import PrivacyError
+
+    found = retracted_reads(artifact)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise PrivacyError(
+            f"{found[0]}{more}: that read was of data now declared private, without noise (ε = ∞), "
+            "and no release records it. Declare the split public again if it is, or redo the work "
+            "without it"
+        )
+    return artifact
+
+
 def eval_data(spec: str, root: Path, split: str) -> EvalData:
     """Classify one dataset's split: a synthq artifact (inherits), a private split (ε = ∞ to read
     without noise), or public (a declared-public split of a user's dataset says so)."""
     if is_artifact(root):
-        artifact = open_artifact(root)
+        artifact = refuse_retracted(open_artifact(root))
         return EvalData(spec, root, artifact.input_record(), False, artifact)
     private = split_is_private(spec, root, split)
     benchmark = public_benchmark(spec)
@@ -88,6 +150,8 @@ def eval_data(spec: str, root: Path, split: str) -> EvalData:
             record = data_record(root, spec, private=not benchmark)
             record.pop("private", None)
             record.pop("identity", None)
+        else:
+            record = public_read_record(record, spec)
         if not benchmark:
             where = Path(root) / SPLIT_DECLARATION
             assumption = f"split {split!r} of {spec} is public: declared so in its {where}"

@@ -51,6 +51,7 @@ from synthq.bookkeeping.reaccounting import (
 )
 from synthq.bookkeeping.releases import (
     SUM_NOTE,
+    SUM_UNCHECKED_NOTE,
     Ledger,
     artifact_assumptions,
     delta_warning,
@@ -362,9 +363,10 @@ def render_statement(book: Ledger, audits: list[Artifact] = ()) -> str:
     lines += _assumption_lines(book, audits)
     lines += audit_lines(audits)
     lines += _not_released(book, audits, [row for s in statements for row in s.rows])
-    if book.changed:
+    unchecked = [f"- Not checked: {SUM_UNCHECKED_NOTE}."] if book.compose == "sum" and book.datasets else []
+    if book.changed or unchecked:
         lines += ["## Changed since (the recorded releases still count)", ""]
-        lines += [f"- {note}" for note in book.changed] + [""]
+        lines += [f"- {note}" for note in book.changed] + unchecked + [""]
     return "\n".join(lines + SIGNATURE) + "\n"
 
 

@@ -62,7 +62,7 @@ from pathlib import Path
 from synthq.artifacts.freshness import existing_result, input_location
 from synthq.artifacts.manifest import Artifact, is_artifact, open_artifact
 from synthq.artifacts.on_main import artifact_on_main
-from synthq.bookkeeping.inputs import model_input
+from synthq.bookkeeping.inputs import artifact_input, model_input
 from synthq.bookkeeping.splits import (
     EvalData,
     eval_data,
@@ -115,7 +115,7 @@ _BM25_PRIVACY = Guarantee.public("BM25 statistics of the evaluation corpus only"
 def run(config: EvalConfig) -> Artifact:
     distributed.setup(config.device)
     _check_request(config)
-    retrievers = given = [open_artifact(path, stage="train-retriever") for path in config.retrievers]
+    retrievers = given = [artifact_input(path, stage="train-retriever") for path in config.retrievers]
     selection = _select_on_dev(config, retrievers) if config.select_on is not None else None
     if selection is not None:
         retrievers = selection.retrievers
@@ -155,7 +155,7 @@ def _check_request(config: EvalConfig) -> None:
 
 def _select_on_dev(config: EvalConfig, retrievers: list[Artifact]) -> Selection:
     """``--select-on``: the retrievers the dev evaluation chooses, and what choosing cost."""
-    dev = open_artifact(config.select_on, stage="eval")
+    dev = artifact_input(config.select_on, stage="eval")
     rows = read_checked_rows(dev)  # with each query's score: report-noisy-max's utility sums them
     scored = {(row.get("dataset"), row.get("split")) for row in rows}
     for spec in config.datasets:

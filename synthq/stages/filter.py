@@ -39,7 +39,7 @@ from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result, input_location
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.records import current_input_hash, public_file_record
-from synthq.bookkeeping.inputs import model_input
+from synthq.bookkeeping.inputs import artifact_input, model_input
 from synthq.config.generator import FilterConfig
 from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.data.beir_io import load_beir_dir, read_corpus, write_beir_dir
@@ -159,7 +159,7 @@ def _generator_record(synthetic: Artifact) -> dict:
 
 @precision.stage
 def run(config: FilterConfig) -> Artifact:
-    synthetic = open_artifact(config.synthetic, stage=SYNTHETIC_STAGES)
+    synthetic = artifact_input(config.synthetic, stage=SYNTHETIC_STAGES)
     inputs = [synthetic.input_record()]
     retriever = generator_record = None
     if config.method == "consistency" and config.retriever != "bm25":

@@ -32,6 +32,7 @@ import json
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.bookkeeping.inputs import artifact_input
 from synthq.bookkeeping.releases import ledger_lines
 from synthq.config.evaluation import ReportConfig
 from synthq.reporting.eval_files import RESULTS_FILE, SELECTION_FILE
@@ -51,8 +52,8 @@ STAGE = "report"
 
 
 def run(config: ReportConfig) -> Artifact:
-    evals = [open_artifact(path, stage="eval") for path in config.evals]
-    similarities = [open_artifact(path, stage="similarity") for path in config.similarity]
+    evals = [artifact_input(path, stage="eval") for path in config.evals]
+    similarities = [artifact_input(path, stage="similarity") for path in config.similarity]
     inputs = [a.input_record() for a in evals + similarities]
     if (done := existing_result(STAGE, config, inputs)) is not None:
         return done

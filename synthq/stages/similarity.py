@@ -23,6 +23,7 @@ from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.records import data_input_record
+from synthq.bookkeeping.inputs import artifact_input
 from synthq.config.evaluation import SimilarityConfig
 from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.data.beir_io import read_qrels, read_queries
@@ -111,7 +112,7 @@ def mauve_scores(
 
 @precision.stage
 def run(config: SimilarityConfig) -> Artifact:
-    synthetic = open_artifact(config.synthetic, stage=SYNTHETIC_STAGES)
+    synthetic = artifact_input(config.synthetic, stage=SYNTHETIC_STAGES)
     root = resolve_source(config.original)
     inputs = [synthetic.input_record(), data_input_record(root, name=config.original, private=True)]
     if (done := existing_result(STAGE, config, inputs)) is not None:

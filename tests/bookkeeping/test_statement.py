@@ -486,3 +486,36 @@ def test_datasets_on_separate_lines_print_that_they_hold_different_people_and_qu
     assert SEPARATE_DATASETS in statement_for([people, other])
     alone = ledger_lines([people])
     assert not any(SEPARATE_DATASETS in line for line in alone)
+
+
+def test_a_plain_sum_reads_nothing_of_the_private_log_and_says_what_it_did_not_check(
+    tmp_path, tiny_beir, tiny_encoder_dir, monkeypatch
+):
+    """Review round 5, flow 4: after one private query is deleted, the per-unit ledger notes that
+    the data changed since; ``--compose sum`` (the ledger and the statement) never digests the
+    private dataset again, so it prints no such bit, and says that it did not check."""
+    import shutil
+
+    from synthq.artifacts import records
+    from synthq.bookkeeping import releases
+
+    data = tmp_path / "log"
+    shutil.copytree(tiny_beir, data)
+    dp = train_retriever.run(retriever_config(tmp_path / "dp", data, tiny_encoder_dir, dp="batch", epsilon=4))
+    queries = (data / "queries.jsonl").read_text().splitlines()
+    (data / "queries.jsonl").write_text("\n".join(queries[1:]) + "\n")  # a deletion request honoured
+    assert any("changed since" in line and str(data) in line for line in ledger_lines([dp.path]))
+
+    read = []
+
+    def recording(record):
+        read.append(record)
+        return records.current_input_hash(record)
+
+    monkeypatch.setattr(releases, "current_input_hash", recording)
+    lines = ledger_lines([dp.path], compose="sum")
+    text = statement_for([dp.path], compose="sum")
+    assert not [r for r in read if r.get("private")], "the plain sum digested the private dataset"
+    assert not any(str(data) in line for line in lines if "changed since" in line)
+    assert any(line.startswith("not checked: private datasets are not read again") for line in lines)
+    assert "private datasets are not read again under --compose sum" in text and f"- data {data}" not in text

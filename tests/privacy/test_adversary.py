@@ -271,6 +271,55 @@ def test_every_artifact_carries_the_releases_of_what_it_read(worlds):
     assert not missing, "releases dropped on the way:\n" + "\n".join(missing)
 
 
+def test_a_synthetic_set_declared_public_opens_no_public_pairs(worlds, tmp_path, tiny_causal_dir):
+    """Review round 5, flow 1, in the adversary's world: the world's DP synthetic set with a
+    privacy.json declaring its pairs public is refused as a warm start (the "ε = 0 control") and as
+    few-shot examples (an "ε = 0" set), so nothing of it is ever written at ε = 0."""
+    from synthq.config.generator import FinetuneConfig, GenerateConfig
+    from synthq.runtime.errors import PrivacyError
+    from synthq.stages import finetune_lm, generate
+
+    full, _, _ = worlds
+    forged = tmp_path / "syn"
+    shutil.copytree(full.artifacts["syn"], forged)
+    (forged / "privacy.json").write_text(json.dumps({"public_splits": ["train"]}))
+    with pytest.raises(PrivacyError, match="no privacy.json can make them public"):
+        finetune_lm.run(FinetuneConfig(data=str(full.data), model=str(tiny_causal_dir),
+                                       out=tmp_path / "control", warm_start=f"{forged}:train", max_steps=0,
+                                       device="cpu"))  # fmt: skip
+    with pytest.raises(PrivacyError, match="no privacy.json can make them public"):
+        generate.run(GenerateConfig(generator=tiny_causal_dir, corpus=str(full.data),
+                                    few_shot=f"{forged}:train", few_shot_examples=2, out=tmp_path / "zero",
+                                    device="cpu"))  # fmt: skip
+    assert not (tmp_path / "control").exists() and not (tmp_path / "zero").exists()
+
+
+def test_a_retracted_declaration_leaves_no_public_figure_standing(worlds):
+    """Review round 5, flow 3, in the adversary's world: once the world's dataset no longer
+    declares its test split public, the ledger and the statement over everything the world wrote
+    refuse (naming the warm start and the evals that read it) rather than print their old ε; the
+    declaration restored, they compose again."""
+    from synthq.bookkeeping.statement import statement_for
+    from synthq.runtime.errors import PrivacyError
+
+    full, _, _ = worlds
+    declaration = full.data / "privacy.json"
+    declared = declaration.read_text()
+    paths = [path for name, path in full.artifacts.items() if name != "audit"]
+    try:
+        declaration.write_text(json.dumps({"private_splits": ["train", "dev", "test"]}))
+        with pytest.raises(PrivacyError, match="no longer declares it public"):
+            ledger(paths)
+        with pytest.raises(PrivacyError, match="no longer declares it public"):
+            statement_for(paths)
+        for name in ("gen-warm", "syn-zero", "ev-public", "ev-test"):
+            with pytest.raises(PrivacyError, match="no longer declares it public"):
+                ledger([full.artifacts[name]])
+    finally:
+        declaration.write_text(declared)
+    assert ledger(paths).datasets
+
+
 # (b) D and D minus one unit ---------------------------------------------------------------------
 
 
