@@ -71,7 +71,7 @@ from synthq.models.training_step import non_private_step, training_statistics
 from synthq.privacy.accounting import default_delta
 from synthq.privacy.guarantee import Guarantee, format_epsilon
 from synthq.runtime import distributed, precision
-from synthq.runtime.console import StepFraction, info, progress
+from synthq.runtime.console import StepFraction, info, progress, warn
 from synthq.runtime.errors import SettingError
 from synthq.runtime.optim import make_optimizer
 
@@ -352,8 +352,27 @@ def run(config: FinetuneConfig) -> Artifact:
 
 def _resolve_sources(config: FinetuneConfig, start) -> _Sources:
     data = data_input(config.data)
+    _warn_of_settings_that_protect_nothing(config, data)
     warm = public_pairs_input(config.warm_start, "--warm-start") if config.warm_start else None
     return _Sources(data, start, warm)
+
+
+def _warn_of_settings_that_protect_nothing(config: FinetuneConfig, data) -> None:
+    """Two runs that are accepted but do not do what their options suggest (issue #74): a user
+    unit without DP (nothing is protected, per user or otherwise), and DP on a split the dataset
+    declares public (ε spent on pairs that need none)."""
+    private = not math.isinf(config.epsilon)
+    if config.privacy_unit == "user" and not private:
+        warn(
+            "--privacy-unit user without DP (--epsilon inf) protects nothing: the generator is not "
+            "private (ε = ∞); give a finite --epsilon for a per-user guarantee"
+        )
+    if private and not data.is_artifact and not split_is_private(config.data, data.root, config.split):
+        warn(
+            f"split {config.split!r} of {config.data} is declared public: DP spends ε on pairs that need "
+            f"none; --warm-start {config.data}:{config.split} trains on them at no ε (and --split a "
+            "private one for the DP phase)"
+        )
 
 
 def _set_up(config: FinetuneConfig, sources: _Sources, place) -> _Setup:
