@@ -77,19 +77,26 @@ class QueryGenerator:
         self.query_only = False
         self.prefix_dtype = "bfloat16"
 
-    def enable_query_only(self, prefix_dtype: str = "bfloat16") -> None:
-        """Query-only mode (:mod:`synthq.models.query_only`): the prompt splits at the template's
-        ``{document}`` into a prefix that the frozen base model reads and an invocation (the
-        template's tail) from which on the adapters act. Needs a causal model whose template has
-        text after ``{document}``."""
-        if self.kind != "causal":
-            raise SettingError(
-                "--query-only is for causal generators (a seq2seq model's encoder reads the document)"
-            )
+    def enable_query_only(self, prefix_dtype: str | None = None) -> None:
+        """Query-only mode (:mod:`synthq.models.query_only`). Causal: the prompt splits at the
+        template's ``{document}`` into a prefix that the frozen base model reads and an invocation
+        (the template's tail) from which on the adapters act; needs a template with text after
+        ``{document}``. Seq2seq: the encoder is frozen (adapters on the decoder only) and its
+        output cached. ``prefix_dtype``: how caches are stored (default bf16 for a causal model's
+        keys and values, fp32 for the small encoder outputs)."""
+        if self.kind == "seq2seq":
+            adapted = [n for n, p in self.model.named_parameters() if p.requires_grad and "encoder." in n]
+            if adapted:
+                raise SettingError(
+                    f"--query-only on a seq2seq model trains the decoder only, not {adapted[0]}"
+                )
+            self.query_only = True
+            self.prefix_dtype = prefix_dtype or "float32"
+            return
         if not split_template(self.template)[1]:
             raise SettingError(f"--query-only: the template {self.template!r} has no text after {{document}}")
         self.query_only = True
-        self.prefix_dtype = prefix_dtype
+        self.prefix_dtype = prefix_dtype or "bfloat16"
 
     # ------------------------------------------------------------------ loading and saving
     @classmethod
@@ -121,7 +128,9 @@ class QueryGenerator:
         directory = Path(directory)
         model = self.model
         saved: dict = {}
-        if self.query_only:  # the adapter apart: merged, it would act on the document too
+        if (
+            self.query_only and self.kind == "causal"
+        ):  # the adapter apart: merged, it would act on the document
             model = _save_query_adapter(model, directory / QUERY_ADAPTER, self.invocation_ids())
             saved["query_only"] = {"adapter": QUERY_ADAPTER, "prefix_dtype": self.prefix_dtype}
         elif hasattr(model, "merge_and_unload"):  # LoRA: ship a plain model others can load
@@ -165,7 +174,10 @@ class QueryGenerator:
 
     def prefix_ids(self, documents: list[str]) -> list[list[int]]:
         """Query-only mode: each prompt's prefix (BOS where the tokenizer adds one, then the
-        template up to and with the truncated document), tokenized apart from the invocation."""
+        template up to and with the truncated document), tokenized apart from the invocation;
+        a seq2seq model's whole encoder input."""
+        if self.kind == "seq2seq":
+            return self._prompt_ids(documents)
         head = split_template(self.template)[0]
         ids = self.tokenizer(
             [head.format(document=d) for d in self.truncated_documents(documents)], add_special_tokens=False
@@ -187,7 +199,7 @@ class QueryGenerator:
         return [ids[: max_target_length - 1] + [eos] for ids in encoded]
 
     def _prompt_ids(self, documents: list[str]) -> list[list[int]]:
-        if self.query_only:  # prefix and invocation tokenized apart, as the adapters see them
+        if self.query_only and self.kind == "causal":  # prefix and invocation tokenized apart
             invocation = self.invocation_ids()
             return [prefix + invocation for prefix in self.prefix_ids(documents)]
         sources = [self.source_text(d) for d in self.truncated_documents(documents)]
@@ -270,7 +282,7 @@ class QueryGenerator:
         self, documents: list[str], queries: list[str], batch_size: int = 16, max_target_length: int = 128
     ) -> torch.Tensor:
         """log p(query | document) summed over the query tokens and EOS, one value per pair."""
-        if self.query_only:
+        if self.query_only and self.kind == "causal":  # a seq2seq model's plain forward is the same
             return self._query_only_log_likelihood(documents, queries, batch_size, max_target_length)
         device = next(self.model.parameters()).device
         values = []
@@ -293,7 +305,7 @@ class QueryGenerator:
         the candidates' longest common token prefix run once with a KV cache; only each
         candidate's remaining tokens run per candidate, on a copy of that cache. Query-only: the
         document's prefix cache once, the candidates on it."""
-        if self.query_only:
+        if self.query_only and self.kind == "causal":
             return self._query_only_log_likelihood([document], queries, batch_size, max_target_length)
         device = next(self.model.parameters()).device
         prompt = self._prompt_ids([document])[0]
@@ -464,19 +476,35 @@ def check_lora_targets(spec: str | Path, targets: str) -> None:
 
 
 def apply_lora(
-    generator: QueryGenerator, rank: int, alpha: float | None = None, targets: str = "all-linear"
+    generator: QueryGenerator,
+    rank: int,
+    alpha: float | None = None,
+    targets: str = "all-linear",
+    decoder_only: bool = False,
 ) -> None:
     """Replace the generator's model by a peft LoRA model: adapters of rank ``rank`` (``alpha``
     default ``2 · rank``) on every linear layer, or with ``targets`` a comma-separated list of
     module names (``q_proj,v_proj``) on the linear layers of those names only
-    (:func:`lora_target_modules`); only the adapters are trainable."""
+    (:func:`lora_target_modules`); only the adapters are trainable. ``decoder_only`` (a seq2seq
+    model, ``--query-only``): on the decoder's layers alone, the encoder left frozen."""
     from peft import LoraConfig, get_peft_model
 
+    modules = lora_target_modules(generator.model, targets)
+    if decoder_only:
+        output = generator.model.get_output_embeddings()
+        modules = [
+            name
+            for name, module in generator.model.named_modules()
+            if isinstance(module, torch.nn.Linear)
+            and name.startswith("decoder.")
+            and module is not output
+            and (modules == "all-linear" or name.rsplit(".", 1)[-1] in modules)
+        ]
     lora = LoraConfig(
         r=rank,
         lora_alpha=alpha or 2 * rank,
         lora_dropout=0.0,
-        target_modules=lora_target_modules(generator.model, targets),
+        target_modules=modules,
         task_type="SEQ_2_SEQ_LM" if generator.kind == "seq2seq" else "CAUSAL_LM",
     )
     generator.model = get_peft_model(generator.model, lora)

@@ -32,6 +32,7 @@ deletes that file when closed. It is never part of an artifact's payload.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
+from transformers.modeling_outputs import BaseModelOutput
 
 PREFIX_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DEFAULT_PREFIX_DTYPE = "bfloat16"
@@ -80,6 +82,16 @@ def adapters_off(model: nn.Module):
     return disable() if callable(disable) else contextlib.nullcontext()
 
 
+def is_seq2seq(model: nn.Module) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def token_shape(model: nn.Module) -> tuple[int, ...]:
+    """What the cache holds per prefix token: keys and values ``(2, layers, KV heads, head dim)`` of
+    a causal model, the encoder's output ``(d_model,)`` of a seq2seq one."""
+    return (model.config.d_model,) if is_seq2seq(model) else (2, *kv_shape(model))
+
+
 def kv_shape(model: nn.Module) -> tuple[int, int, int]:
     """``(layers, KV heads, head dim)`` of a causal model's cache."""
     config = model.config
@@ -98,9 +110,13 @@ def round_through(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def base_prefix_states(
     model: nn.Module, prefixes: Sequence[Sequence[int]], pad_id: int, batch_size: int = 8
 ) -> list[torch.Tensor]:
-    """Each prefix's keys and values under the frozen base model, ``[2, layers, heads, P_i, dim]``
-    in the model's dtype, computed without gradient in batches of similar length (left padding,
-    positions counted over each row's own tokens: a row's numbers are those it has alone)."""
+    """Each prefix's cache under the frozen base model, computed without gradient in batches of
+    similar length, in the model's dtype: a causal model's keys and values
+    ``[2, layers, heads, P_i, dim]`` (left padding, positions counted over each row's own tokens),
+    a seq2seq model's encoder output ``[P_i, d_model]`` (right padding, masked): a row's numbers
+    are those it has alone."""
+    if is_seq2seq(model):
+        return encoder_states(model, prefixes, pad_id, batch_size)
     device = next(model.parameters()).device
     order = sorted(range(len(prefixes)), key=lambda i: -len(prefixes[i]))
     states: list[torch.Tensor | None] = [None] * len(prefixes)
@@ -137,17 +153,48 @@ def base_prefix_states(
     return [s.cpu() for s in states]
 
 
+@torch.no_grad()
+def encoder_states(
+    model: nn.Module, sources: Sequence[Sequence[int]], pad_id: int, batch_size: int = 8
+) -> list[torch.Tensor]:
+    """Each source's encoder output ``[P_i, d_model]`` (the frozen encoder: adapters off)."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
+    states: list[torch.Tensor | None] = [None] * len(sources)
+    training = model.training
+    model.eval()
+    try:
+        with adapters_off(model):
+            encoder = model.get_encoder()
+            for start in range(0, len(order), batch_size):
+                chosen = order[start : start + batch_size]
+                width = max(len(sources[i]) for i in chosen)
+                ids = torch.tensor([list(sources[i]) + [pad_id] * (width - len(sources[i])) for i in chosen])
+                mask = torch.tensor([[1] * len(sources[i]) + [0] * (width - len(sources[i])) for i in chosen])
+                hidden = encoder(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+                for row, index in enumerate(chosen):
+                    states[index] = hidden[row, : len(sources[index])].cpu()
+    finally:
+        model.train(training)
+    return states
+
+
+def state_length(state: torch.Tensor) -> int:
+    """Prefix tokens of one cache (``[2, L, H, P, d]`` keys and values, or ``[P, d_model]``)."""
+    return state.shape[3] if state.dim() == 5 else state.shape[0]
+
+
 class PrefixStore:
     """The prefix caches of a training run's distinct prompts, computed once by the frozen base model
     (:func:`base_prefix_states`) and read by every step of every epoch.
 
-    Stored token-major in one flat buffer of ``dtype`` (``[tokens, 2, layers, heads, dim]``), each
-    prompt's tokens contiguous. In memory up to ``memory_limit`` bytes; past it a memory-mapped file
+    Stored token-major in one flat buffer of ``dtype`` (``[tokens, *``:func:`token_shape```]``),
+    each prompt's tokens contiguous. In memory up to ``memory_limit`` bytes; past it a memory-mapped file
     ``prefix_cache.bin`` in ``directory`` (a private directory: the store holds what the documents of
     private pairs computed), deleted by :meth:`close`.
 
     Args:
-        model: the causal model (PEFT adapters are switched off while the prefixes run).
+        model: the generator's model (PEFT adapters are switched off while the prefixes run).
         prefixes: token ids of each distinct prompt prefix.
         pad_id: the padding token.
         dtype: storage dtype (``torch.bfloat16`` halves fp32's memory).
@@ -168,10 +215,11 @@ class PrefixStore:
     ):
         memory_limit = MEMORY_LIMIT_BYTES if memory_limit is None else memory_limit
         self.dtype = dtype
-        self.layers, self.heads, self.dim = kv_shape(model)
+        self.token_shape = token_shape(model)
+        self.seq2seq = is_seq2seq(model)
         self.lengths = [len(p) for p in prefixes]
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
-        per_token = 2 * self.layers * self.heads * self.dim
+        per_token = math.prod(self.token_shape)
         total = int(self.offsets[-1]) * per_token
         self.nbytes = total * torch.empty(0, dtype=dtype).element_size()
         self.path: Path | None = None
@@ -187,21 +235,23 @@ class PrefixStore:
             storage = torch.uint16 if dtype == torch.bfloat16 else dtype
             mapped = np.memmap(self.path, dtype=_numpy_dtype(storage), mode="w+", shape=(total,))
             self.buffer = torch.from_numpy(mapped).view(dtype)
-        self.buffer = self.buffer.view(-1, 2, self.layers, self.heads, self.dim)
+        self.buffer = self.buffer.view(-1, *self.token_shape)
         chunk = max(batch_size * 16, 1)
         for start in range(0, len(prefixes), chunk):
             states = base_prefix_states(model, prefixes[start : start + chunk], pad_id, batch_size)
             for index, state in enumerate(states, start):
                 low, high = self.offsets[index], self.offsets[index + 1]
-                self.buffer[low:high] = state.permute(3, 0, 1, 2, 4).to(dtype)
+                tokens = state if self.seq2seq else state.permute(3, 0, 1, 2, 4)
+                self.buffer[low:high] = tokens.to(dtype)
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def state(self, index: int) -> torch.Tensor:
-        """Prefix ``index``'s keys and values, ``[2, layers, heads, P, dim]`` in fp32."""
+        """Prefix ``index``'s cache in fp32, as :func:`base_prefix_states` gives it."""
         low, high = self.offsets[index], self.offsets[index + 1]
-        return self.buffer[low:high].permute(1, 2, 3, 0, 4).float()
+        tokens = self.buffer[low:high].float()
+        return tokens if self.seq2seq else tokens.permute(1, 2, 3, 0, 4)
 
     def close(self) -> None:
         """Drop the cache; a memory-mapped file is deleted."""
@@ -250,6 +300,52 @@ def segment_batch(
     }
 
 
+def encoded_batch(
+    states: Sequence[torch.Tensor], targets: Sequence[Sequence[int]]
+) -> dict[str, torch.Tensor]:
+    """A query-only seq2seq batch: each row's cached encoder output (``[P_i, d_model]``)
+    right-padded into ``encoder_states`` ``[b, P, d_model]`` with its ``attention_mask``, and the
+    ``labels`` (query + EOS, −100 after): the decoder is all that runs."""
+    width = max(s.shape[0] for s in states)
+    hidden = torch.zeros(len(states), width, states[0].shape[1])
+    mask = torch.zeros(len(states), width, dtype=torch.long)
+    for row, state in enumerate(states):
+        hidden[row, : state.shape[0]] = state
+        mask[row, : state.shape[0]] = 1
+    length = max(len(t) for t in targets)
+    labels = torch.tensor([list(t) + [-100] * (length - len(t)) for t in targets])
+    return {"encoder_states": hidden, "attention_mask": mask, "labels": labels}
+
+
+class EncodedLM(nn.Module):
+    """A seq2seq model whose forward reads each row's cached encoder output from
+    ``encoder_states`` and runs the decoder only (adapters on the decoder alone, so the frozen
+    encoder's output is what a full forward would compute).
+
+    Args:
+        model: the seq2seq LM (a PEFT LoRA model with adapters on decoder layers only).
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def set_attn_implementation(self, implementation: str) -> None:
+        self.model.set_attn_implementation(implementation)
+
+    def forward(self, attention_mask: torch.Tensor, labels: torch.Tensor, encoder_states: torch.Tensor):
+        dtype = self.model.get_input_embeddings().weight.dtype
+        return self.model(
+            encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states.to(dtype)),
+            attention_mask=attention_mask,
+            labels=labels,
+        )
+
+
 class PrefixCachedLM(nn.Module):
     """A causal LM whose forward reads each row's prefix from ``prefix_keys`` / ``prefix_values``
     (tensors, so a batch moves, slices and ``vmap``\\ s like any other) and runs only the tokens
@@ -295,23 +391,23 @@ class PrefixCachedLM(nn.Module):
 
 
 class QueryOnlyView:
-    """A query-only generator as the training code sees it: ``model`` (:class:`PrefixCachedLM`),
-    ``kind`` and ``training_batch``, what :class:`~synthq.dp.lm.step.DPStep`, its clipping engines
-    and the learning check read of a generator.
+    """A query-only generator as the training code sees it: ``model`` (:class:`PrefixCachedLM`
+    for a causal model, :class:`EncodedLM` for a seq2seq one), ``kind`` and ``training_batch``,
+    what :class:`~synthq.dp.lm.step.DPStep`, its clipping engines and the learning check read of a
+    generator.
 
     Args:
-        generator: a causal :class:`~synthq.models.generator.QueryGenerator` with ``query_only``
-            set and LoRA adapters applied.
+        generator: a :class:`~synthq.models.generator.QueryGenerator` with ``query_only`` set and
+            LoRA adapters applied (on the decoder only, for a seq2seq model).
     """
 
-    kind = "causal"
-
     def __init__(self, generator):
-        if generator.kind != "causal" or not generator.query_only:
-            raise ValueError("a query-only view needs a causal generator in query-only mode")
+        if not generator.query_only:
+            raise ValueError("a query-only view needs a generator in query-only mode")
         self.generator = generator
+        self.kind = generator.kind
         self.tokenizer = generator.tokenizer
-        self.model = PrefixCachedLM(generator.model)
+        self.model = (EncodedLM if self.kind == "seq2seq" else PrefixCachedLM)(generator.model)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -325,6 +421,8 @@ class QueryOnlyView:
 
     def batch(self, states: Sequence[torch.Tensor], queries: list[str], max_target_length: int) -> dict:
         targets = self.generator.target_ids(queries, max_target_length)
+        if self.kind == "seq2seq":
+            return encoded_batch(states, targets)
         return segment_batch(states, self.generator.invocation_ids(), targets, self.tokenizer.pad_token_id)
 
     def training_batch(self, documents: list[str], queries: list[str], max_target_length: int = 128) -> dict:

@@ -160,7 +160,7 @@ def sample_queries(
     stop = stop_token_ids(generator) if stop_at_newline else [generator.tokenizer.eos_token_id]
     with torch.inference_mode():
         shared = {}
-        if generator.query_only:  # the frozen prefix cache, then the adapted invocation: as trained
+        if generator.query_only and generator.kind == "causal":  # frozen prefix, adapted invocation
             shared = query_only_prompt_state(generator, documents, batch)
         elif share_prompts:
             batch, shared = shared_prompt_state(generator, documents, batch)

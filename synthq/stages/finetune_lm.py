@@ -192,7 +192,11 @@ def _own_guarantee(config, plan, training: GeneratorTraining, units: PrivacyUnit
         "trainable": "LoRA adapters" if config.lora_rank else "all parameters",
     }
     if config.query_only:
-        details["trainable"] = "LoRA adapters on the invocation and query tokens (query-only; activated LoRA)"
+        details["trainable"] = (
+            "LoRA adapters on the decoder (query-only: the frozen encoder's output cached)"
+            if training.generator.kind == "seq2seq"
+            else "LoRA adapters on the invocation and query tokens (query-only; activated LoRA)"
+        )
     assumptions = [training.randomness.assumption(), public_count_assumption(units)]
     return plan.guarantee(mechanism=f"dp-{config.optimizer}", details=details, assumptions=assumptions)
 
@@ -410,13 +414,17 @@ def _set_up(config: FinetuneConfig, sources: _Sources, place) -> _Setup:
 
 def _query_only(settings: FinetuneConfig, generator: QueryGenerator, pairs, warmed: bool):
     """``--query-only``: the warm-started adapters (public) merged into the frozen base model and
-    fresh ones applied, which act on the invocation and query only (activated LoRA); the view that
-    DP steps train and the rows that read each document's prefix cache (built once in :func:`run`)."""
-    if warmed:
+    fresh ones applied, which act on the invocation and query only (activated LoRA; a seq2seq
+    model's on its decoder only, the frozen encoder's output cached); the view that DP steps train
+    and the rows that read each document's prefix cache (built once in :func:`run`)."""
+    seq2seq = generator.kind == "seq2seq"  # adapters on the decoder only: the encoder frozen
+    if warmed or seq2seq:
         if settings.seed is not None:
             torch.manual_seed(settings.seed)
         generator.model = generator.model.merge_and_unload()
-        apply_lora(generator, settings.lora_rank, settings.lora_alpha, settings.lora_targets)
+        apply_lora(
+            generator, settings.lora_rank, settings.lora_alpha, settings.lora_targets, decoder_only=seq2seq
+        )
         generator.model.to(distributed.device_for(settings.device))
         distributed.broadcast_parameters(generator.model)
         generator.model.train()

@@ -24,14 +24,21 @@ DOCS = [
 ]
 QUERIES = ["how long to boil an egg", "what does rebase do", "hours of sleep adults", "egg minutes"]
 MODES = ("ghost", "hooks", "vmap")
+MODELS = {"causal": "tiny_causal_dir", "seq2seq": "tiny_t5_dir"}
 
 
 def view_of(path, seed: int = 0) -> QueryOnlyView:
-    """A tiny causal generator with non-zero LoRA adapters in query-only mode, in train mode (the
-    hooks run only in training; the tiny Llama has no dropout)."""
+    """A tiny generator with non-zero LoRA adapters in query-only mode (a T5's on its decoder
+    only), in train mode (the hooks run only in training) with dropout off, so the ground truth
+    sees the same function."""
     generator = QueryGenerator.load(path, max_source_length=64)
     torch.manual_seed(seed)
-    apply_lora(generator, rank=4, alpha=8)
+    apply_lora(generator, rank=4, alpha=8, decoder_only=generator.kind == "seq2seq")
+    for module in generator.model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "dropout", None), float):  # T5's attention-probability dropout
+            module.dropout = 0.0
     with torch.no_grad():
         for name, parameter in generator.model.named_parameters():
             if "lora_B" in name:
@@ -59,21 +66,23 @@ def ground_truth(view: QueryOnlyView, make_batch) -> list[dict[str, torch.Tensor
     trainable = [(n, p) for n, p in view.model.named_parameters() if p.requires_grad]
     for row in range(len(DOCS)):
         example = make_batch([row])
-        inputs = model_inputs("causal", example)
-        inputs.pop("logits_to_keep")
-        loss = per_sequence_loss("causal", view.model(**inputs).logits, example["labels"]).sum()
+        inputs = model_inputs(view.kind, example)
+        inputs.pop("logits_to_keep", None)
+        loss = per_sequence_loss(view.kind, view.model(**inputs).logits, example["labels"]).sum()
         values = torch.autograd.grad(loss, [p for _, p in trainable])
         grads.append({n: g for (n, _), g in zip(trainable, values, strict=True)})
     return grads
 
 
+@pytest.mark.parametrize("kind", list(MODELS))
 @pytest.mark.parametrize("mode", MODES)
-def test_clipped_sum_matches_one_example_at_a_time_ground_truth(mode, tiny_causal_dir):
-    view = view_of(tiny_causal_dir)
+def test_clipped_sum_matches_one_example_at_a_time_ground_truth(mode, kind, request):
+    view = view_of(request.getfixturevalue(MODELS[kind]))
     make_batch = cached_batches(view)
     expected = ground_truth(view, make_batch)
     trainable = {n for n, p in view.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
+    assert not any("encoder." in n for n in trainable)  # a T5's encoder is frozen: its output cached
     truth = {n: torch.stack([g[n] for g in expected]) for n in trainable}
     weights = torch.tensor([1.0, 0.5, 1.0, 0.5])
     clip = 0.05  # below every example's norm: each is clipped
@@ -97,12 +106,13 @@ def test_clipped_sum_matches_one_example_at_a_time_ground_truth(mode, tiny_causa
     clipper.close()
 
 
-def test_every_mode_gives_the_same_dp_step(tiny_causal_dir):
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_every_mode_gives_the_same_dp_step(kind, request):
     """One DP step (same Poisson batch, same noise) lands on the same adapters in every mode,
     micro-batches of two rows whose prefixes differ in length."""
     results = {}
     for mode in MODES:
-        view = view_of(tiny_causal_dir)
+        view = view_of(request.getfixturevalue(MODELS[kind]))
         trainable = [p for p in view.model.parameters() if p.requires_grad]
         optimizer = torch.optim.SGD(trainable, lr=1.0)
         plan = PrivacyPlan.with_noise(0.3, 0.05, expected_batch_size=4)

@@ -134,11 +134,13 @@ def test_prefix_store_refuses_a_large_cache_without_a_private_directory(tiny_cau
         PrefixStore(generator.model, generator.prefix_ids(DOCS), 0, memory_limit=0)
 
 
-def test_query_only_needs_a_causal_model_and_a_template_tail(tiny_t5_dir, tiny_causal_dir):
+def test_query_only_needs_a_frozen_encoder_and_a_template_tail(tiny_t5_dir, tiny_causal_dir):
     from synthq.runtime.errors import SettingError
 
-    with pytest.raises(SettingError, match="causal"):
-        QueryGenerator.load(tiny_t5_dir).enable_query_only()
+    t5 = QueryGenerator.load(tiny_t5_dir)
+    apply_lora(t5, rank=4)  # on the encoder too: its output could not be cached
+    with pytest.raises(SettingError, match="decoder only"):
+        t5.enable_query_only()
     generator = QueryGenerator.load(tiny_causal_dir)
     generator.template = "Query for {document}"
     with pytest.raises(SettingError, match="no text after"):
@@ -212,3 +214,36 @@ def segment_batch_of(view: QueryOnlyView, state, tokens: list[int]) -> dict:
     batch = segment_batch(state, view.generator.invocation_ids(), [tokens], view.tokenizer.pad_token_id)
     batch.pop("labels")
     return batch
+
+
+def test_seq2seq_query_only_reads_the_cached_encoder_output_and_saves_a_plain_model(tmp_path, tiny_t5_dir):
+    """T5: adapters on the decoder only, so the frozen encoder's cached output is what a full
+    forward computes; merged, the saved model is a plain T5 with the same scores."""
+    generator = QueryGenerator.load(tiny_t5_dir, max_source_length=64)
+    torch.manual_seed(0)
+    apply_lora(generator, rank=4, alpha=8, decoder_only=True)
+    assert not any("encoder." in n for n, p in generator.model.named_parameters() if p.requires_grad)
+    with torch.no_grad():
+        for name, parameter in generator.model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    generator.model.eval()
+    full = generator.query_log_likelihood(DOCS, QUERIES)
+    generator.enable_query_only()
+    assert generator.prefix_dtype == "float32"
+    view = QueryOnlyView(generator)
+    store, rows = view.store(DOCS)
+    batch = view.batch([store.state(r) for r in rows], QUERIES, 128)
+    cached = per_sequence_loss(
+        "seq2seq", view.model(**model_inputs("seq2seq", batch)).logits, batch["labels"]
+    )
+    plain = generator.training_batch(DOCS, QUERIES, 128)
+    expected = per_sequence_loss(
+        "seq2seq", generator.model(**model_inputs("seq2seq", plain)).logits, plain["labels"]
+    )
+    torch.testing.assert_close(cached, expected, atol=1e-5, rtol=1e-5)
+    generator.save(tmp_path / "t5")
+    assert "query_only" not in json.loads((tmp_path / "t5" / "synthq_generator.json").read_text())
+    loaded = QueryGenerator.load(tmp_path / "t5")
+    assert not loaded.query_only
+    torch.testing.assert_close(loaded.query_log_likelihood(DOCS, QUERIES), full, atol=1e-4, rtol=1e-4)

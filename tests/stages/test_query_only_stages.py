@@ -78,3 +78,15 @@ def test_query_only_needs_lora_and_refuses_a_query_only_start(tmp_path, tiny_bei
 
     with pytest.raises(SettingError, match="query-only generator"):
         run_query_only(tmp_path, tiny_beir, first.path, "second", epsilon="inf", max_steps=1)
+
+
+def test_seq2seq_query_only_run_then_generate(tmp_path, tiny_beir, tiny_t5_dir):
+    artifact = run_query_only(tmp_path, tiny_beir, tiny_t5_dir, "t5", epsilon=8)
+    assert "frozen encoder" in json.dumps(artifact.manifest)
+    assert not (artifact.path / "query_adapter").exists()  # decoder adapters merge exactly
+    synthetic = generate.run(
+        GenerateConfig(
+            generator=artifact.path, corpus=str(tiny_beir), out=tmp_path / "syn", seed=1, max_new_tokens=8
+        )
+    )
+    assert (synthetic.path / "queries.jsonl").read_text().strip()
