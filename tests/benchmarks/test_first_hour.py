@@ -1,4 +1,4 @@
-"""benchmarks/first_hour.py runs the README guide's commands as written, on the shipped data."""
+"""benchmarks/first_hour.py runs the guide's commands (docs/own-data.md) as written, on the shipped data."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_the_guide_block_is_read_with_continuations_and_mapped_to_the_shipped_da
     assert quick["finetune-lm"][-2:] == ["--max-steps", "2"] and quick["eval"][-1] == "OUT/eval"
 
 
-def test_the_readme_guide_has_the_issue_command_and_every_step():
+def test_the_guide_page_has_the_issue_command_and_every_step():
     names = [name for name, _ in first_hour.commands("OUT")]
     assert names[:2] == ["finetune-lm", "generate"] and "eval" in names and "ledger" in names
     assert names.count("train-retriever") + names.count("train-retriever-2") == 2  # synthetic, baseline
