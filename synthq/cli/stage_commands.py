@@ -24,7 +24,8 @@ def plain_command(stage: str) -> Callable:
     """The command of a stage with nothing particular to the command line."""
 
     def command(options: ConfigOptions):
-        return stage_entry(stage).run_function()(options.config())
+        config = options.config()  # a bad option is refused before the stage imports torch
+        return stage_entry(stage).run_function()(config)
 
     command.__name__ = command.__qualname__ = f"{stage.replace('-', '_')}_command"
     return command
@@ -51,18 +52,21 @@ def generate_command(
         False, "--all", help="Generate for every corpus document (the default; overrides --split)."
     ),
 ):
-    from synthq.stages import generate
-
     shards = list(merge or []) + list(shards or [])
     if shards:
         if not merge:
             raise OptionError(f"unexpected argument {str(shards[0])!r}: give shard artifacts after --merge")
         if "out" not in options:
             raise OptionError("--out: required")
+        from synthq.stages import generate
+
         return generate.merge(shards, Path(options["out"]), force=bool(options.get("force")))
     if all_documents:
         options["split"] = None
-    return generate.run(options.config())
+    config = options.config()  # a bad option is refused before the stage imports torch
+    from synthq.stages import generate
+
+    return generate.run(config)
 
 
 def _train_retriever_result(artifact, mark: int) -> None:
@@ -94,7 +98,6 @@ def report_command(
     ),
 ):
     from synthq.config.loading import load_yaml
-    from synthq.stages import report
 
     if paper is not None:
         rows = load_yaml(paper).get("paper")
@@ -103,7 +106,10 @@ def report_command(
                 f"{paper}: expected a `paper:` list of rows (row, epsilon, dataset, ndcg@10, ...)"
             )
         options["paper"] = rows
-    return report.run(options.config())
+    config = options.config()
+    from synthq.stages import report
+
+    return report.run(config)
 
 
 # What a command adds to its stage: own options (its help line is the registry's summary)...
