@@ -36,6 +36,28 @@ def _lineage(inputs: list[dict], depth: int = 0, max_depth: int = 6) -> list[str
     return lines
 
 
+def _shown(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(
+            f"{k.replace('_', ' ')} {_shown(v)}" for k, v in value.items() if v not in (None, "")
+        )
+    if isinstance(value, list):
+        return f"{len(value)} entries (synthq info --json lists them)"
+    return str(value)
+
+
+def detail_lines(details: dict) -> list[str]:
+    """A guarantee's parameters as a reader wants them: names in words, nothing empty, no Python
+    repr of a record (issue #74: ``accountant_fallback:`` and a dict were printed as stored)."""
+    return [
+        f"{key.replace('_', ' ')}: {_shown(value)}"
+        for key, value in details.items()
+        if value not in (None, "", [], {})
+    ]
+
+
 def info_command(
     path: Path = typer.Argument(..., metavar="DIR", help="An artifact directory written by a synthq stage."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
@@ -66,8 +88,8 @@ def info_command(
         result(f"  {guarantee.note}")
     for assumption in guarantee.assumptions:
         result(f"  [yellow]assuming[/]: {assumption}")
-    for key, value in guarantee.details.items():
-        result(f"  {key}: {value}")
+    for line in detail_lines(guarantee.details):
+        result(f"  {line}", markup=False)
     for release in artifact.releases:
         own = Guarantee.from_manifest(release["guarantee"])
         units = release.get("units") or {}
