@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from synthq.config.generator import FinetuneConfig, GenerateConfig
 from synthq.models import query_only
@@ -90,3 +91,37 @@ def test_seq2seq_query_only_run_then_generate(tmp_path, tiny_beir, tiny_t5_dir):
         )
     )
     assert (synthetic.path / "queries.jsonl").read_text().strip()
+
+
+@pytest.mark.slow
+def test_interrupted_query_only_run_deletes_its_cache_and_resumes_to_the_same_adapter(
+    tmp_path, tiny_beir, tiny_causal_dir, monkeypatch
+):
+    from synthq.artifacts.manifest import partial_dir
+
+    monkeypatch.setattr(query_only, "MEMORY_LIMIT_BYTES", 0)
+    options = dict(epsilon=8.0, epochs=6, checkpoint_every=3, batch_size=4)
+    reference = run_query_only(tmp_path, tiny_beir, tiny_causal_dir, "reference", **options)
+    original_step = finetune_lm.GeneratorTraining.step
+    calls = {"n": 0}
+
+    def interrupted(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return original_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(finetune_lm.GeneratorTraining, "step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_query_only(tmp_path, tiny_beir, tiny_causal_dir, "resumed", **options)
+    checkpoints = partial_dir(tmp_path / "resumed") / "checkpoints"
+    assert (checkpoints / "state.pt").is_file()
+    assert not (checkpoints / query_only.PREFIX_FILE).exists()  # the cache goes however training ends
+    monkeypatch.setattr(finetune_lm.GeneratorTraining, "step", original_step)
+    resumed = run_query_only(tmp_path, tiny_beir, tiny_causal_dir, "resumed", resume=True, **options)
+    assert resumed.privacy.epsilon == reference.privacy.epsilon
+    first = QueryGenerator.load(reference.path).model.state_dict()
+    second = QueryGenerator.load(resumed.path).model.state_dict()
+    assert any("lora_B" in name for name in first)
+    for name, value in first.items():
+        torch.testing.assert_close(second[name], value)
