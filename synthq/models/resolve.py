@@ -125,8 +125,18 @@ def resolve_model(spec: str) -> Path:
         if not (path / "config.json").is_file() and not (path / "modules.json").is_file():
             raise ModelResolutionError(f"{path}: not a model directory (no config.json)")
         return path
+    if path.exists():  # a file (a weights file, a GGUF): never a hub id, and no network wait
+        raise ModelResolutionError(
+            f"{spec}: is a file, not a model directory; give the directory save_pretrained wrote "
+            "(with config.json)"
+        )
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise ModelResolutionError(f"{spec}: no such model directory")
+    if "/" in spec and Path(spec.split("/")[0]).expanduser().is_dir():  # runs/gen, not org/name
+        raise ModelResolutionError(
+            f"{spec}: no such model directory (./{spec.split('/')[0]} is a local directory, so this is "
+            "read as a path, not as a hub id)"
+        )
     try:
         from huggingface_hub import snapshot_download
 

@@ -53,3 +53,21 @@ def test_smollm2_alias_converts_once_and_generates(monkeypatch, tmp_path):
     inputs = tokenizer("The capital of France is", return_tensors="pt")
     output = model.generate(**inputs, max_new_tokens=3, do_sample=False)
     assert "Paris" in tokenizer.decode(output[0])
+
+
+def test_a_file_or_a_path_under_a_local_directory_is_never_looked_up_on_the_hub(tmp_path, monkeypatch):
+    """Issue #74: a weights file or a mistyped ``runs/gen`` was taken for a hub id (30 s of
+    network wait before the error)."""
+    import huggingface_hub
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("looked up on the hub")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ModelResolutionError, match="is a file, not a model directory"):
+        resolve_model("model.safetensors")
+    with pytest.raises(ModelResolutionError, match=r"no such model directory \(./runs is a local directory"):
+        resolve_model("runs/gen")
