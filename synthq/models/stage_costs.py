@@ -154,17 +154,22 @@ def reference_probe_seconds() -> float:
 
 def run_probe() -> float:
     """Seconds for the probe here (median of :data:`PROBE_REPEATS`, after a warm-up), at the
-    threads a stage takes on this machine now (:func:`synthq.runtime.threads.thread_count`: one
-    where the cores are busy; two threads on busy cores ran this probe 9× slower than one): one
-    MiniLM-L6-shaped encoder layer, forward and
+    threads of the stage that asks (torch's setting, which the stage made), or where torch is not
+    loaded yet (``synthq plan``) at those a stage would take now
+    (:func:`synthq.runtime.threads.thread_count`: one where the cores are busy; two threads on
+    busy cores ran this probe up to 10× slower than one): one MiniLM-L6-shaped encoder layer,
+    forward and
     backward over :data:`PROBE_PAIRS` pairs of a 32-token query and a 128-token document,
     in-batch softmax. Leaves torch's thread count as it found it."""
+    import sys
+
+    loaded = "torch" in sys.modules
     import torch
 
     from synthq.runtime.threads import thread_count
 
     before = torch.get_num_threads()
-    torch.set_num_threads(thread_count())
+    torch.set_num_threads(before if loaded else thread_count())
     try:
         generator = torch.Generator().manual_seed(0)
         with torch.random.fork_rng(devices=[]):
@@ -214,10 +219,13 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_speed(probe=None, now: float | None = None) -> MachineSpeed | None:
+def machine_speed(
+    probe=None, now: float | None = None, max_age: float = PROBE_MAX_AGE
+) -> MachineSpeed | None:
     """This machine's :class:`MachineSpeed`: ``SYNTHQ_MACHINE_FACTOR`` when set; None with
     ``SYNTHQ_MACHINE_PROBE=0``; else the probe's (``probe()``, default :func:`run_probe`) over
-    :func:`reference_probe_seconds`, from the cache when this machine ran it in the last hour."""
+    :func:`reference_probe_seconds`, from the cache when this machine ran it in the last
+    ``max_age`` seconds (a stage: an hour; ``synthq plan`` takes any, saying how old)."""
     given = os.environ.get(MACHINE_FACTOR, "").strip()
     if given:
         try:
@@ -235,13 +243,15 @@ def machine_speed(probe=None, now: float | None = None) -> MachineSpeed | None:
     key = _machine_key()
     cached = _read_probe()
     entry = cached.get(key)
-    if isinstance(entry, dict) and 0 <= now - float(entry.get("at", -math.inf)) <= PROBE_MAX_AGE:
+    age = now - float(entry.get("at", -math.inf)) if isinstance(entry, dict) else math.inf
+    if 0 <= age <= max_age:
         seconds = float(entry["seconds"])
     else:
-        seconds = (probe or run_probe)()
+        seconds, age = (probe or run_probe)(), 0.0
         cached[key] = {"seconds": seconds, "at": now}
         _write_probe(cached)
-    return MachineSpeed(seconds / reference_probe_seconds(), "probe")
+    basis = "probe" if age <= PROBE_MAX_AGE else f"probe {age / 3600:.0f} h ago"
+    return MachineSpeed(seconds / reference_probe_seconds(), basis)
 
 
 def _probe_path():

@@ -75,3 +75,16 @@ def test_the_line_a_stage_prints_gives_this_machines_minutes_and_their_basis(pro
     monkeypatch.setenv(stage_costs.MACHINE_FACTOR, "2.5")  # what a stage's default reads, once a process
     assert stage_costs.expected_line(3 * 3600).startswith("expected about 7.5 h on this machine")
     assert stage_costs.expected_line(None).startswith("expected time: no measured cost")
+
+
+def test_a_plan_takes_an_old_probe_and_says_how_old(probing):
+    reference = stage_costs.reference_probe_seconds()
+    stage_costs.machine_speed(probe=lambda: 3 * reference, now=0.0)
+    later = 5 * 3600.0
+
+    def no_probe():
+        raise AssertionError("probed")
+
+    old = stage_costs.machine_speed(probe=no_probe, now=later, max_age=float("inf"))
+    assert old == stage_costs.MachineSpeed(pytest.approx(3.0), "probe 5 h ago")
+    assert stage_costs.machine_speed(probe=lambda: reference, now=later).basis == "probe"  # a stage probes
