@@ -280,6 +280,13 @@ def _write_probe(data: dict) -> None:
 
 @functools.cache
 def _this_machine() -> MachineSpeed | None:
+    """The stage's machine speed, once a process; none where a CUDA GPU is visible (the probe
+    times the CPU, and the line says a GPU takes far less)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return None
     return machine_speed()
 
 
