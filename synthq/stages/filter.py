@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result, input_location
@@ -157,68 +159,115 @@ def _generator_record(synthetic: Artifact) -> dict:
     return record
 
 
-@precision.stage
-def run(config: FilterConfig) -> Artifact:
+@dataclass(frozen=True)
+class _Sources:
+    """What a filter reads: the synthetic set, the scoring retriever or generator, the ranking corpus."""
+
+    synthetic: Artifact
+    retriever: Any | None  # a ModelInput (consistency with a dense retriever)
+    generator_record: dict | None  # likelihood: the set's generator
+    ranking_root: Path | None  # --corpus: the corpus its queries are ranked in
+    records: list[dict]
+
+
+@dataclass(frozen=True)
+class _SyntheticSet:
+    """The set's queries, each with its split and its own document, and the set's corpus."""
+
+    queries: dict[str, str]
+    splits: dict[str, str]
+    own_document: dict[str, str]
+    corpus: Any
+
+
+def _resolve_sources(config: FilterConfig) -> _Sources:
     synthetic = artifact_input(config.synthetic, stage=SYNTHETIC_STAGES)
-    inputs = [synthetic.input_record()]
-    retriever = generator_record = None
+    records = [synthetic.input_record()]
+    retriever = generator_record = ranking_root = None
     if config.method == "consistency" and config.retriever != "bm25":
         retriever = model_input(config.retriever, stage="train-retriever")
-        inputs.append(retriever.record)
+        records.append(retriever.record)
     if config.method == "likelihood":
         generator_record = _generator_record(synthetic)
-        inputs.append({**generator_record, "role": "model"})
-    ranking_root = None
+        records.append({**generator_record, "role": "model"})
     if config.corpus is not None:
         if config.method != "consistency":
             raise SettingError(
                 "--corpus applies to --method consistency (the corpus its queries are ranked in)"
             )
         ranking_root = resolve_source(config.corpus)
-        inputs.append({**public_file_record(ranking_root / "corpus.jsonl", config.corpus), "role": "corpus"})
-    if (done := existing_result(STAGE, config, inputs)) is not None:
-        return done
-    started = time.perf_counter()  # the scoring runs before the artifact is opened
+        records.append({**public_file_record(ranking_root / "corpus.jsonl", config.corpus), "role": "corpus"})
+    return _Sources(synthetic, retriever, generator_record, ranking_root, records)
+
+
+def _read_set(synthetic: Artifact) -> _SyntheticSet:
     data = load_beir_dir(synthetic.path)
     splits = {q: split for split, qrels in data.qrels.items() for q in qrels}
     own_document = {q: next(iter(data.qrels[split][q])) for q, split in splits.items()}
     queries = {q: data.queries[q] for q in splits}
-    corpus = data.corpus
     if not queries:
         raise DataError("the synthetic set holds no queries", synthetic.path)
+    return _SyntheticSet(queries, splits, own_document, data.corpus)
+
+
+def _kept_queries(config: FilterConfig, sources: _Sources, written: _SyntheticSet) -> set[str]:
+    """The ids the method keeps: round-trip consistent, most likely, or all (``none``)."""
     device = resolve_device(config.device)
+    queries, own_document = written.queries, written.own_document
     if config.method == "consistency":
-        searched = corpus if ranking_root is None else _ranking_corpus(ranking_root, own_document)
-        if retriever is None:
+        searched = (
+            written.corpus
+            if sources.ranking_root is None
+            else _ranking_corpus(sources.ranking_root, own_document)
+        )
+        if sources.retriever is None:
             from synthq.retrieval.bm25 import bm25_search
 
             ranked = bm25_search(searched, queries, config.top_k)
         else:
-            ranked = _dense_ranking(retriever, searched, queries, config, device)
+            ranked = _dense_ranking(sources.retriever, searched, queries, config, device)
         kept = round_trip_kept(ranked, own_document, config.top_k)
     elif config.method == "likelihood":
-        scores = _mean_log_likelihoods(
-            Path(generator_record["path"]), corpus, queries, own_document, config, device
-        )
+        path = Path(sources.generator_record["path"])
+        scores = _mean_log_likelihoods(path, written.corpus, queries, own_document, config, device)
         kept = most_likely_kept(scores, own_document, config.keep)
     else:
         kept = set(queries)
     if not kept:
         raise DataError(
-            f"{config.method} filtering kept no query; loosen it (--top-k, --keep)", synthetic.path
+            f"{config.method} filtering kept no query; loosen it (--top-k, --keep)", sources.synthetic.path
         )
+    return kept
+
+
+def _kept_qrels(
+    config: FilterConfig, written: _SyntheticSet, kept: set[str], where: Path
+) -> tuple[dict, set]:
+    """The kept queries' qrels by split: with ``--holdout-documents N`` the queries of N documents
+    drawn by a public rule form the synthetic dev split; the held-out documents."""
+    corpus = written.corpus
     held_out = (
         holdout_documents(sorted(corpus), config.holdout_documents) if config.holdout_documents else set()
     )
     qrels: dict[str, dict[str, dict[str, int]]] = {}
     for query_id in sorted(kept):
-        doc_id = own_document[query_id]
-        split = HOLDOUT_SPLIT if doc_id in held_out else (splits[query_id] if not held_out else "train")
+        doc_id = written.own_document[query_id]
+        split = (
+            HOLDOUT_SPLIT if doc_id in held_out else (written.splits[query_id] if not held_out else "train")
+        )
         qrels.setdefault(split, {})[query_id] = {doc_id: 1}
     if "train" not in qrels:
-        raise DataError("no training query left outside the held-out documents", synthetic.path)
-    with create_artifact(config.out, STAGE, config, inputs) as writer:
-        write_beir_dir(writer.dir, corpus, {q: queries[q] for q in kept}, qrels)
+        raise DataError("no training query left outside the held-out documents", where)
+    return qrels, held_out
+
+
+def _write(
+    config: FilterConfig, sources: _Sources, written: _SyntheticSet, kept, qrels, held_out, started
+) -> None:
+    """The filtered set, its counts, and what it inherits (the set's releases; a retriever's)."""
+    queries, own_document = written.queries, written.own_document
+    with create_artifact(config.out, STAGE, config, sources.records) as writer:
+        write_beir_dir(writer.dir, written.corpus, {q: queries[q] for q in kept}, qrels)
         writer.metrics.update(
             {
                 "method": config.method,
@@ -231,10 +280,24 @@ def run(config: FilterConfig) -> Artifact:
                 "dev_documents": len(held_out),
             }
         )
-        writer.inherit(synthetic)
+        writer.inherit(sources.synthetic)
         writer.timings["wall_seconds"] = round(time.perf_counter() - started, 3)
-        if retriever is not None:
-            if retriever.artifact is not None:
-                writer.inherit(retriever.artifact)
-            writer.assume(*retriever.guarantee.assumptions)
+        if sources.retriever is not None:
+            if sources.retriever.artifact is not None:
+                writer.inherit(sources.retriever.artifact)
+            writer.assume(*sources.retriever.guarantee.assumptions)
+
+
+@precision.stage
+def run(config: FilterConfig) -> Artifact:
+    """Resolve the set and what scores it, score and keep its queries, split off the held-out
+    documents' queries, and write the filtered set (post-processing: it inherits the set's ε)."""
+    sources = _resolve_sources(config)
+    if (done := existing_result(STAGE, config, sources.records)) is not None:
+        return done
+    started = time.perf_counter()  # the scoring runs before the artifact is opened
+    written = _read_set(sources.synthetic)
+    kept = _kept_queries(config, sources, written)
+    qrels, held_out = _kept_qrels(config, written, kept, sources.synthetic.path)
+    _write(config, sources, written, kept, qrels, held_out, started)
     return open_artifact(config.out, STAGE)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result
@@ -110,14 +112,18 @@ def mauve_scores(
     ]
 
 
-@precision.stage
-def run(config: SimilarityConfig) -> Artifact:
-    synthetic = artifact_input(config.synthetic, stage=SYNTHETIC_STAGES)
-    root = resolve_source(config.original)
-    inputs = [synthetic.input_record(), data_input_record(root, name=config.original, private=True)]
-    if (done := existing_result(STAGE, config, inputs)) is not None:
-        return done
-    started = time.perf_counter()
+@dataclass(frozen=True)
+class _Pairs:
+    """The synthetic queries aligned with the original queries of the same documents."""
+
+    hypotheses: list[str]
+    references: list[list[str]]
+    originals: list[str]
+    read: list[str]  # the original query ids read (the release's units)
+    original_queries: dict[str, str]
+
+
+def _aligned(config: SimilarityConfig, synthetic: Artifact, root: Path) -> _Pairs:
     original = load_source(config.original, splits=[config.split])
     qrels = original.require_split(config.split)
     hypotheses, references = aligned_pairs(synthetic, original.queries, qrels)
@@ -130,55 +136,69 @@ def run(config: SimilarityConfig) -> Artifact:
                 f"only {count} {name} queries: MAUVE needs at least {config.min_samples} per side to mean "
                 "anything (lower --min-samples only for smoke tests)"
             )
-    device = resolve_device(config.device)
-    bleu_score, signature = bleu(hypotheses, references)
+    return _Pairs(hypotheses, references, originals, list(qrels), original.queries)
+
+
+def _scores(config: SimilarityConfig, pairs: _Pairs, synthetic: Artifact) -> dict:
+    """BLEU against the same document's originals, MAUVE over ``mauve_seeds`` runs, diversity."""
+    hypotheses, originals = pairs.hypotheses, pairs.originals
+    bleu_score, signature = bleu(hypotheses, pairs.references)
     mauve_values = mauve_scores(
-        originals,
-        hypotheses,
-        config.encoder,
-        config.mauve_seeds,
-        config.mauve_scaling_factor,
-        config.seed,
-        device,
-    )
+        originals, hypotheses, config.encoder, config.mauve_seeds, config.mauve_scaling_factor, config.seed,
+        resolve_device(config.device),
+    )  # fmt: skip
     original_set = {q.strip().lower() for q in originals}
     copies = sum(h.strip().lower() in original_set for h in hypotheses)
+    epsilon = synthetic.privacy.epsilon
+    return {
+        "pairs": len(hypotheses),
+        "bleu": bleu_score,
+        "bleu_signature": signature,
+        "mauve_mean": statistics.fmean(mauve_values),
+        "mauve_std": statistics.pstdev(mauve_values),
+        "mauve_runs": mauve_values,
+        "mauve_features": config.encoder,
+        "distinct_1": distinct_n(hypotheses, 1),
+        "distinct_2": distinct_n(hypotheses, 2),
+        "original_distinct_2": distinct_n(originals, 2),
+        "mean_words_synthetic": statistics.fmean(len(h.split()) for h in hypotheses),
+        "mean_words_original": statistics.fmean(len(o.split()) for o in originals),
+        "verbatim_copy_rate": copies / len(hypotheses),
+        "synthetic_epsilon": epsilon if math.isfinite(epsilon) else "inf",
+    }
+
+
+def _table(synthetic: Artifact, metrics: dict) -> str:
+    return (
+        "These scores read the private queries: this table is ε = ∞ (for the data owner); the "
+        "second column is the synthetic set's own ε.\n\n"
+        "| synthetic set | synthetic set's ε | BLEU | MAUVE | distinct-2 | verbatim copies |\n"
+        "|---|---|---|---|---|---|\n"
+        f"| {synthetic.path.name} | {format_epsilon(synthetic.privacy.epsilon)} | {metrics['bleu']:.2f} "
+        f"| {metrics['mauve_mean']:.3f} ± {metrics['mauve_std']:.3f} "
+        f"| {metrics['distinct_2']:.3f} | {100 * metrics['verbatim_copy_rate']:.1f}% |\n"
+    )
+
+
+@precision.stage
+def run(config: SimilarityConfig) -> Artifact:
+    """Align the synthetic queries with the original split's, score them, and write the scores
+    with their release: they read the private queries without noise (ε = ∞)."""
+    synthetic = artifact_input(config.synthetic, stage=SYNTHETIC_STAGES)
+    root = resolve_source(config.original)
+    inputs = [synthetic.input_record(), data_input_record(root, name=config.original, private=True)]
+    if (done := existing_result(STAGE, config, inputs)) is not None:
+        return done
+    started = time.perf_counter()
+    pairs = _aligned(config, synthetic, root)
+    metrics = _scores(config, pairs, synthetic)
     with create_artifact(config.out, STAGE, config, inputs) as writer:
-        writer.metrics.update(
-            {
-                "pairs": len(hypotheses),
-                "bleu": bleu_score,
-                "bleu_signature": signature,
-                "mauve_mean": statistics.fmean(mauve_values),
-                "mauve_std": statistics.pstdev(mauve_values),
-                "mauve_runs": mauve_values,
-                "mauve_features": config.encoder,
-                "distinct_1": distinct_n(hypotheses, 1),
-                "distinct_2": distinct_n(hypotheses, 2),
-                "original_distinct_2": distinct_n(originals, 2),
-                "mean_words_synthetic": statistics.fmean(len(h.split()) for h in hypotheses),
-                "mean_words_original": statistics.fmean(len(o.split()) for o in originals),
-                "verbatim_copy_rate": copies / len(hypotheses),
-                "synthetic_epsilon": synthetic.privacy.epsilon
-                if math.isfinite(synthetic.privacy.epsilon)
-                else "inf",
-            }
-        )
-        (writer.dir / "similarity.md").write_text(
-            "These scores read the private queries: this table is ε = ∞ (for the data owner); the "
-            "second column is the synthetic set's own ε.\n\n"
-            "| synthetic set | synthetic set's ε | BLEU | MAUVE | distinct-2 | verbatim copies |\n"
-            "|---|---|---|---|---|---|\n"
-            f"| {synthetic.path.name} | {format_epsilon(synthetic.privacy.epsilon)} | {bleu_score:.2f} "
-            f"| {writer.metrics['mauve_mean']:.3f} ± {writer.metrics['mauve_std']:.3f} "
-            f"| {writer.metrics['distinct_2']:.3f} | {100 * copies / len(hypotheses):.1f}% |\n",
-            encoding="utf-8",
-        )
+        writer.metrics.update(metrics)
+        (writer.dir / "similarity.md").write_text(_table(synthetic, metrics), encoding="utf-8")
         writer.inherit(synthetic)
         reason = "similarity scores are computed from the original private queries without noise (ε = ∞)"
-        read = list(qrels)
-        texts = [original.queries[q] for q in read]
-        writer.release(Guarantee.non_private(reason, unit="query"), inputs[1], read, texts=texts)
+        texts = [pairs.original_queries[q] for q in pairs.read]
+        writer.release(Guarantee.non_private(reason, unit="query"), inputs[1], pairs.read, texts=texts)
         writer.timings["wall_seconds"] = round(time.perf_counter() - started, 3)
     result((config.out / "similarity.md").read_text(encoding="utf-8"), markup=False)
     return open_artifact(config.out, STAGE)
