@@ -49,7 +49,7 @@ STAGES: dict[str, StageEntry] = {  # in the order ``synthq --help`` lists them
         "out for tuning: post-processing, no ε.",
     ),
     "evolve": StageEntry(
-        "synthq.stages.evolve", EvolveConfig,
+        "synthq.stages.evolve.recipe", EvolveConfig,
         "Private Evolution: a public model writes queries, the private pairs vote with DP noise "
         "(no fine-tuning).",
     ),

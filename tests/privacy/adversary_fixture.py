@@ -232,7 +232,6 @@ def run_world(root: Path, data: Path, unit: str, causal: Path, encoder: Path, au
     from synthq.stages import (
         canary_audit,
         evaluate,
-        evolve,
         finetune_lm,
         generate,
         report,
@@ -242,6 +241,7 @@ def run_world(root: Path, data: Path, unit: str, causal: Path, encoder: Path, au
     from synthq.stages import (
         filter as filter_stage,
     )
+    from synthq.stages.evolve import recipe as evolve
 
     world = World(Path(root), Path(data), unit)
     arts = world.root / "artifacts"

@@ -20,7 +20,8 @@ from synthq.privacy import keys
 from synthq.privacy.digests import artifact_digest, file_record, judged_set_digest
 from synthq.runtime.errors import ArtifactError
 from synthq.runtime.hashing import sha256_file, sha256_tree
-from synthq.stages import evaluate, evolve, generate, train_retriever
+from synthq.stages import evaluate, generate, train_retriever
+from synthq.stages.evolve import recipe as evolve
 from tests.helpers import evolve_config, finetune, private_copy, released_text, retriever_config
 
 

@@ -27,7 +27,8 @@ from synthq.dp.lm.per_query import PerQueryClipping
 from synthq.privacy.accounting import check_recorded_epsilon, per_query, validate_budget
 from synthq.privacy.guarantee import Guarantee, compose_all, compose_releases
 from synthq.runtime.errors import PrivacyError
-from synthq.stages import evolve, train_retriever
+from synthq.stages import train_retriever
+from synthq.stages.evolve import recipe as evolve
 from tests.helpers import evolve_config, one_line, retriever_config, run_main
 from tests.privacy.test_user_level import with_users
 

@@ -25,7 +25,8 @@ from synthq.dp.evolution import (
     vote_histogram,
 )
 from synthq.dp.privacy_units import PrivacyUnits
-from synthq.stages import evaluate, evolve, train_retriever
+from synthq.stages import evaluate, train_retriever
+from synthq.stages.evolve import recipe as evolve
 from synthq.stages.evolve.population import Population, best_per_document, ranked_per_document
 from tests.helpers import evolve_config, released_text, retriever_config
 
