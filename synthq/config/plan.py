@@ -79,6 +79,13 @@ class PlanConfig(BaseModel):
     def _whole_number_or_auto(cls, value):
         return batch_size_or_auto(value)
 
+    @field_validator("epsilon", mode="before")
+    @classmethod
+    def _a_number(cls, value):
+        if isinstance(value, str | float) and str(value).strip().lower() == "nan":
+            raise ValueError("must be a finite number > 0, not nan")
+        return value
+
     @field_validator("epsilon")
     @classmethod
     def _finite(cls, value: float) -> float:

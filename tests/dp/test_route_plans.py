@@ -192,7 +192,7 @@ SIZE = ["--units", "44", "--documents", "9"]
         (["--units", "44"], "give --data, or both --units and --documents"),
         (["--units", "44", "--documents", "9", "--privacy-unit", "person"], "'person' is not one of"),
         (["--units", "44", "--documents", "9", "--epsilon", "inf"], "finite ε"),
-        (["--units", "44", "--documents", "9", "--epsilon", "nan"], "--epsilon: must be greater than 0"),
+        (["--units", "44", "--documents", "9", "--epsilon", "nan"], "--epsilon: must be a finite number > 0"),
         (["--units", "44", "--documents", "9", "--epsilon", "0"], "--epsilon: must be greater than 0"),
         (["--units", "44", "--documents", "9", "--generator-batch-size", "big"], "whole number ≥ 1, or auto"),
         ([*SIZE, "--generator-epochs", "-1"], "--generator-epochs: must be greater"),
