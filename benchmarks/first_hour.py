@@ -4,15 +4,15 @@
     python benchmarks/first_hour.py --quick [--out DIR]    # a smoke run: 2 steps, 32 documents
     python benchmarks/first_hour.py --data data/pylibs-long # the same on long documents
 
-The commands are read from docs/own-data.md, "Your own data in the first hour" (its first ``bash``
-block after that heading; the README links there), so the benchmark runs what a user copies: ``mylog`` becomes the
-shipped ``embedded`` data (a query log of the guide's shape: 1,212 private queries of 475 users,
-606 documents of p95 80 tokens), or ``--data`` (``data/pylibs-long``: 622 documents of p95 696
-tokens, 402 private queries of 80 users), and ``runs/`` the output directory. Each runs as a
-user runs it, a fresh ``synthq`` process, under ``/usr/bin/time -v`` when it is there (its
-"Maximum resident set size" is that command's peak RSS; without it, the children's ``getrusage``
-peak so far, which can only grow). ``--quick`` adds ``--max-steps 2`` to training and
-``--limit 32`` to generation.
+The commands are read from docs/own-data.md, "Your own data in the first hour" (its first
+``bash`` block after that heading; the README links there), so the benchmark runs what a user
+copies: ``mylog`` becomes the shipped ``embedded`` data (a query log of the guide's shape: 1,212
+private queries of 475 users, 606 documents of p95 80 tokens), or ``--data``
+(``data/pylibs-long``: 622 documents of p95 696 tokens, 402 private queries of 80 users), and
+``runs/`` the output directory. Each runs as a user runs it, a fresh ``synthq`` process, under
+``/usr/bin/time -v`` when it is there (its "Maximum resident set size" is that command's peak
+RSS; without it, the children's ``getrusage`` peak so far, which can only grow). ``--quick`` adds
+``--max-steps 2`` to training and ``--limit 32`` to generation.
 
 The record: each command's wall seconds, peak RSS (GB) and exit status, against the aims (peak
 ≤ 4 GB each; the whole flow within 30 minutes on 2 idle cores).

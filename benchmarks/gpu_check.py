@@ -101,7 +101,7 @@ def build_models(root: Path, sizes: Sizes) -> dict[str, Path]:
         T5ForConditionalGeneration,
     )
 
-    from tests.helpers import build_tokenizer
+    from benchmarks.tiny import build_tokenizer
 
     real = sizes.real_models
     paths = {name: root / name for name in ("smollm2-135m", "t5-base", "minilm-l6")}
@@ -143,7 +143,7 @@ def texts(count: int, words: int, seed: int = 0) -> list[str]:
     """``count`` different documents of about ``words`` words, from the tiny corpus' vocabulary."""
     import random
 
-    from tests.helpers import all_texts
+    from benchmarks.tiny import all_texts
 
     vocabulary = sorted({w for t in all_texts() for w in t.lower().split()})
     rng = random.Random(seed)
@@ -234,11 +234,11 @@ def generator_norms(path: Path, device: str, sizes: Sizes) -> list[dict]:
     """``ghost`` and ``hooks`` per-example norms at fp32 and bf16 against the fp32 ground truth."""
     import torch
 
+    from benchmarks.tiny import ground_truth
+    from benchmarks.tiny import load_for_ground_truth as load
     from synthq.dp.clipping import norm
     from synthq.dp.lm.clippers import make_clipper
     from synthq.runtime.precision import use_precision
-    from tests.dp.test_lm import ground_truth
-    from tests.dp.test_lm_hooks import load
 
     generator = load(path)
     generator.model.to(device)
@@ -545,7 +545,7 @@ def profile(path: Path, device: str, sizes: Sizes) -> dict:
 
 def stage_chain(root: Path, device: str, use_torchrun: bool) -> list[dict]:
     """The demo's stage chain on tiny data and tiny models, each stage a fresh process."""
-    from tests.helpers import tiny_causal, write_tiny_beir
+    from benchmarks.tiny import tiny_causal, write_tiny_beir
 
     data = write_tiny_beir(root / "beir")
     generator = tiny_causal(root / "tiny-causal")

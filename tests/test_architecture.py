@@ -175,3 +175,14 @@ def test_cli_and_config_import_no_heavy_library_at_module_level():
         if imported.split(".")[0] in heavy
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_benchmarks_import_nothing_of_the_tests():
+    """``benchmarks/`` (the GPU check above all, which runs on a bare machine) builds its tiny models
+    and its ground truth from ``benchmarks/tiny.py``; the tests may import benchmarks, never the
+    other way round."""
+    offenders = []
+    for path in sorted((PACKAGE.parent / "benchmarks").glob("*.py")):
+        found = [m for m in _imports(path) if m == "tests" or m.startswith("tests.")]
+        offenders += [f"{path.name} imports {m}" for m in found]
+    assert not offenders, offenders

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.tiny import ground_truth
 from synthq.dp.clipping import clip_and_sum
 from synthq.dp.lm.clippers import PerSampleGradients, prepare_model_for_per_sample_gradients
 from synthq.models.generator import QueryGenerator
-from synthq.models.sequence_loss import model_inputs, per_sequence_loss
 
 DOCS = [
     "Boil eggs for nine minutes for a firm yolk.",
@@ -28,20 +28,6 @@ def load(path, lora: bool = False) -> QueryGenerator:
     prepare_model_for_per_sample_gradients(generator)
     generator.model.eval()  # no dropout: the ground truth must see the same function
     return generator
-
-
-def ground_truth(generator: QueryGenerator, batch: dict) -> list[dict[str, torch.Tensor]]:
-    """Gradients of each example's loss, computed alone with ordinary autograd."""
-    grads = []
-    for row in range(batch["input_ids"].shape[0]):
-        example = {k: v[row : row + 1] for k, v in batch.items()}
-        generator.model.zero_grad()
-        inputs = model_inputs(generator.kind, example)
-        inputs.pop("logits_to_keep", None)  # the ground truth scores every position
-        logits = generator.model(**inputs).logits
-        per_sequence_loss(generator.kind, logits, example["labels"]).sum().backward()
-        grads.append({n: p.grad.clone() for n, p in generator.model.named_parameters() if p.requires_grad})
-    return grads
 
 
 @pytest.mark.parametrize("kind", ["seq2seq", "causal"])

@@ -8,6 +8,8 @@ import pytest
 import torch
 from opacus.grad_sample import GradSampleModule
 
+from benchmarks.tiny import ground_truth
+from benchmarks.tiny import load_for_ground_truth as load
 from synthq.dp.clipping import clip_and_sum
 from synthq.dp.engine import PrivacyPlan
 from synthq.dp.lm.clippers import choose_grad_sample_mode, make_clipper
@@ -16,27 +18,9 @@ from synthq.dp.lm.grad_samplers import batch_relative_attention_bias, register_r
 from synthq.dp.lm.hooks import GhostClipper, HookClipper
 from synthq.dp.lm.step import DPStep
 from synthq.dp.noise import SecretRandomness
-from synthq.models.generator import QueryGenerator
-from tests.dp.test_lm import DOCS, QUERIES, ground_truth
+from tests.dp.test_lm import DOCS, QUERIES
 
 MODELS = {"seq2seq": "tiny_t5_dir", "causal": "tiny_causal_dir"}
-
-
-def load(path, lora: bool = False) -> QueryGenerator:
-    """Train mode (Opacus hooks only run in training) with dropout off, so the ground truth, which
-    runs the same modules, sees the same function."""
-    generator = QueryGenerator.load(path, max_source_length=64)
-    if lora:
-        from synthq.models.generator import apply_lora as _apply_lora
-
-        _apply_lora(generator, rank=4, alpha=8)
-    for module in generator.model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "dropout", None), float):  # T5 attention-probability dropout
-            module.dropout = 0.0
-    generator.model.train()
-    return generator
 
 
 @pytest.mark.parametrize("kind", ["seq2seq", "causal"])
