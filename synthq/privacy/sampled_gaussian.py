@@ -71,14 +71,20 @@ def _integer_log_binomials() -> np.ndarray:
     return table
 
 
-_fractional_coefficients: list[np.ndarray] = []  # C(α, i) of the fractional orders, chunk by chunk
+# C(α, i) of the fractional orders by chunk, kept for the first terms (about 12 MB at most; the
+# terms beyond are needed only near q = 1/2 with σ in the hundreds, and computed each time)
+_fractional_coefficients: dict[int, np.ndarray] = {}
+KEPT_TERMS = 1 << 14
 
 
 def _coefficients(chunk: int, start: int, size: int) -> np.ndarray:
-    while len(_fractional_coefficients) <= chunk:
-        terms = np.arange(start, start + size, dtype=float)
-        _fractional_coefficients.append(special.binom(_FRACTIONAL_ORDERS[:, None], terms[None, :]))
-    return _fractional_coefficients[chunk]
+    if chunk in _fractional_coefficients:
+        return _fractional_coefficients[chunk]
+    terms = np.arange(start, start + size, dtype=float)
+    values = special.binom(_FRACTIONAL_ORDERS[:, None], terms[None, :])
+    if start + size <= KEPT_TERMS:
+        _fractional_coefficients[chunk] = values
+    return values
 
 
 def _chunks():
