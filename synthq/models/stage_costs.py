@@ -244,7 +244,7 @@ def machine_speed(
     cached = _read_probe()
     entry = cached.get(key)
     age = now - float(entry.get("at", -math.inf)) if isinstance(entry, dict) else math.inf
-    if 0 <= age <= max_age:
+    if isinstance(entry, dict) and 0 <= age <= max_age:  # any age (inf) still needs an entry
         seconds = float(entry["seconds"])
     else:
         seconds, age = (probe or run_probe)(), 0.0
