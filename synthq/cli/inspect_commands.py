@@ -40,22 +40,17 @@ def _shown(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict):
-        return ", ".join(
-            f"{k.replace('_', ' ')} {_shown(v)}" for k, v in value.items() if v not in (None, "")
-        )
+        return ", ".join(f"{k}={_shown(v)}" for k, v in value.items() if v not in (None, ""))
     if isinstance(value, list):
         return f"{len(value)} entries (synthq info --json lists them)"
     return str(value)
 
 
 def detail_lines(details: dict) -> list[str]:
-    """A guarantee's parameters as a reader wants them: names in words, nothing empty, no Python
-    repr of a record (issue #74: ``accountant_fallback:`` and a dict were printed as stored)."""
-    return [
-        f"{key.replace('_', ' ')}: {_shown(value)}"
-        for key, value in details.items()
-        if value not in (None, "", [], {})
-    ]
+    """A guarantee's parameters as a reader wants them (named as ``--json`` names them): nothing
+    empty, no Python repr of a record (issue #74: an empty ``accountant_fallback:`` and a dict were
+    printed as stored)."""
+    return [f"{key}: {_shown(value)}" for key, value in details.items() if value not in (None, "", [], {})]
 
 
 def info_command(

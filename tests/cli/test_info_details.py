@@ -1,4 +1,4 @@
-"""``synthq info`` shows a guarantee's parameters as a reader wants them (issue #74)."""
+"""``synthq info`` shows a guarantee's parameters without internals (issue #74)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ def test_info_shows_a_guarantees_parameters_in_words_without_internals():
         "components": [{"epsilon": 1.0}, {"epsilon": 2.0}],
     })  # fmt: skip
     assert lines == [
-        "sample rate: 0.01235",
+        "sample_rate: 0.01235",
         "steps: 22",
-        "clipping: unit user, bound 8",
+        "clipping: unit=user, bound=8",
         "components: 2 entries (synthq info --json lists them)",
     ]
