@@ -122,8 +122,8 @@ def plan_command(options: ConfigOptions) -> None:
         "minutes: " + (
             "the reference machine's (2 CPU cores; SYNTHQ_MACHINE_PROBE=0 leaves out this machine's probe)"
             if speed is None else
-            f"{speed.basis} of this machine: {speed.factor:.2g}× the reference machine (2 CPU cores), at "
-            "128 document tokens, K rows per user"
+            f"this machine takes {speed.factor:.2g}× the reference machine's time (2 CPU cores; "
+            f"{speed.basis}), at 128 document tokens, K rows per user"
         )
         + ("" if config.details else f"; --details: {DETAILS}")
     )  # fmt: skip

@@ -353,7 +353,7 @@ def test_minutes_are_this_machines_when_its_factor_is_known(monkeypatch):
     monkeypatch.setenv("SYNTHQ_MACHINE_FACTOR", "4")
     here = runner.invoke(app, arguments).output
     assert "≤ 63 min on this machine (16 min on the reference)" in here.splitlines()[2]
-    assert "SYNTHQ_MACHINE_FACTOR of this machine: 4× the reference machine" in here
+    assert "this machine takes 4× the reference machine's time (2 CPU cores; SYNTHQ_MACHINE_FACTOR)" in here
     payload = json.loads(runner.invoke(app, [*arguments, "--json"]).output)
     direct = payload["routes"]["direct-dp"]
     assert direct["minutes_on_this_machine"] == pytest.approx(4 * direct["minutes_on_2_cpu_cores"])
