@@ -10,6 +10,7 @@ YAML.
 - :mod:`synthq.config.evaluation`: eval, report, similarity
 - :mod:`synthq.config.audit`: canary-audit
 - :mod:`synthq.config.search`: ``synthq search`` (not a stage)
+- :mod:`synthq.config.plan`: ``synthq plan`` (not a stage)
 - :mod:`synthq.config.loading`: YAML files, ``key=value`` overrides, validation errors as one line
 - :mod:`synthq.config.registry`: stage name -> stage module and config class
 """

@@ -6,6 +6,8 @@ and reports the releases of many artifacts lives a floor higher, in :mod:`synthq
   privacy unit.
 * :mod:`~synthq.privacy.accounting` — Opacus' accountants: σ calibrated to a target ε, δ and budget
   checks, a recorded ε recomputed when an artifact is opened.
+* :mod:`~synthq.privacy.sampled_gaussian` — the σ search's guide: Opacus' RDP sums of the subsampled
+  Gaussian vectorised over orders, and Opacus' own analysis (without torch) for the exact check.
 * :mod:`~synthq.privacy.events` — a release's accounting event, typed (σ, q, steps, δ; selections;
   compositions), read from the recorded details: what ε is recomputed from.
 * :mod:`~synthq.privacy.substitution` — the ε of a Poisson-subsampled Gaussian release when one
