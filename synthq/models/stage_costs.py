@@ -243,8 +243,11 @@ def machine_speed(
     key = _machine_key()
     cached = _read_probe()
     entry = cached.get(key)
-    age = now - float(entry.get("at", -math.inf)) if isinstance(entry, dict) else math.inf
-    if isinstance(entry, dict) and 0 <= age <= max_age:  # any age (inf) still needs an entry
+    recorded = isinstance(entry, dict) and all(
+        isinstance(entry.get(name), int | float) and math.isfinite(entry[name]) for name in ("at", "seconds")
+    )
+    age = now - float(entry["at"]) if recorded else math.inf
+    if recorded and entry["seconds"] > 0 and 0 <= age <= max_age:  # any age (inf) still needs an entry
         seconds = float(entry["seconds"])
     else:
         seconds, age = (probe or run_probe)(), 0.0

@@ -88,3 +88,14 @@ def test_a_plan_takes_an_old_probe_and_says_how_old(probing):
     old = stage_costs.machine_speed(probe=no_probe, now=later, max_age=float("inf"))
     assert old == stage_costs.MachineSpeed(pytest.approx(3.0), "probe 5 h ago")
     assert stage_costs.machine_speed(probe=lambda: reference, now=later).basis == "probe"  # a stage probes
+
+
+@pytest.mark.parametrize(
+    "stored", [None, {}, {"at": 0.0}, {"seconds": "x", "at": 0.0}, {"seconds": -1, "at": 0.0}]
+)
+def test_a_first_plan_on_a_machine_or_a_damaged_record_probes(probing, stored):
+    reference = stage_costs.reference_probe_seconds()
+    if stored is not None:
+        stage_costs._write_probe({stage_costs._machine_key(): stored})
+    speed = stage_costs.machine_speed(probe=lambda: 2 * reference, now=100.0, max_age=float("inf"))
+    assert speed == stage_costs.MachineSpeed(pytest.approx(2.0), "probe")
