@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from synthq.artifacts.manifest import Artifact, open_artifact
+from synthq.artifacts.manifest import Artifact
 from synthq.config.registry import stage_entry
 
 __all__ = [
@@ -84,3 +84,13 @@ def ledger(*paths: str | Path):
     if not paths:  # an empty ledger would read as "nothing read private data"
         raise TypeError("ledger() needs at least one artifact path (as synthq ledger DIR... does)")
     return read_ledger([Path(p) for p in paths])
+
+
+def open_artifact(path: str | Path, stage: str | None = None) -> Artifact:
+    """Open an artifact as ``synthq info`` does: the seal and every ε checked, and refused when it
+    rests on a read of a split that is no longer declared public (its ε would call an ε = ∞ read
+    public; :func:`synthq.bookkeeping.splits.refuse_retracted`)."""
+    from synthq.artifacts.manifest import open_artifact as open_checked
+    from synthq.bookkeeping.splits import refuse_retracted
+
+    return refuse_retracted(open_checked(path, stage=stage))

@@ -99,3 +99,21 @@ def test_the_ledger_of_no_artifact_is_refused_as_on_the_command_line():
     where ``synthq ledger`` refuses a missing DIR."""
     with pytest.raises(TypeError, match="at least one artifact"):
         synthq.ledger()
+
+
+def test_a_resolved_default_is_resolved_again_not_pinned(tmp_path):
+    """``user_clipping`` resolves ``auto`` from the unit and ε: checked again after a change (an
+    assignment, a revalidation), it follows the new values instead of refusing its old resolution
+    as if the user had chosen it; a choice the user made is still refused where it cannot work."""
+    import math
+
+    from synthq.config.fields import revalidated
+    from synthq.config.generator import FinetuneConfig
+
+    config = FinetuneConfig(data="d", model="m", out=tmp_path / "g", epsilon=8, privacy_unit="user")
+    assert config.user_clipping == "per-user" and "user_clipping" not in config.model_fields_set
+    config.epsilon = math.inf
+    assert config.user_clipping == revalidated(config).user_clipping == "per-example"
+    with pytest.raises(ValidationError, match="needs a finite --epsilon"):
+        FinetuneConfig(data="d", model="m", out=tmp_path / "g", epsilon=math.inf, privacy_unit="user",
+                       user_clipping="per-user")  # fmt: skip

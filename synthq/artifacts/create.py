@@ -123,6 +123,15 @@ def _keep_only_checkpoints(partial: Path) -> None:
             entry.unlink()
 
 
+def _public_reads(writer: ArtifactWriter) -> list[dict]:
+    """The artifact's own reads of public splits (its inputs of that kind) and those it inherited."""
+    from synthq.artifacts.writer import unique_public_reads
+    from synthq.privacy.digests import PUBLIC_SPLIT
+
+    own = [record for record in writer.inputs if record.get("kind") == PUBLIC_SPLIT]
+    return unique_public_reads([*own, *writer.public_reads])
+
+
 def _finish(writer: ArtifactWriter) -> None:
     from synthq.artifacts.model_card import write_model_card
     from synthq.privacy.unit_sets import sharing_groups
@@ -152,6 +161,7 @@ def _finish(writer: ArtifactWriter) -> None:
             if writer.own_release
             else {}
         ),
+        **({"public_reads": public_reads} if (public_reads := _public_reads(writer)) else {}),
         "metrics": writer.metrics,
         "timings": writer.timings,
         "environment": environment(),

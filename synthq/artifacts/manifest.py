@@ -85,6 +85,13 @@ class Artifact:
         """Every read of private data behind this artifact, as recorded when it was written."""
         return self.manifest.get("releases", [])
 
+    @property
+    def public_reads(self) -> list[dict]:
+        """Every read of a split as public behind this artifact (its own and its inputs', carried
+        as releases are, :meth:`ArtifactWriter.inherit`): what makes a retracted declaration
+        noticed even when the artifact that read it is gone."""
+        return self.manifest.get("public_reads", [])
+
     def vouched_releases(self) -> list[dict]:
         """What composes into an artifact this installation seals or publishes: its own records
         where this installation sealed it; where the seal is foreign and it records reads of
@@ -284,6 +291,27 @@ def merged_releases(known: list[dict], artifact: Artifact) -> list[dict]:
 
 def is_artifact(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
+
+
+def is_synthq_manifest(path: str | Path) -> bool:
+    """Whether ``path`` holds a manifest a synthq stage wrote (its ``stage`` and ``seal``), not just
+    any ``manifest.json`` (a web project's, say)."""
+    try:
+        manifest = json.loads((Path(path) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(manifest, dict) and "stage" in manifest and "seal" in manifest
+
+
+def enclosing_artifact(path: str | Path) -> Path | None:
+    """The synthq artifact ``path`` is or lies inside, following links (a synthetic set is a BEIR
+    directory at its artifact's root; a link, or a directory of links, may point into one), or
+    ``None``."""
+    path = Path(path).expanduser()
+    for candidate in dict.fromkeys([path, *path.parents, *path.resolve().parents, path.resolve()]):
+        if is_synthq_manifest(candidate):
+            return candidate
+    return None
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:

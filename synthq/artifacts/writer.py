@@ -24,6 +24,17 @@ CHECKPOINTS = "checkpoints"  # inside a partial artifact: what --resume continue
 DIAGNOSTICS = "diagnostics"
 
 
+def unique_public_reads(records: Sequence[dict]) -> list[dict]:
+    """Public-split read records, each (dataset, split) once, in order."""
+    seen, kept = set(), []
+    for record in records:
+        key = (record.get("path"), record.get("split"))
+        if key not in seen:
+            seen.add(key)
+            kept.append({k: record[k] for k in ("path", "name", "split", "public_by", "role") if k in record})
+    return kept
+
+
 @dataclass
 class ArtifactWriter:
     """Handed to a stage inside :func:`~synthq.artifacts.create.create_artifact`; the stage writes
@@ -56,6 +67,9 @@ class ArtifactWriter:
     assumptions: list[str] = field(default_factory=list)
     own_release: dict | None = None
     accounted: bool = False
+    # Reads of splits as public by what flowed in (their own records), checked again whenever the
+    # artifact is used (synthq.bookkeeping.splits.retracted_reads).
+    public_reads: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Paths recorded absolute and resolved, so that the ledger and the freshness checks are
@@ -68,6 +82,7 @@ class ArtifactWriter:
         :meth:`~synthq.artifacts.manifest.Artifact.vouched_releases`) and assumptions come along."""
         self.take_releases(source.vouched_releases())
         self.assume(*source.privacy.assumptions)
+        self.public_reads = unique_public_reads([*self.public_reads, *source.public_reads])
 
     def take_releases(self, records: Sequence[dict]) -> None:
         """``records`` flow into this artifact, each id once (a release recorded again keeps its

@@ -11,6 +11,7 @@ public documents a synthetic set is written for are recorded with the assumption
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +170,13 @@ def public_documents_input(
     from synthq.artifacts.records import public_file_record
     from synthq.data.synthetic import document_list_assumption, judged_set_assumption
     from synthq.privacy.digests import judged_set_record
+    from synthq.runtime.errors import PrivacyError
+
+    if (inside := artifact_inside(root, split)) is not None:  # its documents are those DP kept
+        raise PrivacyError(
+            f"--corpus {corpus}: {inside} is a synthq artifact, whose documents (the ones its queries "
+            "kept) and judgements come from a release of private data; give the public corpus itself"
+        )
 
     records, assumptions = [public_file_record(root / "corpus.jsonl", corpus)], []
     qrels = root / "qrels" / f"{split}.tsv"
@@ -194,27 +202,38 @@ class PublicPairs:
     assumption: str
 
 
-def enclosing_artifact(root: Path) -> Path | None:
-    """The synthq artifact ``root`` is or lies inside (a synthetic set is a BEIR directory at its
-    artifact's root), or ``None``."""
-    for candidate in (Path(root), *Path(root).resolve().parents):
-        if is_artifact(candidate):
-            return candidate
-    return None
+def artifact_inside(root: Path, split: str | None = None) -> Path | None:
+    """The synthq artifact that ``root``, one of its sub-datasets, or a file a read of ``split``
+    opens (its corpus, queries, qrels) is or lies inside, links followed; ``None`` when none is."""
+    from synthq.artifacts.manifest import enclosing_artifact
+    from synthq.data.sources import dataset_parts
+    from synthq.runtime.errors import DataError
+
+    candidates = [Path(root)]
+    with contextlib.suppress(DataError):  # not a BEIR directory: refused where it is read
+        candidates += [part for _, part in dataset_parts(Path(root))]
+    for part in list(candidates[1:]) or candidates:
+        files = ["corpus.jsonl", "queries.jsonl", *([f"qrels/{split}.tsv"] if split else [])]
+        candidates += [part / name for name in files if (part / name).exists()]
+    return next((found for c in candidates if (found := enclosing_artifact(c)) is not None), None)
 
 
-def refuse_artifact_as_public_pairs(root: Path, spec: str, role: str) -> None:
+def refuse_artifact_as_public_pairs(root: Path, spec: str, role: str, split: str | None = None) -> None:
     """Public pairs are a dataset's declared-public split, never a synthq artifact's: a synthetic
     set's queries are a release of the private data its generator read (its ε, which every reader
-    inherits), and no ``privacy.json`` written into it makes them public (review round 5, flow 1).
-    Refused whatever the artifact's own ε, so the read never needs to inherit anything."""
+    inherits), and no ``privacy.json`` written into it, nor a directory that links to it, makes
+    them public (review round 5, flow 1). Refused whatever the artifact's own ε, so the read never
+    needs to inherit anything. A copy without its manifest cannot be told for sure: its synthetic
+    query ids (``syn-<doc>-<k>``) draw a warning."""
+    from synthq.artifacts.manifest import open_artifact
     from synthq.runtime.errors import PrivacyError
 
-    artifact = enclosing_artifact(root)
+    artifact = artifact_inside(root, split)
     if artifact is None:
+        _warn_of_a_copied_synthetic_set(root, spec, role, split)
         return
     try:
-        what = f"a synthq {open_artifact(artifact).stage} artifact"
+        what = f"a synthq {open_artifact(artifact, verify=False).stage} artifact"
     except Exception:  # noqa: BLE001 - refused either way; a broken manifest only changes the words
         what = "a synthq artifact"
     raise PrivacyError(
@@ -222,6 +241,26 @@ def refuse_artifact_as_public_pairs(root: Path, spec: str, role: str) -> None:
         "the private data behind it, and no privacy.json can make them public. Read a synthetic set "
         "as training data (train-retriever --data), which carries its ε"
     )
+
+
+def _warn_of_a_copied_synthetic_set(root: Path, spec: str, role: str, split: str | None) -> None:
+    from synthq.data.beir_io import read_qrels
+    from synthq.data.synthetic import SYNTHETIC_QUERY_ID
+    from synthq.runtime.console import warn
+
+    qrels = Path(root) / "qrels" / f"{split}.tsv"
+    if split is None or not qrels.is_file():
+        return
+    try:
+        ids = list(read_qrels(qrels))
+    except Exception:  # noqa: BLE001 - a malformed file is reported where it is read
+        return
+    if ids and all(SYNTHETIC_QUERY_ID.fullmatch(i) for i in ids):
+        warn(
+            f"{role} {spec}: every query id of split {split!r} has the form of synthq's synthetic ids "
+            "(syn-<doc>-<k>): if this is a synthetic set copied without its manifest, its pairs are a "
+            "release of private data, not public pairs"
+        )
 
 
 def public_pairs_input(spec: str, role: str) -> PublicPairs:
@@ -237,7 +276,7 @@ def public_pairs_input(spec: str, role: str) -> PublicPairs:
     if not source or not split:
         raise DataError(f"{role} must be SOURCE:SPLIT (e.g. pydocs:test), not {spec!r}")
     root = resolve_source(source)
-    refuse_artifact_as_public_pairs(root, spec, role)
+    refuse_artifact_as_public_pairs(root, spec, role, split)
     if split_is_private(source, root, split):
         raise PrivacyError(
             f"{role} {spec}: split {split!r} is not declared public in {root}/privacy.json; reading its "

@@ -18,7 +18,7 @@ from synthq.artifacts.freshness import input_location
 from synthq.artifacts.manifest import MANIFEST, Artifact, is_artifact, merged_releases, open_artifact
 from synthq.artifacts.records import current_input_hash
 from synthq.privacy.accounting import MAX_DELTA
-from synthq.privacy.digests import is_keyed
+from synthq.privacy.digests import JUDGED_SET, is_keyed
 from synthq.privacy.guarantee import Guarantee, compose_releases, release_guarantee
 from synthq.privacy.unit_sets import (
     LINK_ASSUMPTIONS,
@@ -117,7 +117,10 @@ SUM_UNCHECKED_NOTE = (
 
 
 def _is_private_record(record: dict) -> bool:
-    return bool(record.get("private")) or is_keyed(record.get("sha256", ""))
+    """A read of private data, or of something computed from it: a keyed digest, or the document
+    set a (private) split judges, which changes when one of its queries is deleted."""
+    keyed = bool(record.get("private")) or is_keyed(record.get("sha256", ""))
+    return keyed or record.get("kind") == JUDGED_SET
 
 
 def _changed_since(artifact: Artifact, seen: set[str], read_private: bool = True) -> list[str]:

@@ -78,31 +78,45 @@ def public_read_record(record: dict, spec: str) -> dict:
     return {**record, "public_by": PUBLIC_BY_BENCHMARK if public_benchmark(spec) else PUBLIC_BY_DECLARATION}
 
 
+def _still_public(record: dict, where: Path) -> tuple[bool, str]:
+    """Whether the split a public read recorded is still public, and if not, why. A split read as
+    declared public must still be declared so, whatever the dataset's name (a directory named
+    ``fiqa`` is no benchmark); a benchmark's split must not be declared private since."""
+    from synthq.runtime.errors import DataError
+
+    split = record["split"]
+    name = (
+        str(where) if record.get("public_by") == PUBLIC_BY_DECLARATION else record.get("name") or str(where)
+    )
+    try:
+        if not split_is_private(name, where, split):
+            return True, ""
+    except DataError as error:
+        return False, f"its declaration cannot be read ({error})"
+    return False, f"{where / SPLIT_DECLARATION} no longer declares it public"
+
+
 def retracted_reads(artifact: Artifact, seen: set[str] | None = None) -> list[str]:
     """Reads of a split as public by ``artifact`` or anything it was made from (a warm start,
-    few-shot examples, an eval's scores) whose dataset no longer declares that split public.
+    few-shot examples, a held-out loss, an eval's scores) whose dataset no longer declares that
+    split public.
 
     Fail closed after the fact: such a read was a read of what its owner now says is private data,
-    without noise (ε = ∞), and no recorded release says so. A dataset that is gone is left to the
-    ledger's "is gone"; an unreadable ``privacy.json`` counts as a retraction."""
+    without noise (ε = ∞), and no recorded release says so. The reads come from the manifest's own
+    sealed list (its reads and those it inherited, so a parent moved away or replaced still
+    counts) and, for manifests written before that list, from the lineage still on disk. A
+    dataset that is gone is left to the ledger's "is gone"; an unreadable ``privacy.json`` counts
+    as a retraction."""
     from synthq.artifacts.freshness import input_location
     from synthq.privacy.digests import PUBLIC_SPLIT
-    from synthq.runtime.errors import DataError
 
     seen = set() if seen is None else seen
     found = []
+    own = [(record, Path(record["path"])) for record in artifact.public_reads]
     for record in artifact.inputs:
         where = input_location(artifact, record)
-        if record.get("kind") == PUBLIC_SPLIT and where.is_dir():
-            split, name = record["split"], record.get("name") or str(where)
-            try:
-                retracted = split_is_private(name, where, split)
-                why = f"{where / SPLIT_DECLARATION} no longer declares it public"
-            except DataError as error:
-                retracted, why = True, f"its declaration cannot be read ({error})"
-            if retracted:
-                role = record.get("role") or "evaluation"
-                found.append(f"{artifact.path} read split {split!r} of {where} as public ({role}), but {why}")
+        if record.get("kind") == PUBLIC_SPLIT:
+            own.append((record, where))
         elif record.get("kind") == "artifact" and is_artifact(where) and str(where.resolve()) not in seen:
             seen.add(str(where.resolve()))
             try:
@@ -110,7 +124,16 @@ def retracted_reads(artifact: Artifact, seen: set[str] | None = None) -> list[st
             except ArtifactError:
                 continue  # refused where it is opened to be used
             found += retracted_reads(parent, seen)
-    return found
+    for record, where in own:
+        if not where.is_dir():
+            continue
+        public, why = _still_public(record, where)
+        if not public:
+            role = record.get("role") or "evaluation"
+            split = record["split"]
+            read = f"a read of split {split!r} of {where} as public ({role})"
+            found.append(f"{artifact.path} rests on {read}, but {why}")
+    return list(dict.fromkeys(found))
 
 
 def refuse_retracted(artifact: Artifact) -> Artifact:
@@ -130,12 +153,28 @@ def refuse_retracted(artifact: Artifact) -> Artifact:
     return artifact
 
 
+def refuse_artifact_parts(spec: str, root: Path, split: str) -> None:
+    """A dataset that is not itself an artifact but holds one (a sub-dataset that is a synthetic
+    set, a link into one) is refused: its split would be classified by a ``privacy.json`` while
+    its queries are a release of private data (review round 5, the flow-1 class)."""
+    from synthq.bookkeeping.inputs import artifact_inside
+    from synthq.runtime.errors import PrivacyError
+
+    inside = artifact_inside(root, split)
+    if inside is not None:
+        raise PrivacyError(
+            f"{spec}: part of it is the synthq artifact {inside}, whose queries are a release of "
+            "private data whatever privacy.json says; evaluate the artifact itself (it carries its ε)"
+        )
+
+
 def eval_data(spec: str, root: Path, split: str) -> EvalData:
     """Classify one dataset's split: a synthq artifact (inherits), a private split (ε = ∞ to read
     without noise), or public (a declared-public split of a user's dataset says so)."""
     if is_artifact(root):
         artifact = refuse_retracted(open_artifact(root))
         return EvalData(spec, root, artifact.input_record(), False, artifact)
+    refuse_artifact_parts(spec, root, split)
     private = split_is_private(spec, root, split)
     benchmark = public_benchmark(spec)
     assumption = None

@@ -192,9 +192,12 @@ class FinetuneConfig(StageConfig):
 
     @model_validator(mode="after")
     def _per_user_clipping_needs_users(self) -> FinetuneConfig:
-        if self.user_clipping == "auto":  # resolved here, so manifests record what ran
+        resolved = self.user_clipping != "auto" and "user_clipping" not in self.model_fields_set
+        if self.user_clipping == "auto" or resolved:  # resolved here, so manifests record what ran
             per_user = self.privacy_unit == "user" and math.isfinite(self.epsilon)
-            self.user_clipping = "per-user" if per_user else "per-example"
+            # not an option the user set: resolved again whenever the config is checked again (a
+            # changed --epsilon or unit must not meet the old resolution as a choice)
+            object.__setattr__(self, "user_clipping", "per-user" if per_user else "per-example")
         if self.user_clipping == "per-user" and self.privacy_unit != "user":
             raise ValueError("--user-clipping per-user needs --privacy-unit user")
         if self.user_clipping == "per-user" and not math.isfinite(self.epsilon):

@@ -8,6 +8,7 @@ punctuation-only or copied-from-the-document queries are dropped (:func:`is_dege
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -16,6 +17,9 @@ from synthq.data.arrow_views import Corpus
 from synthq.data.beir_io import read_corpus, read_qrels, write_beir_dir
 from synthq.data.pairs import document_text
 from synthq.runtime.errors import DataError, SynthqError
+
+# The ids a synthetic set gives its queries (``syn-<docid>-<k>``, :func:`write_synthetic`).
+SYNTHETIC_QUERY_ID = re.compile(r"syn-.+-\d+")
 
 
 def judged_set_assumption(split: str) -> str:

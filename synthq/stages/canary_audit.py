@@ -68,6 +68,7 @@ from synthq.audit.training_set import (
     training_unit_count,
 )
 from synthq.config.audit import CanaryAuditConfig
+from synthq.config.fields import revalidated
 from synthq.config.registry import stage_entry
 from synthq.data.beir_io import BeirDataset, write_beir_dir
 from synthq.data.sources import load_source, resolve_source
@@ -93,6 +94,7 @@ class _TrainingSet:
 def run(config: CanaryAuditConfig) -> Artifact:
     """Choose the canaries, fine-tune and audit a generator per ε (and the retrievers trained
     through it), audit a retriever on the private pairs, and write the report (ε = ∞)."""
+    config = revalidated(config)  # the audit's checks, however the config was built
     source = resolve_source(config.data)
     inputs = [data_input_record(source, name=config.data, private=True)]
     if (done := existing_result(STAGE, config, inputs)) is not None:

@@ -43,7 +43,7 @@ from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.on_main import artifact_on_main
 from synthq.bookkeeping.inputs import data_input, model_input, public_pairs_input
-from synthq.bookkeeping.splits import split_is_private
+from synthq.bookkeeping.splits import public_read_record, split_is_private
 from synthq.config.fields import DEFAULT_TOP_P, revalidated
 from synthq.config.generator import FinetuneConfig
 from synthq.data.pairs import training_pairs
@@ -69,6 +69,7 @@ from synthq.models.query_only import INVOCATION_TOKENS, CachedRows, QueryOnlyVie
 from synthq.models.stage_costs import expected_line, generator_training_seconds, parameter_count
 from synthq.models.training_step import non_private_step, training_statistics
 from synthq.privacy.accounting import default_delta
+from synthq.privacy.digests import public_split_record
 from synthq.privacy.guarantee import Guarantee, format_epsilon
 from synthq.runtime import distributed, precision
 from synthq.runtime.console import StepFraction, info, progress, warn
@@ -163,19 +164,30 @@ def choose_defaults(config: FinetuneConfig, corpus, data, model_path: Path) -> t
     return config.model_copy(update=chosen.values), chosen
 
 
-def _public_held_out(config: FinetuneConfig, data) -> HeldOut | None:
-    """A few pairs of the first split (in name order) other than the training split that the
-    dataset declares public (:func:`~synthq.bookkeeping.splits.split_is_private`, fail closed), for
-    the learning check's held-out loss; None for a synthetic set or when no split is public."""
+def _held_out_read(config: FinetuneConfig, data) -> dict | None:
+    """The first split (in name order) other than the training split that the dataset declares
+    public (:func:`~synthq.bookkeeping.splits.split_is_private`, fail closed), as the read record of
+    the learning check's held-out loss: a read of a public split, recorded like a warm start's so
+    that a retracted declaration is noticed (review round 5); None for a synthetic set or when no
+    split is public."""
     if data.artifact is not None:
         return None
     for split in sorted(qrels_splits(data.root) - {config.split}):
         if split_is_private(config.data, data.root, split):
             continue
-        pairs = training_pairs(load_source(str(data.root), splits=[split]), split)[:HELD_OUT_PAIRS]
-        if len(pairs):
-            return HeldOut(split, [p.document for p in pairs], [p.query for p in pairs])
+        read = public_split_record(data.root, config.data, split)
+        if read is not None:
+            return {**public_read_record(read, config.data), "role": "held-out loss"}
     return None
+
+
+def _public_held_out(config: FinetuneConfig, sources) -> HeldOut | None:
+    """A few pairs of the held-out split :func:`_held_out_read` recorded, for the learning check."""
+    if sources.held_out is None:
+        return None
+    split = sources.held_out["split"]
+    pairs = training_pairs(load_source(str(sources.data.root), splits=[split]), split)[:HELD_OUT_PAIRS]
+    return HeldOut(split, [p.document for p in pairs], [p.query for p in pairs]) if len(pairs) else None
 
 
 def _own_guarantee(config, plan, training: GeneratorTraining, units: PrivacyUnits) -> Guarantee:
@@ -296,10 +308,12 @@ class _Sources:
     data: Any
     start: Any
     warm: Any | None
+    held_out: dict | None = None  # the public split the learning check reads
 
     @property
     def records(self) -> list[dict]:
-        return [self.data.record, self.start.record] + ([self.warm.record] if self.warm else [])
+        reads = [self.warm.record] if self.warm else []
+        return [self.data.record, self.start.record, *reads, *([self.held_out] if self.held_out else [])]
 
 
 @dataclass
@@ -358,7 +372,7 @@ def _resolve_sources(config: FinetuneConfig, start) -> _Sources:
     data = data_input(config.data)
     _warn_of_settings_that_protect_nothing(config, data)
     warm = public_pairs_input(config.warm_start, "--warm-start") if config.warm_start else None
-    return _Sources(data, start, warm)
+    return _Sources(data, start, warm, _held_out_read(config, data))
 
 
 def _warn_of_settings_that_protect_nothing(config: FinetuneConfig, data) -> None:
@@ -403,7 +417,8 @@ def _set_up(config: FinetuneConfig, sources: _Sources, place) -> _Setup:
         trained, make_batch = _query_only(settings, generator, pairs, warmed=sources.warm is not None)
     randomness.seed_torch(place.rank)  # dropout from the run's randomness, not torch's default seed
     trainable = [p for p in generator.model.parameters() if p.requires_grad]
-    learning = LearningCheck(trained, trainable, _public_held_out(config, data), settings.max_target_length)
+    held_out = _public_held_out(config, sources)
+    learning = LearningCheck(trained, trainable, held_out, settings.max_target_length)
     training = GeneratorTraining(
         trained, _optimizer(config, trainable, plan), make_batch,
         units, settings.batch_size, plan, randomness, settings.physical_batch_size, config.grad_sample_mode,

@@ -47,7 +47,7 @@ from synthq.artifacts.freshness import (
 from synthq.artifacts.locking import check_output_free
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.process_state import may_replace, owned_by_pipeline
-from synthq.bookkeeping.inputs import model_input, public_documents_input, public_pairs_input
+from synthq.bookkeeping.inputs import artifact_input, model_input, public_documents_input, public_pairs_input
 from synthq.config.generator import GenerateConfig
 from synthq.data.arrow_views import Corpus
 from synthq.data.beir_io import read_corpus, read_qrels, read_queries
@@ -192,7 +192,7 @@ def merge(shards: list[Path], out: Path, force: bool = False) -> Artifact:
     post-processing outputs of one generator)."""
     if not shards:
         raise SynthqError("--merge needs the shard artifacts to merge")
-    artifacts = [open_artifact(path, stage=STAGE) for path in shards]
+    artifacts = [artifact_input(path, stage=STAGE) for path in shards]
     configs = [dict(a.config) for a in artifacts]
     whole = [str(a.path) for a, c in zip(artifacts, configs, strict=True) if c.get("shard") is None]
     if whole:  # parse_shard reads no --shard as 0/1: the message would have said "shards [None, None]"

@@ -519,3 +519,26 @@ def test_a_plain_sum_reads_nothing_of_the_private_log_and_says_what_it_did_not_c
     assert not any(str(data) in line for line in lines if "changed since" in line)
     assert any(line.startswith("not checked: private datasets are not read again") for line in lines)
     assert "private datasets are not read again under --compose sum" in text and f"- data {data}" not in text
+
+
+def test_a_plain_sum_does_not_read_a_private_split_s_judged_documents_again(
+    tmp_path, tiny_beir, tiny_causal_dir
+):
+    """Review round 5, second pass (finding 3): ``generate --split train`` records the document set
+    the private train split judges; after a train query is deleted, the per-unit ledger says it
+    changed, ``--compose sum`` does not digest it again."""
+    import shutil
+
+    from synthq.config.generator import GenerateConfig
+    from synthq.stages import generate
+
+    data = tmp_path / "log"
+    shutil.copytree(tiny_beir, data)
+    syn = generate.run(GenerateConfig(generator=tiny_causal_dir, corpus=str(data), split="train",
+                                      out=tmp_path / "syn", max_new_tokens=4, device="cpu"))  # fmt: skip
+    qrels = data / "qrels" / "train.tsv"
+    header, *rows = qrels.read_text().splitlines()
+    kept = [row for row in rows if not row.startswith("tr-egg-2-")]  # egg-2's only query: a deletion
+    qrels.write_text("\n".join([header, *kept]) + "\n")
+    assert any("judged-set" in line and "changed since" in line for line in ledger_lines([syn.path]))
+    assert not any("judged-set" in line for line in ledger_lines([syn.path], compose="sum"))

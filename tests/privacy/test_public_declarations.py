@@ -4,10 +4,13 @@ and 3).
 * A synthq artifact is never a source of public pairs: a DP synthetic set with a ``privacy.json``
   written into it is refused by ``finetune-lm --warm-start`` and ``generate --few-shot``, which
   would otherwise write an ε = 0 "control" or an ε = 0 set from it.
-* A read of a split declared public records the declaration, and once the dataset's
-  ``privacy.json`` no longer declares the split public (retracted: moved to ``private_splits``),
-  everything that reads the artifact fails closed: the ledger counts that read as ε = ∞,
-  ``info`` and opening the artifact as an input refuse it, eval rows on that split are ∞.
+  Nor is a dataset one of whose parts (or files) is, or lies inside, an artifact, for a warm start,
+  few-shot examples, an eval or a public corpus.
+* A read of a split declared public records the declaration (and every artifact made from it
+  carries the record, sealed), and once the dataset's ``privacy.json`` no longer declares the split
+  public (retracted: moved to ``private_splits``), everything that uses the artifact refuses it,
+  naming the read: the ledger and the statement (which would otherwise count that ε = ∞ read as
+  public), ``info``, ``export``, the Python API's ``open_artifact`` and every stage that reads it.
 """
 
 from __future__ import annotations
@@ -108,3 +111,105 @@ def test_a_public_read_whose_declaration_is_retracted_fails_closed(
 
     (data / "privacy.json").write_text(declared)
     assert ledger([control.path, ev.path]).datasets == {}
+
+
+def test_every_public_read_is_carried_and_checked_even_when_its_reader_is_gone(
+    tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir
+):
+    """Review round 5, second pass (findings 1, 2, 6, 7): a DP finetune-lm's held-out loss reads
+    the public test split and records it; the ε = 0 control's warm start is carried, sealed, into
+    the set generated from it, so moving the control away does not lose it; a user's dataset named
+    like a benchmark (``fiqa``) is checked by its declaration, from any working directory."""
+    import os
+
+    from synthq import api
+    from synthq.bookkeeping.releases import ledger
+    from synthq.stages import train_retriever
+    from tests.helpers import private_copy, retriever_config
+
+    data = private_copy(tmp_path, tiny_beir, "fiqa", public=("test",))
+    dp = finetune_lm.run(
+        FinetuneConfig(data=str(data), model=str(tiny_causal_dir), out=tmp_path / "dp", epsilon=4.0,
+                       max_steps=1, batch_size=4, physical_batch_size=4, max_source_length=32, seed=3,
+                       device="cpu")
+    )  # fmt: skip
+    assert [(r["split"], r["role"]) for r in dp.public_reads] == [("test", "held-out loss")]
+    control = finetune_lm.run(
+        FinetuneConfig(data=str(data), model=str(tiny_causal_dir), out=tmp_path / "control",
+                       warm_start=f"{data}:test", warm_start_epochs=1, max_steps=0, max_source_length=32,
+                       seed=3, device="cpu")
+    )  # fmt: skip
+    syn = generate.run(GenerateConfig(generator=control.path, corpus=str(data), out=tmp_path / "syn",
+                                      max_new_tokens=4, seed=0, device="cpu"))  # fmt: skip
+    assert [r["role"] for r in syn.public_reads] == ["--warm-start"]
+    shutil.move(str(control.path), str(tmp_path / "elsewhere"))  # an intermediate cleaned up
+
+    (data / "privacy.json").unlink()  # nothing declared: every split private (fail closed)
+    os.chdir(tmp_path)  # where a directory named fiqa exists: still no benchmark
+    for artifact in (dp, syn):
+        with pytest.raises(PrivacyError, match="no longer declares it public"):
+            ledger([artifact.path])
+        with pytest.raises(PrivacyError, match="no longer declares it public"):
+            api.open_artifact(artifact.path)
+    with pytest.raises(PrivacyError, match="no longer declares it public"):
+        train_retriever.run(retriever_config(tmp_path / "ret", syn.path, tiny_encoder_dir))
+    assert not (tmp_path / "ret").exists()
+
+
+def test_a_dataset_holding_an_artifact_is_no_public_source(
+    tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir
+):
+    """Findings 4, 9, 10 and a false alarm: a directory whose part links to a DP synthetic set is
+    refused by eval and as public pairs, a synthetic set is refused as generate's public corpus, a
+    copy without the manifest draws a warning, and a foreign ``manifest.json`` above a dataset
+    (a web project's) is no synthq artifact."""
+    from synthq.config.evaluation import EvalConfig
+    from synthq.stages import evaluate
+
+    syn = _dp_synthetic_set(tmp_path, tiny_beir, tiny_causal_dir)
+    (syn.path / "privacy.json").write_text(json.dumps({"public_splits": ["train"]}))
+    wrap = tmp_path / "wrap"
+    wrap.mkdir()
+    (wrap / "part").symlink_to(syn.path)
+    with pytest.raises(PrivacyError, match="synthq .*artifact"):
+        evaluate.run(EvalConfig(out=tmp_path / "ev", datasets=[str(wrap)], split="train",
+                                untrained=[str(tiny_encoder_dir)], bm25=False, device="cpu"))  # fmt: skip
+    with pytest.raises(PrivacyError, match="synthq .*artifact"):
+        generate.run(GenerateConfig(generator=tiny_causal_dir, corpus=str(syn.path), out=tmp_path / "g",
+                                    max_new_tokens=4, seed=0, device="cpu"))  # fmt: skip
+    linked = tmp_path / "linked"
+    (linked / "qrels").mkdir(parents=True)
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv", "privacy.json"):
+        (linked / name).symlink_to(syn.path / name)
+    with pytest.raises(PrivacyError, match="synthq .*artifact"):
+        finetune_lm.run(FinetuneConfig(data=str(tiny_beir), model=str(tiny_causal_dir), out=tmp_path / "c",
+                                       warm_start=f"{linked}:train", max_steps=0, device="cpu"))  # fmt: skip
+    assert not any((tmp_path / n).exists() for n in ("ev", "g", "c"))
+
+    from synthq.bookkeeping.inputs import public_pairs_input
+
+    copy = tmp_path / "copy"
+    shutil.copytree(syn.path, copy)
+    (copy / "manifest.json").unlink()
+    with _warned() as seen:
+        public_pairs_input(f"{copy}:train", "--warm-start")
+    assert any("synthetic ids" in line for line in seen)
+
+    webapp = tmp_path / "webapp"
+    shutil.copytree(tiny_beir, webapp / "log")
+    (webapp / "manifest.json").write_text(json.dumps({"name": "my app", "version": "1.0"}))
+    assert public_pairs_input(f"{webapp / 'log'}:test", "--warm-start").split == "test"
+
+
+def _warned():
+    """Collects what synthq.runtime.console.warn prints."""
+    import contextlib
+    from unittest import mock
+
+    @contextlib.contextmanager
+    def collecting():
+        lines: list[str] = []
+        with mock.patch("synthq.runtime.console.warn", side_effect=lambda m: lines.append(m)):
+            yield lines
+
+    return collecting()
