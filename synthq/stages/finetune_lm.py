@@ -49,10 +49,8 @@ from synthq.config.generator import FinetuneConfig
 from synthq.data.pairs import training_pairs
 from synthq.data.sources import load_source, qrels_splits
 from synthq.dp.batch_choice import choose_batch_size
-from synthq.dp.engine import PrivacyPlan, planned_steps
+from synthq.dp.engine import Mechanism, PrivacyPlan, mechanism_class, planned_steps
 from synthq.dp.lm.learning_check import HELD_OUT_PAIRS, HeldOut, LearningCheck
-from synthq.dp.lm.per_query import PerQueryClipping
-from synthq.dp.lm.per_user import PerUserClipping
 from synthq.dp.lm.training import GeneratorTraining
 from synthq.dp.noise import SecretRandomness
 from synthq.dp.privacy_units import (
@@ -110,9 +108,14 @@ def _auto_batch(config: FinetuneConfig, settings: FinetuneConfig, fitted: Chosen
     return settings.model_copy(update={"batch_size": choice.batch_size}), fitted
 
 
-def _mechanism(config: FinetuneConfig) -> type[PerQueryClipping] | type[PerUserClipping]:
-    """The clipping rule behind the sensitivity: per example weighted 1/k, or per user."""
-    return PerUserClipping if config.user_clipping == "per-user" else PerQueryClipping
+# --user-clipping -> the mechanism registered for it (synthq.dp.engine's one registry, which the
+# retrievers' --dp reads too): per example weighted 1/k (per-query), or per user
+CLIPPING_MECHANISMS = {"per-example": "per-query", "per-user": "per-user"}
+
+
+def _mechanism(config: FinetuneConfig) -> type[Mechanism]:
+    """The clipping rule behind the sensitivity, from the registry of mechanisms."""
+    return mechanism_class(CLIPPING_MECHANISMS[config.user_clipping])
 
 
 def _optimizer(config: FinetuneConfig, trainable: list[torch.nn.Parameter], plan: PrivacyPlan | None):
