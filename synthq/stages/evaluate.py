@@ -168,17 +168,24 @@ def _select_on_dev(config: EvalConfig, retrievers: list[Artifact]) -> Selection:
     return select_retrievers(retrievers, dev, rows, config.select_epsilon, across_data=config.select_data)
 
 
-def _public_pair_reads(artifact: Artifact) -> list[tuple[Artifact, dict]]:
-    """Every read of a public split's pairs in ``artifact``'s lineage (a generator's
-    ``--warm-start``, a set's ``--few-shot`` examples), with the artifact that recorded it. An
-    ancestor that is no longer where it was recorded is not followed."""
+# the public-split reads that train (a held-out loss, also recorded as one, only measures)
+_TRAINING_ROLES = ("--warm-start", "few-shot examples")
+
+
+def _training_reads(artifact: Artifact) -> list[tuple[Artifact, dict, str | None]]:
+    """Every read of pairs in ``artifact``'s lineage, itself included, with the artifact that
+    recorded it and the split it read: training data (``--data`` with its ``--split``) and public
+    pairs (a generator's ``--warm-start``, a set's ``--few-shot`` examples). An ancestor that is
+    no longer where it was recorded is not followed."""
     found, seen, stack = [], set(), [artifact]
     while stack:
         current = stack.pop()
         for record in current.inputs:
-            if record.get("kind") == PUBLIC_SPLIT:
-                found.append((current, record))
-            elif record.get("kind") == "artifact" and record.get("sha256") not in seen:
+            if record.get("kind") == PUBLIC_SPLIT and record.get("role") in _TRAINING_ROLES:
+                found.append((current, record, record.get("split")))
+            elif record.get("kind") == "data" or record.get("role") == "data":
+                found.append((current, record, current.config.get("split")))
+            if record.get("kind") == "artifact" and record.get("sha256") not in seen:
                 seen.add(record.get("sha256"))
                 location = input_location(current, record)
                 if is_artifact(location):
@@ -192,28 +199,33 @@ def _public_pair_reads(artifact: Artifact) -> list[tuple[Artifact, dict]]:
 def _refuse_scores_on_pairs_they_trained_on(
     config: EvalConfig, retrievers: list[Artifact], roots: dict[str, Path]
 ) -> None:
-    """A retriever whose generator learnt from the split this eval scores (``finetune-lm
-    --warm-start D:test``, ``generate --few-shot D:test``) would be scored on the queries it was
-    trained to write: a score biased upward, printed beside an ε of 0 that says nothing about it
-    (issue #74). Refused, as ``--select-on`` on that split is; the read is matched by content (the
-    split's corpus, qrels and queries) or by directory and split name."""
-    reads = [(r, owner, record) for r in retrievers for owner, record in _public_pair_reads(r)]
+    """A retriever that learnt, or whose generator learnt, from the split this eval scores
+    (``finetune-lm --warm-start D:test``, ``generate --few-shot D:test``, ``--data D --split
+    test``) would be scored on the queries it was trained on: a score biased upward, which an ε
+    of 0 beside it (a warm start's) says nothing about (issue #74). Refused, as ``--select-on``
+    on that split is; a read is matched by its directory and split or, for a public split, by
+    content (the split's corpus, qrels and queries)."""
+    reads = [(r, *read) for r in retrievers for read in _training_reads(r)]
     if not reads:
         return
     for spec, root in roots.items():
         split = _split(config, spec)
-        digest = public_split_digest(root, split)
-        for retriever, owner, record in reads:
-            where = input_location(owner, record).resolve()
-            same_place = where == root.resolve() and record.get("split") == split
-            if same_place or (digest is not None and record.get("sha256") == digest):
-                role = record.get("role") or "a public read"
+        digest = None
+        for retriever, owner, record, read_split in reads:
+            if read_split != split:
+                continue
+            if record.get("kind") == PUBLIC_SPLIT and digest is None:
+                digest = public_split_digest(root, split) or ""
+            same_place = input_location(owner, record).resolve() == root.resolve()
+            same_content = record.get("kind") == PUBLIC_SPLIT and digest and record.get("sha256") == digest
+            if same_place or same_content:
+                training_data = record.get("kind") == "data" or record.get("role") == "data"
+                how = "its training data" if training_data else record.get("role")
                 raise DataError(
                     f"--retriever {retriever.path}: {owner.path} ({owner.stage}) read the pairs of "
-                    f"{source_name(spec)} ({split}) as {role}, the split this eval scores: the score "
-                    "would count queries it learnt from (biased upward; not a score at ε = 0); "
-                    "evaluate on another split, or give the generator the pairs of a split you do not "
-                    "evaluate"
+                    f"{source_name(spec)} ({split}) as {how}, the split this eval scores: the score "
+                    "would count queries it learnt from (biased upward); evaluate on another split, "
+                    "or train on a split you do not evaluate"
                 )
 
 

@@ -4,7 +4,8 @@
 ``train-retriever`` and ``eval --datasets D --split test`` used to print a score at ε ``0
 (public)`` whose generator had been trained on those very test queries; ``generate --few-shot
 D:test`` (the test queries in every prompt) likewise. Both are refused, as ``--select-on`` on the
-evaluated split is, whether the split is named by the same directory or by a copy of it.
+evaluated split is, whether the split is named by the same directory or by a copy of it; so is a
+retriever trained on the evaluated split itself.
 """
 
 from __future__ import annotations
@@ -56,3 +57,30 @@ def test_a_generator_trained_or_prompted_on_the_evaluated_split_is_not_scored_on
                    out=tmp_path / "dev", device="cpu")
     )  # fmt: skip
     assert scored.stage == "eval"  # another split of the same dataset is scored as before
+
+
+def test_a_retriever_trained_on_the_evaluated_split_is_not_scored_on_it_but_a_held_out_read_is_no_training(
+    tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir
+):
+    """Training data is matched by directory and split too (``train-retriever --data D --split
+    test``); a DP generator's learning check reads a public split for its held-out loss, which
+    measures and trains nothing: its retriever is scored on that split as before."""
+    data = private_copy(tmp_path, tiny_beir, "log", public=("test",))
+    direct = train_retriever.run(
+        retriever_config(tmp_path / "ret-direct", data, tiny_encoder_dir, split="test")
+    )
+    with pytest.raises(DataError, match=r"as its training data, the split this eval scores"):
+        evaluate.run(EvalConfig(retrievers=[str(direct.path)], datasets=[str(data)], split="test", bm25=False,
+                                out=tmp_path / "eval", device="cpu"))  # fmt: skip
+    gen = finetune_lm.run(
+        FinetuneConfig(data=str(data), model=str(tiny_causal_dir), out=tmp_path / "gen", epsilon=8.0,
+                       max_steps=1, batch_size=4, physical_batch_size=4, max_source_length=32, seed=3,
+                       device="cpu")
+    )  # fmt: skip
+    assert any(r.get("role") == "held-out loss" and r.get("split") == "test" for r in gen.inputs)
+    ret = _retriever(tmp_path, data, gen.path, tiny_encoder_dir, "dp")
+    scored = evaluate.run(
+        EvalConfig(retrievers=[str(ret.path)], datasets=[str(data)], split="test", bm25=False,
+                   out=tmp_path / "test", device="cpu")
+    )  # fmt: skip
+    assert scored.stage == "eval"
