@@ -49,6 +49,10 @@ def _os_error_line(error: OSError) -> str:
     if setting is not None and error.errno in _DISK_ADVICE:  # not an --out: the setting names it
         variable, root = setting
         advice = f"point {variable} at a writable directory with space (now {root}), then rerun"
+    elif where is None and error.errno in _FULL:  # no output and no file named: the cache is written
+        from synthq.runtime.paths import cache_root
+
+        advice = f"free some space, or point SYNTHQ_CACHE (now {cache_root()}) at another disk, then rerun"
     if trouble is not None and error.errno in _FULL and (kept := interrupted_checkpoint(trouble)) is not None:
         advice += (
             f"; the checkpoint in {kept.parent} is kept: rerun with --resume to continue from it, or "

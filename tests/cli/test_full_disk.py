@@ -209,3 +209,17 @@ def test_a_full_cache_disk_is_blamed_on_the_cache_not_on_out(tmp_path, monkeypat
     line = errors._os_error_line(OSError(errno.ENOSPC, "No space left on device"))
     assert line.startswith(f"while writing {tmp_path / 'out'}: No space left on device; point SYNTHQ_CACHE")
     assert "--out" not in line
+
+
+def test_a_full_disk_with_no_output_and_no_file_named_does_not_speak_of_out(monkeypatch):
+    """``data info`` (which writes only synthq's cache) on a full disk: no ``?`` for a path and no
+    ``--out`` it does not have."""
+    from synthq.artifacts.process_state import this_process
+    from synthq.cli import errors
+
+    monkeypatch.setattr(this_process, "writing", [])
+    monkeypatch.setattr(this_process, "failed", [])
+    monkeypatch.setattr(errors, "_full_setting_elsewhere", lambda trouble: None)
+    line = errors._os_error_line(OSError(errno.ENOSPC, "No space left on device"))
+    assert line.startswith("No space left on device; free some space, or point SYNTHQ_CACHE (now ")
+    assert "--out" not in line and "?" not in line
