@@ -267,8 +267,8 @@ def noise_multiplier_for(
 
     RDP bisects in log σ (:func:`_rdp_noise_multiplier`, bounded where Opacus'
     ``get_noise_multiplier`` is not). PRV (tighter, so it needs less noise) searches below the
-    RDP answer with PRV's accountant, guarded against PRV's memory blow-up at large ε as
-    :func:`epsilon_for` is. The returned ε is the accountant's for the returned σ (RDP: Opacus'
+    RDP answer with PRV's accountant (:func:`_prv_search`), guarded against PRV's memory blow-up
+    at large ε as :func:`epsilon_for` is. The returned ε is the accountant's for the returned σ (RDP: Opacus'
     functions at the orders that decide it, equal to what an independent accountant call gives;
     PRV: Opacus' PRV accountant). Every DP stage calibrates here once, before its first step.
     """
@@ -282,19 +282,47 @@ def noise_multiplier_for(
     high = _prv_or_rdp(sigma_rdp, delta, sample_rate, steps, rdp, lambda: rdp)
     if high.accountant != "prv":
         return high
-    low_sigma = sigma_rdp / 2
-    for _ in range(6):  # find a σ whose PRV ε is above the target
+    return _prv_search(high, target_epsilon, delta, sample_rate, steps, epsilon_tolerance)
+
+
+# PRV needs less noise than RDP: its σ search first tries this share of RDP's σ, then halves.
+PRV_FIRST_STEP = 0.8
+
+
+def _prv_search(
+    high: Calibration, target: float, delta: float, sample_rate: float, steps: int, tolerance: float
+) -> Calibration:
+    """The least σ (within ``tolerance`` of the target ε, or 1e-4 of σ) whose PRV ε is ≤ the
+    target, below ``high`` (RDP's σ, whose PRV ε is ≤ the target). Each probe is Opacus' PRV
+    accountant; only a σ it puts at or below the target becomes ``high``, the answer. A bracket
+    [low, high] is found by trying 0.8 × σ, then halving; it is then narrowed at the point where
+    log ε, interpolated linearly in log σ between the bracket's ends, meets the middle of the
+    tolerance window (regula falsi; a halving instead when the same end moved twice running, or
+    an end has no PRV ε): about four PRV calls where halving alone took ten."""
+    low_sigma, low_epsilon = high.noise_multiplier * PRV_FIRST_STEP, None
+    for _ in range(7):  # find a σ whose PRV ε is above the target
         low = _prv_search_epsilon(low_sigma, delta, sample_rate, steps)
-        if low.accountant != "prv" or low.epsilon > target_epsilon:
+        if low.accountant != "prv" or low.epsilon > target:
+            low_epsilon = low.epsilon if low.accountant == "prv" else None
             break
         high, low_sigma = low, low_sigma / 2
-    high_sigma = high.noise_multiplier
-    while target_epsilon - high.epsilon > epsilon_tolerance and high_sigma - low_sigma > 1e-4:
-        middle = _prv_search_epsilon((low_sigma + high_sigma) / 2, delta, sample_rate, steps)
-        if middle.accountant != "prv" or middle.epsilon > target_epsilon:
-            low_sigma = middle.noise_multiplier
+    high_sigma, last_side, repeats = high.noise_multiplier, "", 0
+    aim = target - tolerance / 2
+    while target - high.epsilon > tolerance and high_sigma - low_sigma > 1e-4:
+        middle_sigma = (low_sigma + high_sigma) / 2
+        if low_epsilon is not None and high.epsilon > 0 and repeats < 2:
+            share = math.log(low_epsilon / aim) / math.log(low_epsilon / high.epsilon)
+            guess = math.exp(math.log(low_sigma) + share * math.log(high_sigma / low_sigma))
+            margin = (high_sigma - low_sigma) / 50
+            middle_sigma = min(max(guess, low_sigma + margin), high_sigma - margin)
+        middle = _prv_search_epsilon(middle_sigma, delta, sample_rate, steps)
+        if middle.accountant != "prv" or middle.epsilon > target:
+            side, low_sigma = "low", middle.noise_multiplier
+            low_epsilon = middle.epsilon if middle.accountant == "prv" else None
         else:
-            high, high_sigma = middle, middle.noise_multiplier
+            side, high, high_sigma = "high", middle, middle.noise_multiplier
+        repeats = repeats + 1 if side == last_side else 1
+        last_side = side
     return high
 
 

@@ -148,7 +148,9 @@ def test_epsilon_is_pinned(inputs, expected, accountant):
 PINNED_CALIBRATIONS = [
     ((8.0, 1e-5, 0.01, 500, "rdp"), (0.5727902350169012, 7.99465619431207)),
     ((2.0, 1e-6, 0.004, 2000, "rdp"), (0.8876508790587374, 1.9905929020999251)),
-    ((2.0, 1e-6, 0.004, 2000, "prv"), (0.8061673022701424, 1.9962140944122302)),
+    # PRV's search narrows its bracket by interpolation since 2026-12-07 (about 4 PRV calls where
+    # halving took 10): it lands elsewhere in the same tolerance window (halving: σ = 0.80617, ε = 1.99621)
+    ((2.0, 1e-6, 0.004, 2000, "prv"), (0.8064600128766775, 1.9938622531785921)),
 ]
 
 
