@@ -441,3 +441,45 @@ def test_the_prv_search_ends_where_the_search_on_epsilon_for_ends(budget, monkey
     assert noise_multiplier_for(target, delta, q, steps, "prv") == fast
     assert fast.epsilon <= target
     assert fast.epsilon == pytest.approx(epsilon_for(fast.noise_multiplier, delta, q, steps, "prv").epsilon)
+
+
+def _halving_prv_search(target, delta, q, steps, tolerance=0.01):
+    """PRV's σ search as it was before regula falsi (halving from RDP's σ, epsilon_for throughout):
+    the reference the faster search is held to."""
+    high = epsilon_for(noise_multiplier_for(target, delta, q, steps).noise_multiplier, delta, q, steps, "prv")
+    if high.accountant != "prv":
+        return high
+    low_sigma = high.noise_multiplier / 2
+    for _ in range(6):
+        low = epsilon_for(low_sigma, delta, q, steps, "prv")
+        if low.accountant != "prv" or low.epsilon > target:
+            break
+        high, low_sigma = low, low_sigma / 2
+    high_sigma = high.noise_multiplier
+    while target - high.epsilon > tolerance and high_sigma - low_sigma > 1e-4:
+        middle = epsilon_for((low_sigma + high_sigma) / 2, delta, q, steps, "prv")
+        if middle.accountant != "prv" or middle.epsilon > target:
+            low_sigma = middle.noise_multiplier
+        else:
+            high, high_sigma = middle, middle.noise_multiplier
+    return high
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "budget",
+    [(8.0, 1 / 2808, 64 / 1404, 22), (2.0, 1e-6, 0.004, 2000), (0.5, 1e-5, 0.3, 30), (20.0, 1e-3, 1.0, 3)],
+)
+def test_the_prv_search_lands_in_the_window_the_halving_search_landed_in(budget):
+    """Regula falsi and halving both end at a σ whose PRV ε (an independent PRV accountant) is in
+    [target − 0.01, target]: the same σ within the tolerance, never above the target."""
+    target, delta, q, steps = budget
+    fast, halving = noise_multiplier_for(target, delta, q, steps, "prv"), _halving_prv_search(*budget)
+    assert fast.accountant == halving.accountant == "prv"
+    for calibration in (fast, halving):
+        independent = create_accountant(mechanism="prv")
+        independent.history = [(calibration.noise_multiplier, q, steps)]
+        epsilon = float(independent.get_epsilon(delta=delta))
+        assert epsilon == pytest.approx(calibration.epsilon, rel=1e-9)
+        assert target - 0.01 <= epsilon <= target
+    assert fast.noise_multiplier == pytest.approx(halving.noise_multiplier, rel=0.005)
