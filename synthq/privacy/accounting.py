@@ -268,9 +268,10 @@ def noise_multiplier_for(
     RDP bisects in log σ (:func:`_rdp_noise_multiplier`, bounded where Opacus'
     ``get_noise_multiplier`` is not). PRV (tighter, so it needs less noise) searches below the
     RDP answer with PRV's accountant (:func:`_prv_search`), guarded against PRV's memory blow-up
-    at large ε as :func:`epsilon_for` is. The returned ε is the accountant's for the returned σ (RDP: Opacus'
-    functions at the orders that decide it, equal to what an independent accountant call gives;
-    PRV: Opacus' PRV accountant). Every DP stage calibrates here once, before its first step.
+    at large ε as :func:`epsilon_for` is. The returned ε is the accountant's for the returned σ
+    (RDP: Opacus' functions at the orders that decide it, equal to what an independent
+    accountant call gives; PRV: Opacus' PRV accountant). Every DP stage calibrates here once,
+    before its first step.
     """
     validate_budget(target_epsilon, delta)
     _validate_accounting(sample_rate, steps, accountant)
@@ -310,7 +311,7 @@ def _prv_search(
     aim = target - tolerance / 2
     while target - high.epsilon > tolerance and high_sigma - low_sigma > 1e-4:
         middle_sigma = (low_sigma + high_sigma) / 2
-        if low_epsilon is not None and high.epsilon > 0 and repeats < 2:
+        if low_epsilon is not None and high.epsilon > 0 and aim > 0 and repeats < 2:
             share = math.log(low_epsilon / aim) / math.log(low_epsilon / high.epsilon)
             guess = math.exp(math.log(low_sigma) + share * math.log(high_sigma / low_sigma))
             margin = (high_sigma - low_sigma) / 50
