@@ -268,7 +268,7 @@ def public_pairs_input(spec: str, role: str) -> PublicPairs:
     (:func:`~synthq.bookkeeping.splits.split_is_private`, fail closed)."""
     from synthq.bookkeeping.splits import public_read_record, split_is_private
     from synthq.data.pairs import training_pairs
-    from synthq.data.sources import load_source, resolve_source
+    from synthq.data.sources import load_source, qrels_splits, resolve_source
     from synthq.privacy.digests import public_split_record
     from synthq.runtime.errors import DataError, PrivacyError
 
@@ -277,6 +277,13 @@ def public_pairs_input(spec: str, role: str) -> PublicPairs:
         raise DataError(f"{role} must be SOURCE:SPLIT (e.g. pydocs:test), not {spec!r}")
     root = resolve_source(source)
     refuse_artifact_as_public_pairs(root, spec, role, split)
+    splits = qrels_splits(root)
+    if split not in splits:  # a misspelt split is missing, not private (split names are public)
+        names = ", ".join(sorted(splits)) or "none"
+        raise DataError(
+            f"{role} {spec}: {source} has no split {split!r} (its splits: {names}); "
+            "give SOURCE:SPLIT with a split its privacy.json declares public"
+        )
     if split_is_private(source, root, split):
         raise PrivacyError(
             f"{role} {spec}: split {split!r} is not declared public in {root}/privacy.json; reading its "

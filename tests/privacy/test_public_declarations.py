@@ -213,3 +213,13 @@ def _warned():
             yield lines
 
     return collecting()
+
+
+def test_a_misspelt_public_split_is_missing_not_private(tmp_path, tiny_beir, tiny_causal_dir):
+    """Issue #74: ``--warm-start D:tset`` says the split does not exist and lists the splits there
+    (their names are public), instead of calling it "not declared public"."""
+    from synthq.runtime.errors import DataError
+
+    with pytest.raises(DataError, match=r"has no split 'tset' \(its splits: dev, test, train\)"):
+        finetune_lm.run(FinetuneConfig(data=str(tiny_beir), model=str(tiny_causal_dir), out=tmp_path / "g",
+                                       warm_start=f"{tiny_beir}:tset", max_steps=0))  # fmt: skip
