@@ -460,6 +460,9 @@ class CachedRows:
         self.max_target_length = max_target_length
         self.store: PrefixStore | None = None
         self.rows: list[int] = []
+        # each row's adapted tokens: DPStep puts rows of similar length in one micro-batch
+        invocation = len(view.generator.invocation_ids()) if view.kind == "causal" else 0
+        self.lengths = [invocation + len(t) for t in view.generator.target_ids(queries, max_target_length)]
 
     def build(self, directory: Path | None) -> PrefixStore:
         """Compute every document's prefix cache (memory-mapped under ``directory``, a private

@@ -13,7 +13,7 @@ from synthq.dp.lm.clippers import make_clipper
 from synthq.dp.lm.step import DPStep
 from synthq.dp.noise import SecretRandomness
 from synthq.models.generator import QueryGenerator, apply_lora
-from synthq.models.query_only import QueryOnlyView, segment_batch
+from synthq.models.query_only import CachedRows, QueryOnlyView, segment_batch
 from synthq.models.sequence_loss import model_inputs, per_sequence_loss
 
 DOCS = [
@@ -136,3 +136,34 @@ def test_segment_batch_holds_no_other_rows_data(tiny_causal_dir):
     assert pad > 0 and not batch["prefix_keys"][short, :, :, :pad].any()
     assert not batch["attention_mask"][short, :pad].any()
     torch.testing.assert_close(batch["prefix_keys"][short, :, :, pad:], states[short][0])
+
+
+@pytest.mark.parametrize("user_clipping", ["per-example", "per-user"])
+def test_rows_of_similar_length_share_a_micro_batch_and_the_step_is_the_same(user_clipping, tiny_causal_dir):
+    """Query-only rows tell the DP step their lengths: micro-batches then hold rows of similar
+    length (less padding), whole units under per-user clipping, and the update is unchanged."""
+    queries = [*QUERIES, "a much longer query about boiling eggs for exactly nine minutes"]
+    documents = [*DOCS, DOCS[1]]
+    groups = [0, 1, 1, 2, 3]
+    results = []
+    for with_lengths in (True, False):
+        view = view_of(tiny_causal_dir)
+        rows = CachedRows(view, documents, queries, 32)
+        rows.build(None)
+        make_batch = rows if with_lengths else (lambda indices, rows=rows: rows(indices))
+        trainable = [p for p in view.model.parameters() if p.requires_grad]
+        plan = PrivacyPlan.with_noise(0.3, 0.05, expected_batch_size=5)
+        mechanism = "per-user" if user_clipping == "per-user" else "per-example"
+        step = DPStep(view, torch.optim.SGD(trainable, lr=1.0), plan, 2, "ghost", mechanism)
+        if with_lengths:
+            _, chunks = step._micro_batches(list(range(5)), [1.0] * 5, groups, rows.lengths)
+            ordered = [rows.lengths[row] for chunk in chunks for row, _, _ in chunk]
+            if user_clipping == "per-example":
+                assert ordered == sorted(ordered)
+            else:  # units whole (rows 1 and 2 are one user), ordered by their longest row
+                assert any({row for row, _, _ in chunk} >= {1, 2} for chunk in chunks)
+        step.step(make_batch, list(range(5)), [1.0] * 5, SecretRandomness(seed=5), groups=groups)
+        step.clipper.close()
+        results.append({n: p.detach().clone() for n, p in view.model.named_parameters() if p.requires_grad})
+    for name, value in results[0].items():
+        torch.testing.assert_close(results[1][name], value, atol=1e-6, rtol=1e-5, msg=name)

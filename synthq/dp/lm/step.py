@@ -139,7 +139,7 @@ class DPStep:
         device = next(self.generator.model.parameters()).device
         total: dict[str, torch.Tensor] = {}  # the first micro-batch's sum becomes the total
         losses, norms, tokens, done = [], [], 0, 0
-        local, chunks = self._micro_batches(rows, weights, groups)
+        local, chunks = self._micro_batches(rows, weights, groups, getattr(make_batch, "lengths", None))
         for chunk in chunks:
             if self.per_user and len(chunk) > self.physical_batch_size:  # one unit, too large
                 summed, norm, loss, chunk_tokens = self._large_unit_sum(make_batch, chunk, device)
@@ -192,22 +192,33 @@ class DPStep:
         return {name: value * factor for name, value in total.items()}, norm, torch.cat(losses), tokens
 
     def _micro_batches(
-        self, rows: list[int], weights: list[float], groups: list[int] | None
+        self,
+        rows: list[int],
+        weights: list[float],
+        groups: list[int] | None,
+        lengths: list[int] | None = None,
     ) -> tuple[list[tuple], list[list[tuple]]]:
         """This rank's ``(row, weight, unit)`` items and their micro-batches. Per-user clipping
         sorts a unit's rows together, gives every rank whole units and never splits a unit between
         two chunks; a unit larger than a micro-batch is a chunk of its own, which
         :meth:`_large_unit_sum` sums in parts before it clips (a unit clipped in parts would move
-        the sum by up to parts × C)."""
+        the sum by up to parts × C). With ``lengths`` (each row's tokens, where ``make_batch``
+        tells them: query-only rows, whose lengths vary by a factor of several) rows of similar
+        length share a micro-batch (less padding): each example's clipped gradient is the same in
+        any micro-batch, so the sum is too."""
         if self.per_user and groups is None:
             raise ValueError("per-user clipping needs each row's unit (groups)")
         items = list(zip(rows, weights, groups if self.per_user else [0] * len(rows), strict=True))
         size = self.physical_batch_size
         if not self.per_user:
             local = distributed.shard(items)
+            if lengths is not None:
+                local = sorted(local, key=lambda item: lengths[item[0]])
             return local, [local[s : s + size] for s in range(0, len(local), size)]
         items.sort(key=lambda item: item[2])
         units = [[items[i] for i in unit] for unit in unit_chunks([g for _, _, g in items], 1)]
+        if lengths is not None:  # the same order on every rank: whole units still shard alike
+            units.sort(key=lambda unit: max(lengths[row] for row, _, _ in unit))
         local = [item for unit in distributed.shard(units) for item in unit]
         return local, [[local[i] for i in chunk] for chunk in unit_chunks([g for _, _, g in local], size)]
 
