@@ -90,7 +90,14 @@ class Artifact:
         """Every read of a split as public behind this artifact (its own and its inputs', carried
         as releases are, :meth:`ArtifactWriter.inherit`): what makes a retracted declaration
         noticed even when the artifact that read it is gone."""
-        return self.manifest.get("public_reads", [])
+        records = self.manifest.get("public_reads", [])
+        well_formed = isinstance(records, list) and all(
+            isinstance(r, dict) and isinstance(r.get("path"), str) and isinstance(r.get("split"), str)
+            for r in records
+        )
+        if not well_formed:
+            raise ArtifactError(f"{self.path}: public_reads is not a list of reads (path, split): edited")
+        return records
 
     def vouched_releases(self) -> list[dict]:
         """What composes into an artifact this installation seals or publishes: its own records

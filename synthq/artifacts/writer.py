@@ -24,14 +24,20 @@ CHECKPOINTS = "checkpoints"  # inside a partial artifact: what --resume continue
 DIAGNOSTICS = "diagnostics"
 
 
+PUBLIC_READ_FIELDS = ("path", "name", "split", "public_by", "role")
+
+
 def unique_public_reads(records: Sequence[dict]) -> list[dict]:
-    """Public-split read records, each (dataset, split) once, in order."""
+    """Public-split read records, each distinct one once, in order. Two records of one (dataset,
+    split) that say different things are both kept: each is checked, so a record from another
+    installation's manifest never stands in for this one's (the check fails closed on either)."""
     seen, kept = set(), []
     for record in records:
-        key = (record.get("path"), record.get("split"))
+        trimmed = {k: record[k] for k in PUBLIC_READ_FIELDS if k in record}
+        key = tuple(sorted((k, str(v)) for k, v in trimmed.items()))
         if key not in seen:
             seen.add(key)
-            kept.append({k: record[k] for k in ("path", "name", "split", "public_by", "role") if k in record})
+            kept.append(trimmed)
     return kept
 
 
@@ -82,7 +88,11 @@ class ArtifactWriter:
         :meth:`~synthq.artifacts.manifest.Artifact.vouched_releases`) and assumptions come along."""
         self.take_releases(source.vouched_releases())
         self.assume(*source.privacy.assumptions)
-        self.public_reads = unique_public_reads([*self.public_reads, *source.public_reads])
+        self.take_public_reads(source.public_reads)
+
+    def take_public_reads(self, records: Sequence[dict]) -> None:
+        """Reads of public splits that flowed in with what this artifact read."""
+        self.public_reads = unique_public_reads([*self.public_reads, *records])
 
     def take_releases(self, records: Sequence[dict]) -> None:
         """``records`` flow into this artifact, each id once (a release recorded again keeps its

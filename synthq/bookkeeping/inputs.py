@@ -155,6 +155,13 @@ def data_input(spec: str, private: bool = True) -> DataInput:
         artifact = artifact_input(candidate, stage=SYNTHETIC_STAGES)
         return DataInput(spec, artifact.path, {**artifact.input_record(), "role": "data"}, artifact)
     root = resolve_source(spec)
+    if (inside := artifact_inside(root)) is not None:  # links into a synthetic set are not new data
+        from synthq.runtime.errors import PrivacyError
+
+        raise PrivacyError(
+            f"{spec}: part of it is the synthq artifact {inside}; pass the artifact itself, so that "
+            "what is trained on it carries its releases"
+        )
     declared_splits(root)  # a malformed or misspelt privacy.json is refused before any work
     return DataInput(spec, root, data_input_record(root, name=spec, private=private))
 

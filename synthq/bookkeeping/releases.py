@@ -127,6 +127,11 @@ def _changed_since(artifact: Artifact, seen: set[str], read_private: bool = True
     """Inputs (followed through artifacts still in place) whose content no longer matches the
     identifier recorded when they were read; with ``read_private=False`` private datasets are
     left unread (``--compose sum``, which reads nothing of the data)."""
+    if not artifact.verified:
+        # its records name another machine's files, chosen by whoever sealed it: digesting what they
+        # name here would answer their questions about this machine's data (review round 5)
+        # (the ledger lists its assumption that the manifest is unedited)
+        return []
     notes = []
     for record in artifact.inputs:
         if not read_private and _is_private_record(record):
@@ -244,6 +249,22 @@ def ledger_assumptions(book: Ledger) -> list[str]:
     return found
 
 
+def unchecked_public_reads(artifacts: list[Artifact]) -> list[str]:
+    """Reads of public splits whose dataset is not where it was read (moved, or an exported
+    copy's): whether the split is still declared public cannot be checked."""
+    from synthq.bookkeeping.splits import public_reads_of
+
+    notes = []
+    for artifact in artifacts:
+        for record, where in public_reads_of(artifact):
+            if not where.is_dir():
+                notes.append(
+                    f"split {record['split']!r} of {where}, read as public behind {artifact.path}: the "
+                    "dataset is not there, so whether the split is still declared public is not checked"
+                )
+    return list(dict.fromkeys(notes))
+
+
 def ledger_lines(paths: list[str | Path], compose: str = "units") -> list[str]:
     """The ledger as text: one block per private dataset, the total, what changed since, then each
     assumption once, with the artifact that makes it (or how many do)."""
@@ -278,6 +299,7 @@ def ledger_lines(paths: list[str | Path], compose: str = "units") -> list[str]:
         lines.append(f"changed since: {note}")
     if compose == "sum" and book.datasets:
         lines.append(f"not checked: {SUM_UNCHECKED_NOTE}")
+    lines += [f"not checked: {note}" for note in unchecked_public_reads(book.artifacts)]
     holders: dict[str, list[str]] = {}  # each assumption once, with the artifacts that make it
     for artifact in book.artifacts:
         for assumption in artifact_assumptions(artifact, compose):

@@ -85,18 +85,48 @@ def _still_public(record: dict, where: Path) -> tuple[bool, str]:
     from synthq.runtime.errors import DataError
 
     split = record["split"]
-    name = (
-        str(where) if record.get("public_by") == PUBLIC_BY_DECLARATION else record.get("name") or str(where)
-    )
+    benchmark = record.get("public_by") == PUBLIC_BY_BENCHMARK and _benchmark_name(record.get("name") or "")
     try:
-        if not split_is_private(name, where, split):
-            return True, ""
+        if benchmark:  # public unless declared private since (whatever the working directory holds)
+            private = declared_splits(where).get(split) == "private"
+        else:  # read as declared: still declared, whatever the directory is called
+            private = split_is_private(str(where), where, split)
     except DataError as error:
         return False, f"its declaration cannot be read ({error})"
-    return False, f"{where / SPLIT_DECLARATION} no longer declares it public"
+    return (True, "") if not private else (False, f"{where / SPLIT_DECLARATION} no longer declares it public")
 
 
-def retracted_reads(artifact: Artifact, seen: set[str] | None = None) -> list[str]:
+def _benchmark_name(name: str) -> bool:
+    """A name synthq fetches as a published benchmark, by the name alone (no local directory
+    consulted: the check must not depend on the working directory)."""
+    from synthq.data.sources import BEIR_DATASETS, IRDS_PREFIX
+
+    return name.startswith(("beir:", IRDS_PREFIX)) or name in BEIR_DATASETS
+
+
+def public_reads_of(artifact: Artifact, seen: set[str] | None = None) -> list[tuple[dict, Path]]:
+    """Every read of a split as public behind ``artifact`` with where its dataset is now: the
+    manifest's sealed list, and, for manifests written before it, the lineage still on disk."""
+    from synthq.artifacts.freshness import input_location
+    from synthq.privacy.digests import PUBLIC_SPLIT
+
+    seen = set() if seen is None else seen
+    reads = [(record, Path(record["path"])) for record in artifact.public_reads]
+    for record in artifact.inputs:
+        where = input_location(artifact, record)
+        if record.get("kind") == PUBLIC_SPLIT:
+            reads.append((record, where))
+        elif record.get("kind") == "artifact" and is_artifact(where) and str(where.resolve()) not in seen:
+            seen.add(str(where.resolve()))
+            try:
+                parent = open_artifact(where, verify=False)
+            except ArtifactError:
+                continue  # refused where it is opened to be used
+            reads += public_reads_of(parent, seen)
+    return reads
+
+
+def retracted_reads(artifact: Artifact) -> list[str]:
     """Reads of a split as public by ``artifact`` or anything it was made from (a warm start,
     few-shot examples, a held-out loss, an eval's scores) whose dataset no longer declares that
     split public.
@@ -104,34 +134,17 @@ def retracted_reads(artifact: Artifact, seen: set[str] | None = None) -> list[st
     Fail closed after the fact: such a read was a read of what its owner now says is private data,
     without noise (ε = ∞), and no recorded release says so. The reads come from the manifest's own
     sealed list (its reads and those it inherited, so a parent moved away or replaced still
-    counts) and, for manifests written before that list, from the lineage still on disk. A
-    dataset that is gone is left to the ledger's "is gone"; an unreadable ``privacy.json`` counts
-    as a retraction."""
-    from synthq.artifacts.freshness import input_location
-    from synthq.privacy.digests import PUBLIC_SPLIT
-
-    seen = set() if seen is None else seen
+    counts) and, for manifests written before that list, from the lineage still on disk
+    (:func:`public_reads_of`). A dataset that is not there cannot be checked: the ledger says so
+    (``not checked``); an unreadable ``privacy.json`` counts as a retraction."""
     found = []
-    own = [(record, Path(record["path"])) for record in artifact.public_reads]
-    for record in artifact.inputs:
-        where = input_location(artifact, record)
-        if record.get("kind") == PUBLIC_SPLIT:
-            own.append((record, where))
-        elif record.get("kind") == "artifact" and is_artifact(where) and str(where.resolve()) not in seen:
-            seen.add(str(where.resolve()))
-            try:
-                parent = open_artifact(where, verify=False)
-            except ArtifactError:
-                continue  # refused where it is opened to be used
-            found += retracted_reads(parent, seen)
-    for record, where in own:
+    for record, where in public_reads_of(artifact):
         if not where.is_dir():
             continue
         public, why = _still_public(record, where)
         if not public:
             role = record.get("role") or "evaluation"
-            split = record["split"]
-            read = f"a read of split {split!r} of {where} as public ({role})"
+            read = f"a read of split {record['split']!r} of {where} as public ({role})"
             found.append(f"{artifact.path} rests on {read}, but {why}")
     return list(dict.fromkeys(found))
 

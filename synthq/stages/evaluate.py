@@ -361,6 +361,7 @@ def _declare_inputs(
             r for r in selection.dev.releases if r["id"] == selection.dev.manifest["own_release"]
         )
         writer.take_releases(selection.candidates)
+        writer.take_public_reads(selection.dev.public_reads)  # the candidates' reads of public splits
         writer.assume(*selection.dev.privacy.assumptions)  # the candidates' (starting models, ...)
         noisy = writer.release(selection.guarantee, dev_release["data"], units=dev_release["units"])
         return [noisy, *selection.candidates]

@@ -41,7 +41,7 @@ from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import existing_result, input_location
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.records import current_input_hash, public_file_record
-from synthq.bookkeeping.inputs import artifact_input, model_input
+from synthq.bookkeeping.inputs import artifact_input, artifact_inside, model_input
 from synthq.config.generator import FilterConfig
 from synthq.config.registry import SYNTHETIC_STAGES
 from synthq.data.beir_io import load_beir_dir, read_corpus, write_beir_dir
@@ -49,7 +49,7 @@ from synthq.data.pairs import document_text
 from synthq.data.sources import resolve_source
 from synthq.runtime import precision
 from synthq.runtime.distributed import resolve_device
-from synthq.runtime.errors import ArtifactError, DataError, SettingError
+from synthq.runtime.errors import ArtifactError, DataError, PrivacyError, SettingError
 
 STAGE = "filter"
 HOLDOUT_SPLIT = "dev"
@@ -196,6 +196,11 @@ def _resolve_sources(config: FilterConfig) -> _Sources:
                 "--corpus applies to --method consistency (the corpus its queries are ranked in)"
             )
         ranking_root = resolve_source(config.corpus)
+        if (inside := artifact_inside(ranking_root)) is not None:  # its documents are those DP kept
+            raise PrivacyError(
+                f"--corpus {config.corpus}: {inside} is a synthq artifact, whose documents come from a "
+                "release of private data; rank among the public corpus itself"
+            )
         records.append({**public_file_record(ranking_root / "corpus.jsonl", config.corpus), "role": "corpus"})
     return _Sources(synthetic, retriever, generator_record, ranking_root, records)
 

@@ -42,7 +42,7 @@ from synthq.artifacts.checkpoint import load_checkpoint, save_checkpoint
 from synthq.artifacts.freshness import existing_result
 from synthq.artifacts.manifest import Artifact, open_artifact
 from synthq.artifacts.on_main import artifact_on_main
-from synthq.bookkeeping.inputs import data_input, model_input, public_pairs_input
+from synthq.bookkeeping.inputs import artifact_inside, data_input, model_input, public_pairs_input
 from synthq.bookkeeping.splits import public_read_record, split_is_private
 from synthq.config.fields import DEFAULT_TOP_P, revalidated
 from synthq.config.generator import FinetuneConfig
@@ -176,8 +176,8 @@ def _held_out_read(config: FinetuneConfig, data) -> dict | None:
     if data.artifact is not None:
         return None
     for split in sorted(qrels_splits(data.root) - {config.split}):
-        if split_is_private(config.data, data.root, split):
-            continue
+        if split_is_private(config.data, data.root, split) or artifact_inside(data.root, split) is not None:
+            continue  # private, or a link into an artifact (a release, not public pairs)
         read = public_split_record(data.root, config.data, split)
         if read is not None:
             return {**public_read_record(read, config.data), "role": "held-out loss"}

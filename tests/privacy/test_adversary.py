@@ -297,27 +297,34 @@ def test_a_synthetic_set_declared_public_opens_no_public_pairs(worlds, tmp_path,
 def test_a_retracted_declaration_leaves_no_public_figure_standing(worlds):
     """Review round 5, flow 3, in the adversary's world: once the world's dataset no longer
     declares its test split public, the ledger and the statement over everything the world wrote
-    refuse (naming the warm start and the evals that read it) rather than print their old ε; the
-    declaration restored, they compose again."""
+    refuse (naming the warm start, the few-shot set and the evals that read it) rather than print
+    their old ε; declared public again, they compose. With the dataset not where it was read (the
+    world was moved), the ledger says the declaration is not checked."""
+    from synthq.bookkeeping.releases import ledger_lines
     from synthq.bookkeeping.statement import statement_for
     from synthq.runtime.errors import PrivacyError
 
     full, _, _ = worlds
-    declaration = full.data / "privacy.json"
-    declared = declaration.read_text()
     paths = [path for name, path in full.artifacts.items() if name != "audit"]
+    assert not full.recorded_data.exists()  # the world was moved after it ran
+    assert any(line.startswith("not checked: split 'test'") for line in ledger_lines(paths))
+    shutil.copytree(full.data, full.recorded_data)  # the dataset back where the manifests read it
     try:
+        declaration = full.recorded_data / "privacy.json"
+        declared = declaration.read_text()
+        assert ledger(paths).datasets
         declaration.write_text(json.dumps({"private_splits": ["train", "dev", "test"]}))
         with pytest.raises(PrivacyError, match="no longer declares it public"):
             ledger(paths)
         with pytest.raises(PrivacyError, match="no longer declares it public"):
             statement_for(paths)
-        for name in ("gen-warm", "syn-zero", "ev-public", "ev-test"):
+        for name in ("gen-warm", "syn-zero", "ev-public", "ev-test", "rep"):
             with pytest.raises(PrivacyError, match="no longer declares it public"):
                 ledger([full.artifacts[name]])
-    finally:
         declaration.write_text(declared)
-    assert ledger(paths).datasets
+        assert ledger(paths).datasets
+    finally:
+        shutil.rmtree(full.recorded_data)
 
 
 # (b) D and D minus one unit ---------------------------------------------------------------------

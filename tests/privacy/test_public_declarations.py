@@ -184,7 +184,16 @@ def test_a_dataset_holding_an_artifact_is_no_public_source(
     with pytest.raises(PrivacyError, match="synthq .*artifact"):
         finetune_lm.run(FinetuneConfig(data=str(tiny_beir), model=str(tiny_causal_dir), out=tmp_path / "c",
                                        warm_start=f"{linked}:train", max_steps=0, device="cpu"))  # fmt: skip
-    assert not any((tmp_path / n).exists() for n in ("ev", "g", "c"))
+    from synthq.config.generator import FilterConfig
+    from synthq.stages import filter as filter_stage
+
+    with pytest.raises(PrivacyError, match="synthq .*artifact"):  # as the ranking corpus
+        filter_stage.run(FilterConfig(synthetic=syn.path, corpus=str(syn.path), out=tmp_path / "f",
+                                      method="consistency", retriever="bm25"))  # fmt: skip
+    with pytest.raises(PrivacyError, match="pass the artifact itself"):  # as new private data
+        finetune_lm.run(FinetuneConfig(data=str(linked), model=str(tiny_causal_dir), out=tmp_path / "d",
+                                       epsilon=4.0, max_steps=1))  # fmt: skip
+    assert not any((tmp_path / n).exists() for n in ("ev", "g", "c", "f", "d"))
 
     from synthq.bookkeeping.inputs import public_pairs_input
 
@@ -223,3 +232,45 @@ def test_a_misspelt_public_split_is_missing_not_private(tmp_path, tiny_beir, tin
     with pytest.raises(DataError, match=r"has no split 'tset' \(its splits: dev, test, train\)"):
         finetune_lm.run(FinetuneConfig(data=str(tiny_beir), model=str(tiny_causal_dir), out=tmp_path / "g",
                                        warm_start=f"{tiny_beir}:tset", max_steps=0))  # fmt: skip
+
+
+def test_a_foreign_manifest_asks_nothing_of_this_machine_s_files(tmp_path, tiny_beir, monkeypatch):
+    """Review round 5, third pass (finding 1): a manifest sealed under another key may name this
+    machine's private log in a plain record with a guessed digest; the ledger never digests what it
+    names, so no "changed since" line answers the guess, in either composition."""
+    from synthq.artifacts.create import create_artifact
+    from synthq.bookkeeping.releases import ledger_lines
+
+    data = tmp_path / "log"
+    shutil.copytree(tiny_beir, data)
+    guess = {"path": str(data), "kind": "data", "name": "log", "sha256": "0" * 64}  # "the log minus q"
+    monkeypatch.setenv("SYNTHQ_STATE", str(tmp_path / "colleague-state"))
+    with create_artifact(tmp_path / "foreign", "generate", {"out": "x"}, inputs=[guess]) as writer:
+        writer.public()
+    monkeypatch.setenv("SYNTHQ_STATE", str(tmp_path / "my-state"))
+    for compose in ("units", "sum"):
+        lines = ledger_lines([tmp_path / "foreign"], compose=compose)
+        assert not any(str(data) in line for line in lines if "changed since" in line), lines
+
+
+def test_public_reads_keep_every_claim_and_leave_fingerprints_alone():
+    """Findings 6, 9 and 10: two records of one split that say different things are both kept (each
+    is checked; a foreign one never replaces this installation's); the held-out read is left out of
+    a fingerprint (a generator made before it was recorded stays up to date); a malformed list is
+    refused, naming the artifact."""
+    from pathlib import Path
+
+    from synthq.artifacts.freshness import config_fingerprint
+    from synthq.artifacts.manifest import Artifact
+    from synthq.artifacts.writer import unique_public_reads
+    from synthq.runtime.errors import ArtifactError
+
+    mine = {"path": "/d", "name": "/d", "split": "test", "public_by": "declared public in privacy.json"}
+    forged = {**mine, "name": "beir:fiqa", "public_by": "public benchmark"}
+    assert unique_public_reads([forged, mine, dict(mine)]) == [forged, mine]
+    data = {"path": "/d", "kind": "data", "role": "data", "sha256": "hmac:1"}
+    held_out = {"path": "/d", "kind": "public-split", "role": "held-out loss", "split": "test", "sha256": "2"}
+    assert config_fingerprint({"lr": 1}, [data]) == config_fingerprint({"lr": 1}, [data, held_out])
+    broken = Artifact(Path("/a"), {"public_reads": [{"split": "test"}]})
+    with pytest.raises(ArtifactError, match="public_reads"):
+        broken.public_reads  # noqa: B018
