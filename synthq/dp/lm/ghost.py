@@ -60,6 +60,30 @@ def unsupported_for_ghost(model: nn.Module) -> list[str]:
     return problems
 
 
+def linear_per_sample_gradients(
+    module: nn.Linear, activations: list[torch.Tensor], backprops: torch.Tensor
+) -> dict[nn.Parameter, torch.Tensor]:
+    """Per-example gradients of a Linear layer, ``∇W_i = Σ_s g_is a_isᵀ`` ``[b, out, in]`` (and the
+    bias's ``Σ_s g_is``): Opacus' formula as one batched product laid out for the layer's shape.
+    Opacus' ``einsum`` runs a LoRA adapter's ``B`` (``out`` = 576–1536, ``in`` = rank) about six
+    times slower than ``[b, in, out]`` computed and read transposed; with ~30 tokens per example
+    (query-only rows) these products were a quarter of a ghost DP step."""
+    activation = activations[0].to(backprops.dtype)
+    rows = backprops.shape[0]
+    grad = backprops.reshape(rows, -1, backprops.shape[-1])
+    activation = activation.reshape(rows, -1, activation.shape[-1])
+    if grad.shape[-1] > activation.shape[-1]:
+        weight = torch.bmm(activation.transpose(1, 2), grad).transpose(1, 2)
+    else:
+        weight = torch.bmm(grad.transpose(1, 2), activation)
+    result = {}
+    if module.weight.requires_grad:
+        result[module.weight] = weight
+    if module.bias is not None and module.bias.requires_grad:
+        result[module.bias] = grad.sum(1)
+    return result
+
+
 def _factor(module: nn.Module, activation: torch.Tensor, backprop: torch.Tensor) -> tuple:
     """One use of a tied weight ``W [rows, cols]`` as per-example factors of its gradient.
 
@@ -285,7 +309,10 @@ class TiedGhostClipping(GradSampleModuleFastGradientClipping):
             else:
                 norms = self.NORM_SAMPLERS[type(module)](module, full, backprops)
         else:
-            sampler = self.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
+            if type(module) is nn.Linear:
+                sampler = linear_per_sample_gradients
+            else:
+                sampler = self.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
             grads = {p: g for p, g in sampler(module, full, backprops).items() if p.requires_grad}
             self._instantiated.append(grads)
             if self.layout is not None:
