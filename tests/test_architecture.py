@@ -186,3 +186,18 @@ def test_benchmarks_import_nothing_of_the_tests():
         found = [m for m in _imports(path) if m == "tests" or m.startswith("tests.")]
         offenders += [f"{path.name} imports {m}" for m in found]
     assert not offenders, offenders
+
+
+def test_every_stage_is_a_recipe_of_named_phases():
+    """A registered stage's ``run`` reads as named phases, at most 40 lines (docs/development.md,
+    "Adding a stage"); the work lives in the functions it names."""
+    from synthq.config.registry import STAGES
+
+    long = {}
+    for name, entry in STAGES.items():
+        path = MODULES[entry.module]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
+        if (lines := run.end_lineno - run.lineno + 1) > 40:
+            long[name] = lines
+    assert not long, f"run() longer than 40 lines: {long}"

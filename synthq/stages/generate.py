@@ -35,7 +35,9 @@ import json
 import random
 import time
 from collections import ChainMap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from synthq.artifacts.create import create_artifact
 from synthq.artifacts.freshness import (
@@ -312,28 +314,35 @@ def _template_tokens(generator: QueryGenerator) -> int:
     return len(generator.tokenizer(around, add_special_tokens=False)["input_ids"])
 
 
-@precision.stage
-def run(config: GenerateConfig) -> Artifact:
-    if distributed.setup(config.device).world_size > 1 and config.shard is None:
-        return run_over_ranks(config)
+@dataclass(frozen=True)
+class _Sources:
+    """What a run reads: the generator, the public documents (and what choosing them assumes), the
+    few-shot examples."""
+
+    start: Any  # a ModelInput: a finetune-lm artifact, or a public model
+    root: Path
+    records: list[dict]
+    assumptions: list[str]
+    examples: list[tuple[str, str]] | None
+
+
+def _resolve_sources(config: GenerateConfig) -> _Sources:
     start = model_input(str(config.generator), stage="finetune-lm")
-    generator_artifact = start.artifact
     root = resolve_source(config.corpus)
     documents, assumptions = public_documents_input(root, config.corpus, config.documents, config.split)
-    inputs = [start.record, *documents]
+    records, examples = [start.record, *documents], None
     if config.few_shot is not None:
         examples, record = few_shot_pairs(config)  # read once: the record and the prompt
-        inputs.append(record)
+        records.append(record)
         assumptions.append(record["assumption"])
-    else:
-        examples = None
-    if (done_artifact := existing_result(STAGE, config, inputs)) is not None:
-        return done_artifact
-    corpus, doc_ids = select_documents(config, root)
+    return _Sources(start, root, records, assumptions, examples)
+
+
+def _set_up(config: GenerateConfig, sources: _Sources, documents: int):
+    """The generator in eval mode and the settings chosen for this machine, said before any work."""
     device = distributed.device_for(config.device)
-    generator = _load_generator(config, start, device, examples)
+    generator = _load_generator(config, sources.start, device, sources.examples)
     chosen = generate_defaults(config, device, generator.max_source_length)
-    settings = config.model_copy(update=chosen.values)  # what runs; the fingerprint keeps config
     generator.model.eval()
     info(
         (chosen.line() + "; " if chosen.line() else "")
@@ -341,44 +350,76 @@ def run(config: GenerateConfig) -> Artifact:
         f"queries up to {config.max_new_tokens} tokens"
     )
     seconds = generation_seconds(
-        len(doc_ids) * config.num_queries,
+        documents * config.num_queries,
         generator.max_source_length + _template_tokens(generator),
         config.max_new_tokens, parameter_count(generator.model),
     )  # fmt: skip
-    info(f"{len(doc_ids) * config.num_queries:,} queries to write; {expected_line(seconds)}")
+    info(f"{documents * config.num_queries:,} queries to write; {expected_line(seconds)}")
+    return (
+        generator,
+        config.model_copy(update=chosen.values),
+        chosen,
+    )  # what runs; the fingerprint keeps config
+
+
+def _generate_resumably(
+    writer, config: GenerateConfig, sources: _Sources, generator, corpus, doc_ids, settings
+):
+    """Every query, logged as it is written so an interrupted run resumes from the log; the
+    queries and the seconds this run wrote."""
+    log_path = writer.checkpoint_dir / PROGRESS_FILE
+    done = _resume_state(writer.checkpoint_dir, config, sources.records) if config.resume else {}
+    (writer.checkpoint_dir / FINGERPRINT_FILE).write_text(
+        resume_key(config, sources.records), encoding="utf-8"
+    )
+    if done:
+        info(f"resuming: {len(done)} queries already generated")
+    started, before = time.perf_counter(), set(done)
+    _generate_for(generator, corpus, doc_ids, settings, done, log_path)
+    return done, [done[key]["query"] for key in done if key not in before], time.perf_counter() - started
+
+
+def _write(writer, config: GenerateConfig, sources: _Sources, generator, corpus, done, new, elapsed) -> None:
+    """The synthetic set, its speed, and its privacy record: the generator's releases, or public."""
+    writer.metrics.update(write_synthetic(writer.dir, corpus, done))
+    encoded = generator.tokenizer(new, add_special_tokens=False)["input_ids"] if new else []
+    tokens = sum(len(ids) for ids in encoded)
+    writer.timings.update(
+        {
+            "generate_seconds": round(elapsed, 3),
+            "queries_per_second": round(len(new) / max(elapsed, 1e-9), 3),
+            # query tokens kept (cut at the newline/EOS), not the steps generate ran
+            "query_tokens_per_second": round(tokens / max(elapsed, 1e-9), 3),
+        }
+    )
+    if sources.start.artifact is not None:
+        writer.inherit(sources.start.artifact)
+    else:  # a public model, public examples, public documents: nothing private read (ε = 0)
+        writer.assume(*sources.start.guarantee.assumptions)
+        writer.public()
+    if sources.assumptions:
+        writer.assume(*sources.assumptions)
+    if config.split is not None:
+        warn(f"documents chosen by the judged set of split {config.split!r}: assumed public")
+
+
+@precision.stage
+def run(config: GenerateConfig) -> Artifact:
+    """Resolve the generator and the public documents, load and size the generator, write every
+    query (resuming a logged run), then the set: post-processing, it inherits the generator's ε."""
+    if distributed.setup(config.device).world_size > 1 and config.shard is None:
+        return run_over_ranks(config)
+    sources = _resolve_sources(config)
+    if (done_artifact := existing_result(STAGE, config, sources.records)) is not None:
+        return done_artifact
+    corpus, doc_ids = select_documents(config, sources.root)
+    generator, settings, chosen = _set_up(config, sources, len(doc_ids))
     with create_artifact(
-        config.out, STAGE, config, inputs, resume=config.resume, keep_partial_on_error=True
+        config.out, STAGE, config, sources.records, resume=config.resume, keep_partial_on_error=True
     ) as writer:
         writer.config.update(chosen.values)
-        log_path = writer.checkpoint_dir / PROGRESS_FILE
-        done = _resume_state(writer.checkpoint_dir, config, inputs) if config.resume else {}
-        (writer.checkpoint_dir / FINGERPRINT_FILE).write_text(resume_key(config, inputs), encoding="utf-8")
-        if done:
-            info(f"resuming: {len(done)} queries already generated")
-        started = time.perf_counter()
-        before = set(done)
-        _generate_for(generator, corpus, doc_ids, settings, done, log_path)
-        elapsed = time.perf_counter() - started
-        statistics = write_synthetic(writer.dir, corpus, done)
-        writer.metrics.update(statistics)
-        new = [done[key]["query"] for key in done if key not in before]
-        encoded = generator.tokenizer(new, add_special_tokens=False)["input_ids"] if new else []
-        tokens = sum(len(ids) for ids in encoded)
-        writer.timings.update(
-            {
-                "generate_seconds": round(elapsed, 3),
-                "queries_per_second": round(len(new) / max(elapsed, 1e-9), 3),
-                # query tokens kept (cut at the newline/EOS), not the steps generate ran
-                "query_tokens_per_second": round(tokens / max(elapsed, 1e-9), 3),
-            }
+        done, new, elapsed = _generate_resumably(
+            writer, config, sources, generator, corpus, doc_ids, settings
         )
-        if generator_artifact is not None:
-            writer.inherit(generator_artifact)
-        else:  # a public model, public examples, public documents: nothing private read (ε = 0)
-            writer.assume(*start.guarantee.assumptions)
-            writer.public()
-        if assumptions:
-            writer.assume(*assumptions)
-        if config.split is not None:
-            warn(f"documents chosen by the judged set of split {config.split!r}: assumed public")
+        _write(writer, config, sources, generator, corpus, done, new, elapsed)
     return open_artifact(config.out, STAGE)
