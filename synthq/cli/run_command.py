@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from synthq.cli.options import Interrupted, OptionError
-from synthq.runtime.console import console, result
+from synthq.runtime.console import console, result, warn
 
 
 def run_command(
@@ -36,7 +36,7 @@ def run_command(
     from synthq.pipeline.check import check_expected
     from synthq.pipeline.inputs import missing_inputs
     from synthq.pipeline.plan import plan_pipeline
-    from synthq.pipeline.progress import describe_plan
+    from synthq.pipeline.progress import describe_plan, precision_warnings
     from synthq.pipeline.run import run_plan
     from synthq.pipeline.schema import pipeline_schema
 
@@ -53,6 +53,8 @@ def run_command(
             result(line)
         for line in missing:
             result(escape(f"missing input: {line}"))
+        for line in precision_warnings(plan):  # on stderr, as the stage itself would warn
+            warn(escape(line))
         return
     for line in describe_plan(plan):
         console.print(line)

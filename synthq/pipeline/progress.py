@@ -6,6 +6,7 @@ from __future__ import annotations
 from synthq.artifacts.manifest import is_artifact, open_artifact
 from synthq.pipeline.plan import Plan, PlannedStage
 from synthq.runtime.errors import SynthqError
+from synthq.runtime.precision import EMULATED_BF16_WARNING, would_emulate_bf16
 
 
 def describe_plan(plan: Plan) -> list[str]:
@@ -23,6 +24,19 @@ def describe_plan(plan: Plan) -> list[str]:
         needs = f" <- {', '.join(stage.depends_on)}" if stage.depends_on else ""
         lines.append(f"  {number:2d}. {stage.name} ({stage.stage}): {status}{hint}{needs}")
     return lines
+
+
+def precision_warnings(plan: Plan) -> list[str]:
+    """The warning each stage that would run prints when it starts at ``--precision bf16`` on this
+    CPU without bf16 arithmetic, named by its stage, so that ``--dry-run`` says it first."""
+    return [
+        f"stage {stage.name!r} ({stage.stage}): {EMULATED_BF16_WARNING}"
+        for stage in plan.stages
+        if not stage.up_to_date
+        and would_emulate_bf16(
+            getattr(stage.config, "precision", "auto"), getattr(stage.config, "device", "auto")
+        )
+    ]
 
 
 def estimate_seconds(stage: PlannedStage) -> float | None:

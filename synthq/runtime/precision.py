@@ -49,6 +49,15 @@ PRECISIONS = ("auto", "bf16", "fp32")  # the values of synthq.config.fields.Prec
 _CURRENT: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("precision", default=None)
 
 
+# seen on a 2-core AMD EPYC without AVX512-BF16: the first step of a SmolLM2 warm start had not
+# finished after 7 minutes, where fp32 took about 27 s a step there
+EMULATED_BF16_WARNING = (
+    "--precision bf16 on a CPU without bf16 arithmetic (no avx512_bf16 or amx_bf16 in "
+    "/proc/cpuinfo): torch emulates it, far slower than fp32, and the expected minutes "
+    "printed assume fp32; use --precision fp32 here"
+)
+
+
 class PrecisionError(ValueError):
     """A precision this device cannot run."""
 
@@ -87,18 +96,24 @@ def use_precision(requested: str, device: str | torch.device) -> Iterator[str]:
     if resolved == "bf16" and kind == "cpu" and _emulates_bf16():
         from synthq.runtime.console import warn
 
-        # seen on a 2-core AMD EPYC without AVX512-BF16: the first step of a SmolLM2 warm start
-        # had not finished after 7 minutes, where fp32 took about 27 s a step there
-        warn(
-            "--precision bf16 on a CPU without bf16 arithmetic (no avx512_bf16 or amx_bf16 in "
-            "/proc/cpuinfo): torch emulates it, far slower than fp32, and the expected minutes "
-            "printed assume fp32; use --precision fp32 here"
-        )
+        warn(EMULATED_BF16_WARNING)
     token = _CURRENT.set((resolved, kind))
     try:
         yield resolved
     finally:
         _CURRENT.reset(token)
+
+
+def would_emulate_bf16(requested: str, device: str) -> bool:
+    """Whether a stage at ``requested`` precision on ``device`` (a ``--device`` value) would run
+    bf16 on this CPU without bf16 arithmetic, where :func:`use_precision` warns: for
+    ``synthq run --dry-run``, before anything starts. Only an explicit ``bf16`` can (``auto`` is
+    fp32 on a CPU); torch is asked about an ``auto`` device only then."""
+    if requested != "bf16" or not _emulates_bf16():
+        return False
+    from synthq.runtime.distributed import resolve_device
+
+    return resolve_device(device) == "cpu"
 
 
 def stage(run: Callable) -> Callable:

@@ -381,3 +381,29 @@ def test_the_pipeline_schema_accepts_the_shipped_pipelines_and_names_mistakes(mo
     assert not validator.is_valid(typo)
     wrong_type = {"stages": [{"name": "g", "stage": "generate", "config": {"top_p": [0.9]}}]}
     assert not validator.is_valid(wrong_type)
+
+
+class PrecisionConfig(FakeConfig):
+    precision: str = "auto"
+    device: str = "cpu"
+
+
+def test_the_dry_run_warns_of_bf16_on_a_cpu_without_bf16_arithmetic(tmp_path, capsys, monkeypatch):
+    """Faults round 5: the warning came only when the stage started, perhaps hours in."""
+    from synthq.cli.errors import main
+    from synthq.runtime import precision
+
+    monkeypatch.setitem(registry.STAGES, "generate", registry.StageEntry(__name__, PrecisionConfig))
+    monkeypatch.setattr(precision.platform, "machine", lambda: "x86_64")
+    text = PIPELINE.replace('config: {{value: "{{eps}}"}}', 'config: {{value: "{{eps}}", precision: bf16}}')
+    monkeypatch.setattr("sys.argv", ["synthq", "run", str(write(tmp_path, text)), "--dry-run"])
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: False)
+    capsys.readouterr()
+    main()
+    err = capsys.readouterr().err
+    assert err.count("without bf16 arithmetic") == 2, err
+    assert "stage 'first-1' (generate): --precision bf16 on a CPU" in " ".join(err.split())
+    assert "'second'" not in err and CALLS == []
+    monkeypatch.setattr(precision, "native_bf16_cpu", lambda: True)  # bf16 arithmetic: nothing to say
+    main()
+    assert "bf16 arithmetic" not in capsys.readouterr().err
