@@ -20,6 +20,11 @@ from synthq.cli.options import ConfigOptions
 from synthq.runtime.console import result
 
 DETAILS = "the plans in full and the measured runs behind the verdict"
+# the head line's note when the split holds fewer rows than K × users (the minutes' bound)
+CAPPED = (
+    "; minutes bounded by the split's judged queries, fewer than K × users: a count no release "
+    "records, keep them to yourself"
+)
 STAGES = {
     "synthetic": "finetune-lm, then generate and train-retriever",
     "direct-dp": "train-retriever --dp group",
@@ -39,12 +44,11 @@ def plan_command(options: ConfigOptions) -> None:
     from synthq.models.stage_costs import machine_speed
 
     units, documents, read = config.units, config.documents, "nothing (--units, --documents)"
+    rows = None  # the split's training rows, when counted
     if units is None or documents is None:
         parts = []
         if units is None:
-            units, what = route_plans.count_units(
-                config.data, config.split, config.privacy_unit, config.max_queries_per_user
-            )
+            units, rows, what = route_plans.count_training(config.data, config.split, config.privacy_unit)
             parts.append(what)
         if documents is None:
             documents, what = route_plans.count_documents(config.data)
@@ -74,9 +78,16 @@ def plan_command(options: ConfigOptions) -> None:
         )
         for name, s in settings.items()
     }  # a batch larger than the units is refused here, as the stages refuse it
+    # K × users past the split's rows is no bound at all (--max-queries-per-user 100000: 20,000
+    # minutes): a step reads at most its share of the rows there are (never printed: an exact
+    # count no release records)
+    rows_per_unit = config.rows_per_unit
+    capped = rows is not None and config.privacy_unit == "user" and rows < rows_per_unit * units
+    if capped:
+        rows_per_unit = rows / units
     minutes = {
         name: route_plans.route_minutes(
-            plan, config.rows_per_unit, documents, config.num_queries, config.retriever_epochs
+            plan, rows_per_unit, documents, config.num_queries, config.retriever_epochs
         )
         for name, plan in plans.items()
     }
@@ -102,6 +113,7 @@ def plan_command(options: ConfigOptions) -> None:
     head = (
         f"{units:,} {noun}{where} (unit: {config.privacy_unit}"
         + (f", ≤ {config.max_queries_per_user} queries each" if config.privacy_unit == "user" else "")
+        + (CAPPED if capped else "")
         + f"), target ε = {config.epsilon:g} ({first.accountant}, δ = {first.delta:.2g}), "
         f"{documents:,} public documents"
     )
@@ -123,7 +135,8 @@ def plan_command(options: ConfigOptions) -> None:
             "the reference machine's (2 CPU cores; SYNTHQ_MACHINE_PROBE=0 leaves out this machine's probe)"
             if speed is None else
             f"this machine takes {speed.factor:.2g}× the reference machine's time (2 CPU cores; "
-            f"{speed.basis}), at 128 document tokens, K rows per user"
+            f"{speed.basis}), at 128 document tokens, "
+            + ("the split's rows" if capped else "K rows per user")
         )
         + ("" if config.details else f"; --details: {DETAILS}")
     )  # fmt: skip

@@ -207,6 +207,13 @@ def count_units(data: str, split: str, unit: str, max_queries_per_user: int) -> 
     query id, or per user id, whatever K keeps, since every user keeps at least one query), from
     the qrels and, at the user unit, the user id of each judged query; no text is decoded, and no
     torch is loaded (``dp.privacy_units`` loads it; tests hold the counts equal)."""
+    units, _, what = count_training(data, split, unit)
+    return units, what
+
+
+def count_training(data: str, split: str, unit: str) -> tuple[int, int, str]:
+    """``(n, rows, what was read)``: :func:`count_units`'s n and the split's training rows (its
+    relevant judgements), which bound the rows a DP step reads whatever K is."""
     from synthq.data.pairs import training_pairs
     from synthq.data.sources import load_source
 
@@ -215,11 +222,12 @@ def count_units(data: str, split: str, unit: str, max_queries_per_user: int) -> 
     where = f"{dataset.root}/qrels/{split}.tsv"
     if unit == "query":
         count = len({pairs.queries.id_at(int(row)) for row in pairs.query_rows})
-        return count, f"the relevant judgements of {where}"
+        return count, len(pairs.query_rows), f"the relevant judgements of {where}"
     from synthq.data.users import query_users
 
     count = len(set(query_users(dataset.root, pairs.queries, pairs.query_rows)))
-    return count, f"the relevant judgements of {where} and the user id of each judged query"
+    rows = len(pairs.query_rows)
+    return count, rows, f"the relevant judgements of {where} and the user id of each judged query"
 
 
 GAINED = 0.10  # a measured run "gained" when it recovered at least this share of the gain
@@ -377,9 +385,9 @@ def describe(plan: RoutePlan, minutes: float) -> dict:
 def route_minutes(plan: RoutePlan, rows_per_unit: int, documents: int, queries_per_document: int,
                   retriever_epochs: float) -> float:  # fmt: skip
     """Expected minutes of a route on the reference machine, an upper bound at ``rows_per_unit``
-    rows per unit (K at the user unit). Synthetic: the DP generator's steps, generating
-    ``queries_per_document`` for each public document, one retriever trained on them. Direct DP:
-    the retriever's DP steps."""
+    rows per unit (K at the user unit, or the split's rows per unit when K × units is more).
+    Synthetic: the DP generator's steps, generating ``queries_per_document`` for each public
+    document, one retriever trained on them. Direct DP: the retriever's DP steps."""
     rows = plan.steps * plan.settings.batch_size * rows_per_unit
     tokens, encoder = stage_costs.REFERENCE_DOCUMENT_TOKENS, stage_costs.REFERENCE_ENCODER_PARAMETERS
     if plan.settings.route == "direct-dp":

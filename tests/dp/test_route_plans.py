@@ -358,3 +358,24 @@ def test_minutes_are_this_machines_when_its_factor_is_known(monkeypatch):
     direct = payload["routes"]["direct-dp"]
     assert direct["minutes_on_this_machine"] == pytest.approx(4 * direct["minutes_on_2_cpu_cores"])
     assert payload["machine"] == {"factor": 4.0, "basis": "SYNTHQ_MACHINE_FACTOR"}
+
+
+def test_the_minutes_are_bounded_by_the_rows_the_split_holds_not_k_times_the_users():
+    """Faults round 5: --max-queries-per-user 100000 printed ~20,854 minutes "as an upper bound"
+    (K rows for each of 1,404 users). A step reads at most its share of the split's rows; the
+    count behind that bound is not printed (no release records it), and the head line says so."""
+
+    def minutes(k: int) -> dict:
+        arguments = ["plan", "--data", "pylibs", "--documents", "9", "--max-queries-per-user", str(k)]
+        payload = json.loads(runner.invoke(app, [*arguments, "--json"]).output)
+        return {name: route["minutes_on_2_cpu_cores"] for name, route in payload["routes"].items()}
+
+    absurd, large = minutes(100000), minutes(1000)
+    assert absurd == pytest.approx(large)  # both past every row the split holds
+    assert absurd["direct-dp"] <= minutes(8)["direct-dp"]
+    head = runner.invoke(app, ["plan", "--data", "pylibs", "--documents", "9", "--max-queries-per-user",
+                               "100000"]).output.splitlines()[0]  # fmt: skip
+    assert (
+        "≤ 100000 queries each; minutes bounded by the split's judged queries, fewer than K × users" in head
+    )
+    assert "keep them to yourself" in head
