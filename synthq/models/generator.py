@@ -40,6 +40,19 @@ def detect_kind(config) -> Kind:
     return "seq2seq" if getattr(config, "is_encoder_decoder", False) else "causal"
 
 
+def check_generator_model(path: Path, named: str) -> None:
+    """Refuse a sentence-transformers encoder (its ``modules.json``) where a query generator is
+    read: transformers would load it as a causal LM all the same, and the run fail later on a
+    symptom (its tokenizer has no end-of-sequence token) that names neither the model nor the fix.
+    ``named``: how the user gave it (``--model minilm-l6``)."""
+    if (path / "modules.json").is_file() and not (path / GENERATOR_FILE).is_file():
+        raise ModelResolutionError(
+            f"{named}: {path} is a sentence-transformers encoder (modules.json), not a query generator; "
+            "give a causal LM or T5 (e.g. smollm2-135m, or a finetune-lm artifact); an encoder is "
+            "train-retriever's --encoder"
+        )
+
+
 def _model_class(config):
     """The transformers auto class that loads a generator of ``config``'s kind."""
     return AutoModelForSeq2SeqLM if detect_kind(config) == "seq2seq" else AutoModelForCausalLM
@@ -105,6 +118,7 @@ class QueryGenerator:
     ) -> QueryGenerator:
         """Load from a model spec (hub id, local dir, alias) or a generator artifact directory."""
         path = resolve_model(str(spec_or_path))
+        check_generator_model(path, f"model {str(spec_or_path)!r}")
         saved = {}
         if (path / GENERATOR_FILE).is_file():
             saved = json.loads((path / GENERATOR_FILE).read_text(encoding="utf-8"))

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from synthq.artifacts.freshness import is_still_up_to_date
@@ -131,6 +132,8 @@ def _concrete_stages(
         if not isinstance(raw, dict) or "stage" not in raw or "name" not in raw:
             raise SynthqError(f"{path}: stages[{index}] needs 'name' and 'stage'")
         _check_keys(raw, STAGE_KEYS, f"{path}: stages[{index}]")
+        if not isinstance(raw["name"], str | int | float) or isinstance(raw["name"], bool):
+            raise SynthqError(f"{path}: stages[{index}] name: {_not_a_name(raw['name'])}")
         entry_point = stage_entry(raw["stage"])
         for entry, scope in expand_sweep(raw, variables):
             options = {**(defaults.get(entry["stage"]) or {}), **(entry.get("config") or {})}
@@ -222,6 +225,30 @@ def _check_keys(mapping: dict, allowed: set[str], where: str) -> None:
         raise SynthqError(
             f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})"
         )
+
+
+def _not_a_name(name: Any) -> str:
+    """Why a stage's ``name:`` that YAML read as a mapping or a list is not one, and what to
+    write: most often a sweep written inside it (``name: {gen-{eps}: {sweep: ...}}``, or ``sweep:``
+    indented under ``name:``), where it belongs beside it."""
+
+    def flow(value: Any) -> str:
+        return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+
+    if isinstance(name, dict) and len(name) == 1:
+        ((key, value),) = name.items()
+        sweep = value.get("sweep", value) if isinstance(value, dict) else None
+        if isinstance(sweep, dict) and sweep and all(isinstance(v, list) for v in sweep.values()):
+            key = str(key) + "".join(f"-{{{var}}}" for var in sweep if f"{{{var}}}" not in str(key))
+            return (
+                f"{flow(name)} is a mapping, not a name: a sweep is written inside it; put it beside "
+                f"the name, at the same indent: `name: {key}` and `sweep: {flow(sweep)}`"
+            )
+    kind = "mapping" if isinstance(name, dict) else "list" if isinstance(name, list) else type(name).__name__
+    return (
+        f"{flow(name)} is a {kind}, not a name; a name is text (letters, digits, '.', '_', '-'), and "
+        "a sweep goes beside it as the entry's own key: `name: gen-{eps}` and `sweep: {eps: [1, 8]}`"
+    )
 
 
 def _identifier(name: str, where: str) -> str:

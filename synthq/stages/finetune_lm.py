@@ -62,7 +62,7 @@ from synthq.dp.privacy_units import (
     unit_diagnostics,
 )
 from synthq.models.defaults import Chosen, finetune_defaults, hardware_profile, why_corpus_is_public
-from synthq.models.generator import QueryGenerator, apply_lora, check_lora_targets
+from synthq.models.generator import QueryGenerator, apply_lora, check_generator_model, check_lora_targets
 from synthq.models.query_only import INVOCATION_TOKENS, CachedRows, QueryOnlyView, query_only_micro_batch
 from synthq.models.stage_costs import expected_line, generator_training_seconds, parameter_count
 from synthq.models.training_step import non_private_step, training_statistics
@@ -343,6 +343,7 @@ def run(config: FinetuneConfig) -> Artifact:
     config = revalidated(config)  # the checks that decide ε, however the config was built
     place = distributed.setup(config.device)
     start = model_input(config.model, stage=STAGE)
+    check_generator_model(start.path, f"--model {config.model}")  # before any data is read
     if config.lora_rank > 0:
         check_lora_targets(start.path, config.lora_targets)  # before any data is read
     if config.max_steps == 0:

@@ -407,3 +407,26 @@ def test_the_dry_run_warns_of_bf16_on_a_cpu_without_bf16_arithmetic(tmp_path, ca
     monkeypatch.setattr(precision, "native_bf16_cpu", lambda: True)  # bf16 arithmetic: nothing to say
     main()
     assert "bf16 arithmetic" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "advice"),
+    [
+        (
+            "\n      gen-{{eps}}:\n        sweep: {{eps: [1, 3]}}",
+            "`name: gen-{eps}` and `sweep: {eps: [1, 3]}`",
+        ),
+        ("{{gen: {{eps: [1, 3]}}}}", "`name: gen-{eps}` and `sweep: {eps: [1, 3]}`"),
+        ("[gen, 1]", "[gen, 1] is a list, not a name"),
+    ],
+)
+def test_a_sweep_written_inside_a_name_is_named_with_where_it_goes(tmp_path, name, advice):
+    """Faults round 5: `name: {gen-{eps}: {sweep: ...}}` was refused as "not a valid name (letters,
+    digits...)", the mapping's text quoted as the name, nothing said of the sweep."""
+    text = PIPELINE.replace("name: first-{{eps}}", f"name: {name}")
+    with pytest.raises(SynthqError) as refused:
+        plan_pipeline(write(tmp_path, text))
+    message = str(refused.value)
+    assert "stages[0] name: " in message and advice in message, message
+    if "sweep" in name or "eps" in name:
+        assert "a sweep is written inside it; put it beside the name, at the same indent" in message
