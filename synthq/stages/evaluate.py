@@ -68,6 +68,7 @@ from synthq.bookkeeping.splits import (
     eval_data,
     private_split_guarantee,
     score_guarantee,
+    split_is_private,
 )
 from synthq.config.evaluation import EvalConfig
 from synthq.data.beir_io import load_beir_dir
@@ -211,8 +212,13 @@ def _refuse_scores_on_pairs_they_trained_on(
     for spec, root in roots.items():
         split = _split(config, spec)
         digest = None
+        # scores of a private split are the owner's (ε = ∞, kept in diagnostics/): a retriever may
+        # be scored on its own training split there (an overfitting check); never on a public one
+        private = not is_artifact(root) and split_is_private(spec, root, split)
         for retriever, owner, record, read_split in reads:
             if read_split != split:
+                continue
+            if private and (record.get("kind") == "data" or record.get("role") == "data"):
                 continue
             if record.get("kind") == PUBLIC_SPLIT and digest is None:
                 digest = public_split_digest(root, split) or ""
