@@ -46,7 +46,10 @@ def run_stage(stage: str, config=None, /, **options) -> Artifact:
         raise TypeError(f"{stage} takes a {config_class.__name__}, not a {type(config).__name__}")
     else:  # validated again whatever happened to it (copied with updates, assigned to): flow 2
         config = config_class(**{**config.model_dump(exclude_unset=True), **options})
-    return entry.run_function()(config)
+    from synthq.runtime.quiet import quiet_libraries
+
+    with quiet_libraries():  # the command line's stderr: no library progress bars or advice
+        return entry.run_function()(config)
 
 
 def _stage_function(stage: str, name: str) -> Callable[..., Artifact]:

@@ -117,3 +117,53 @@ def test_a_resolved_default_is_resolved_again_not_pinned(tmp_path):
     with pytest.raises(ValidationError, match="needs a finite --epsilon"):
         FinetuneConfig(data="d", model="m", out=tmp_path / "g", epsilon=math.inf, privacy_unit="user",
                        user_clipping="per-user")  # fmt: skip
+
+
+SEEN: list = []
+
+
+def run(config):
+    """A stage whose libraries talk: a transformers progress bar and a two-line warning."""
+    import warnings
+
+    from transformers.utils import logging as transformers_logging
+
+    for _ in transformers_logging.tqdm(range(3), desc="Loading weights"):
+        pass
+    warnings.warn("a library's advice\nand its second line", UserWarning, stacklevel=1)
+    SEEN.append(transformers_logging.is_progress_bar_enabled())
+
+
+def test_a_stage_run_from_python_has_the_command_lines_quiet_stderr_and_restores_it(
+    tmp_path, monkeypatch, capsys
+):
+    """Faults round 5: the Python API's stderr carried transformers' "Loading weights" and
+    "Writing model shards" bars and multi-line library warnings that the command line hides."""
+    import os
+    import warnings
+
+    from transformers.utils import logging as transformers_logging
+
+    from synthq.config import registry
+    from synthq.config.fields import StageConfig
+
+    config_class = type("NoisyConfig", (StageConfig,), {})
+    monkeypatch.setitem(registry.STAGES, "generate", registry.StageEntry(__name__, config_class))
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+    bars, level = transformers_logging.is_progress_bar_enabled(), transformers_logging.get_verbosity()
+    transformers_logging.enable_progress_bar()  # the caller's state: bars on (a notebook's default)
+    try:
+        showwarning = warnings.showwarning
+        capsys.readouterr()
+        synthq.run_stage("generate", out=tmp_path / "noisy")
+        err = capsys.readouterr().err
+        assert SEEN[-1] is False and "Loading weights" not in err, err
+        assert (
+            "warning: a library's advice (UserWarning)" in " ".join(err.split()) and "second line" not in err
+        )
+        assert transformers_logging.is_progress_bar_enabled()  # given back
+        assert transformers_logging.get_verbosity() == level and warnings.showwarning is showwarning
+        assert "TRANSFORMERS_VERBOSITY" not in os.environ
+    finally:
+        (transformers_logging.enable_progress_bar if bars else transformers_logging.disable_progress_bar)()

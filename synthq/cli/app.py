@@ -9,7 +9,6 @@ and :mod:`synthq.cli.run_command`. Nothing here imports torch: commands import w
 from __future__ import annotations
 
 import os
-import sys
 
 import typer
 
@@ -74,16 +73,9 @@ def _main(
 
 def _quiet_libraries() -> None:
     """No progress bars or advice from Hugging Face libraries: synthq reports progress itself."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    # Bars that libraries draw with tqdm directly (transformers' GGUF conversion) would write
-    # carriage returns into every non-terminal log; tqdm reads this when it is first imported.
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    if "transformers" in sys.modules:  # already imported (tests, notebooks): switch it off there
-        from transformers.utils import logging as transformers_logging
+    from synthq.runtime.quiet import quiet_process
 
-        transformers_logging.disable_progress_bar()
-        transformers_logging.set_verbosity_error()
+    quiet_process()
 
 
 def _add_commands(app: typer.Typer) -> None:

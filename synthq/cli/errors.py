@@ -21,8 +21,9 @@ from rich.markup import escape
 
 from synthq.cli.app import app
 from synthq.cli.options import Interrupted
-from synthq.runtime.console import console, verbosity
+from synthq.runtime.console import console
 from synthq.runtime.errors import SynthqError, os_error_behind
+from synthq.runtime.quiet import one_line_warning
 
 _DISK_ADVICE = {
     errno.ENOSPC: "free some space or choose an --out on another disk, then rerun",
@@ -108,14 +109,6 @@ def _setting_holding(filename) -> tuple[str, Path] | None:
     return None
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """Library warnings as one synthq line (deprecations only with -v)."""
-    if issubclass(category, DeprecationWarning | FutureWarning) and verbosity() < 2:
-        return
-    first = str(message).strip().splitlines()[0] if str(message).strip() else category.__name__
-    console.print(f"[bold yellow]warning:[/] {escape(first)} [dim]({category.__name__})[/]", highlight=False)
-
-
 class _Terminated:
     """SIGTERM received: raised as a KeyboardInterrupt, so that everything Ctrl-C cleans up
     (output locks, partial artifacts, process groups) is cleaned up the same way."""
@@ -180,7 +173,7 @@ def main() -> None:
 
     Exit status 2 for a usage or input error, 1 for a file-system problem, 130 for Ctrl-C, 143
     for SIGTERM."""
-    warnings.showwarning = _one_line_warning
+    warnings.showwarning = one_line_warning
     previous = _handle_sigterm()
     try:
         _main()
