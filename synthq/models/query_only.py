@@ -317,14 +317,9 @@ def encoded_batch(
     return {"encoder_states": hidden, "attention_mask": mask, "labels": labels}
 
 
-class EncodedLM(nn.Module):
-    """A seq2seq model whose forward reads each row's cached encoder output from
-    ``encoder_states`` and runs the decoder only (adapters on the decoder alone, so the frozen
-    encoder's output is what a full forward would compute).
-
-    Args:
-        model: the seq2seq LM (a PEFT LoRA model with adapters on decoder layers only).
-    """
+class _CachedLM(nn.Module):
+    """A language model run on a cached part of its input: the wrapped model's config and
+    attention implementation are its own (what the clipping engines read)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -336,6 +331,16 @@ class EncodedLM(nn.Module):
 
     def set_attn_implementation(self, implementation: str) -> None:
         self.model.set_attn_implementation(implementation)
+
+
+class EncodedLM(_CachedLM):
+    """A seq2seq model whose forward reads each row's cached encoder output from
+    ``encoder_states`` and runs the decoder only (adapters on the decoder alone, so the frozen
+    encoder's output is what a full forward would compute).
+
+    Args:
+        model: the seq2seq LM (a PEFT LoRA model with adapters on decoder layers only).
+    """
 
     def forward(self, attention_mask: torch.Tensor, labels: torch.Tensor, encoder_states: torch.Tensor):
         dtype = self.model.get_input_embeddings().weight.dtype
@@ -346,7 +351,7 @@ class EncodedLM(nn.Module):
         )
 
 
-class PrefixCachedLM(nn.Module):
+class PrefixCachedLM(_CachedLM):
     """A causal LM whose forward reads each row's prefix from ``prefix_keys`` / ``prefix_values``
     (tensors, so a batch moves, slices and ``vmap``\\ s like any other) and runs only the tokens
     after it: the frozen prefix's keys and values, and the adapted invocation and query tokens
@@ -355,17 +360,6 @@ class PrefixCachedLM(nn.Module):
     Args:
         model: the causal LM (a PEFT LoRA model whose adapters act on every token it is given).
     """
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    @property
-    def config(self):
-        return self.model.config
-
-    def set_attn_implementation(self, implementation: str) -> None:
-        self.model.set_attn_implementation(implementation)
 
     def forward(
         self,
