@@ -114,14 +114,12 @@ def test_a_public_read_whose_declaration_is_retracted_fails_closed(
 
 
 def test_every_public_read_is_carried_and_checked_even_when_its_reader_is_gone(
-    tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir
+    tmp_path, tiny_beir, tiny_causal_dir, tiny_encoder_dir, monkeypatch
 ):
     """Review round 5, second pass (findings 1, 2, 6, 7): a DP finetune-lm's held-out loss reads
     the public test split and records it; the ε = 0 control's warm start is carried, sealed, into
     the set generated from it, so moving the control away does not lose it; a user's dataset named
     like a benchmark (``fiqa``) is checked by its declaration, from any working directory."""
-    import os
-
     from synthq import api
     from synthq.bookkeeping.releases import ledger
     from synthq.stages import train_retriever
@@ -145,7 +143,7 @@ def test_every_public_read_is_carried_and_checked_even_when_its_reader_is_gone(
     shutil.move(str(control.path), str(tmp_path / "elsewhere"))  # an intermediate cleaned up
 
     (data / "privacy.json").unlink()  # nothing declared: every split private (fail closed)
-    os.chdir(tmp_path)  # where a directory named fiqa exists: still no benchmark
+    monkeypatch.chdir(tmp_path)  # where a directory named fiqa exists: still no benchmark
     for artifact in (dp, syn):
         with pytest.raises(PrivacyError, match="no longer declares it public"):
             ledger([artifact.path])
