@@ -58,17 +58,18 @@ def key_path() -> Path:
     return state_dir() / KEY_FILE
 
 
-def _write_whole(file: Path, data: bytes) -> None:
-    """Write ``data`` to a hidden file beside ``file`` (mode 0600) and hand it to ``_place``:
-    ``file`` appears whole or not at all. A failed write (a full disk) removes the hidden copy and
-    raises the OSError with ``file`` as its filename, so the message names the state directory."""
+def _write_whole(file: Path, data: bytes, place=None) -> None:
+    """Write ``data`` to a hidden file beside ``file`` (mode 0600) and hand it to ``place``
+    (default ``_place``: the first key wins; ``os.replace`` to install one over another): ``file``
+    appears whole or not at all. A failed write (a full disk) removes the hidden copy and raises
+    the OSError with ``file`` as its filename, so the message names the state directory."""
     descriptor, staged = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        _place(Path(staged), file)
+        (place or _place)(Path(staged), file)
     except OSError as error:
         if error.filename or isinstance(error, FileExistsError):
             raise
@@ -207,18 +208,6 @@ def import_key(source: Path, replace: bool = False) -> str:
             f"{target}: a different key is installed (id {key_id()}); artifacts sealed under it could "
             "no longer be verified — pass --replace to install the new key anyway"
         )
-    descriptor, staged = tempfile.mkstemp(prefix=f".{KEY_FILE}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(staged, target)
-    except OSError as error:
-        if error.filename:
-            raise
-        raise OSError(error.errno, error.strerror or str(error), str(target)) from error
-    finally:
-        Path(staged).unlink(missing_ok=True)
+    _write_whole(target, data, place=os.replace)
     _load_key.cache_clear()
     return key_id(data)
