@@ -93,7 +93,6 @@ def open_artifact(path: str | Path, stage: str | None = None) -> Artifact:
     """Open an artifact as ``synthq info`` does: the seal and every ε checked, and refused when it
     rests on a read of a split that is no longer declared public (its ε would call an ε = ∞ read
     public; :func:`synthq.bookkeeping.splits.refuse_retracted`)."""
-    from synthq.artifacts.manifest import open_artifact as open_checked
-    from synthq.bookkeeping.splits import refuse_retracted
+    from synthq.bookkeeping.inputs import artifact_input
 
-    return refuse_retracted(open_checked(path, stage=stage))
+    return artifact_input(path, stage=stage)

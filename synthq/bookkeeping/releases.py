@@ -175,11 +175,11 @@ def ledger(paths: list[str | Path], compose: str = "units") -> Ledger:
     for path in paths:
         if not is_artifact(path):
             raise ArtifactError(f"{path}: not an artifact (no {MANIFEST})")
-    from synthq.bookkeeping.splits import refuse_retracted
+    from synthq.bookkeeping.inputs import artifact_input
 
     # an artifact resting on a read of a split no longer declared public is refused, not composed:
     # that read has no release to count (review round 5, flow 3)
-    artifacts = [refuse_retracted(open_artifact(path)) for path in paths]
+    artifacts = [artifact_input(path) for path in paths]
     releases: list[dict] = []
     for artifact in sorted(artifacts, key=lambda a: not a.verified):  # this installation's records first
         releases = merged_releases(releases, artifact)

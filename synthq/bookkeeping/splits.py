@@ -185,7 +185,9 @@ def eval_data(spec: str, root: Path, split: str) -> EvalData:
     """Classify one dataset's split: a synthq artifact (inherits), a private split (ε = ∞ to read
     without noise), or public (a declared-public split of a user's dataset says so)."""
     if is_artifact(root):
-        artifact = refuse_retracted(open_artifact(root))
+        from synthq.bookkeeping.inputs import artifact_input
+
+        artifact = artifact_input(root)
         return EvalData(spec, root, artifact.input_record(), False, artifact)
     refuse_artifact_parts(spec, root, split)
     private = split_is_private(spec, root, split)

@@ -58,9 +58,9 @@ def info_command(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Show an artifact: stage, privacy guarantee, input lineage, metrics and timings."""
-    from synthq.bookkeeping.splits import refuse_retracted
+    from synthq.bookkeeping.inputs import artifact_input
 
-    artifact = refuse_retracted(open_artifact(path))
+    artifact = artifact_input(path)
     if as_json:
         typer.echo(json.dumps(artifact.manifest, indent=2))
         return
@@ -200,9 +200,9 @@ def export_command(
     """Copy an artifact for release, without its private diagnostics (losses and timings of
     private batches, ε = ∞)."""
     from synthq.artifacts.export import export_artifact
-    from synthq.bookkeeping.splits import refuse_retracted
+    from synthq.bookkeeping.inputs import artifact_input
 
-    refuse_retracted(open_artifact(path))  # its ε would call an ε = ∞ read public
+    artifact_input(path)  # refused when its ε would call an ε = ∞ read public
     exported, left_out = export_artifact(path, out)
     if left_out:
         console.print(f"left out (not listed as release payload): {', '.join(left_out)}", markup=False)
